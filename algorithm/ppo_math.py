@@ -1,0 +1,180 @@
+"""PPO's tensor math as small pure functions.
+
+Notation used in every shape below:
+    b = number of sequences in the batch, r = response length (padded).
+All per-token tensors are right-padded over the response; `mask` is 1.0 on real
+response tokens (up to and including EOS) and 0.0 on padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the positions where mask is 1; shapes (b, r) and (b, r)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Unbiased variance over masked positions (Bessel-corrected, like torch.var)."""
+    mean = masked_mean(values, mask)
+    count = mask.sum()
+    centred_sq = ((values - mean) ** 2 * mask).sum()
+    return centred_sq / (count - 1).clamp(min=1.0)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit variance over the masked positions; padding stays 0.
+
+    Advantage normalisation as in the PPO implementations of OpenAI baselines and
+    CleanRL (`(adv - mean) / (std + eps)`), restricted to real tokens.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+def kl_penalised_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    process_rewards: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards: −kl_coef·(log π_old − log π_ref) on every token, plus the
+    sequence's terminal score on its last real token (Ziegler et al. 2019, eq. 2;
+    the per-token form used by TRL and torchtune's `get_rewards_ppo`).
+
+    Args:
+        scores: (b,) terminal reward per sequence.
+        logprobs, ref_logprobs: (b, r) log-probs of the sampled tokens under the
+            behaviour policy and the frozen reference.
+        mask: (b, r) response mask.
+        kl_coef: β of the penalty.
+        process_rewards: optional (b, r) per-token shaping term (S-REW-5).
+
+    Returns:
+        rewards (b, r) and the per-token KL estimate (b, r), both zero on padding.
+    """
+    kl = (logprobs - ref_logprobs) * mask
+    rewards = -kl_coef * kl
+    last_index = (mask.sum(dim=1).long() - 1).clamp(min=0)  # (b,)
+    has_tokens = mask.sum(dim=1) > 0
+    terminal = torch.zeros_like(rewards)
+    terminal[torch.arange(rewards.shape[0]), last_index] = scores.to(rewards.dtype) * has_tokens
+    rewards = rewards + terminal
+    if process_rewards is not None:
+        rewards = rewards + process_rewards * mask
+    return rewards * mask, kl
+
+
+def generalized_advantage_estimate(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al. 2016, eq. 16): A_t = Σ_l (γλ)^l δ_{t+l},
+    δ_t = r_t + γ V_{t+1} − V_t, with V = 0 after the last real token.
+
+    Args:
+        rewards: (b, r) per-token rewards, zero on padding.
+        values: (b, r) critic values of the states before each response token.
+        mask: (b, r) response mask.
+
+    Returns:
+        advantages (b, r) and returns = advantages + values (b, r), zero on padding.
+    """
+    values = values * mask
+    length = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(length)):
+        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        running = running * mask[:, t]
+        advantages[:, t] = running
+    returns = (advantages + values) * mask
+    return advantages * mask, returns
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    loss: torch.Tensor
+    clip_fraction: torch.Tensor
+    approx_kl: torch.Tensor
+    ratio_mean: torch.Tensor
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio: float,
+) -> PolicyLossOutput:
+    """PPO-clip surrogate (Schulman et al. 2017, eq. 7), negated for minimisation.
+
+    Args:
+        logprobs: (b, r) log π_θ of the sampled tokens (with grad).
+        old_logprobs: (b, r) log π_old, frozen at prepare_batch.
+        advantages: (b, r) frozen advantages.
+        mask: (b, r) response mask.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+        # k3 estimator of KL(old || new) (Schulman's "Approximating KL" note): >= 0, low variance.
+        approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
+        ratio_mean = masked_mean(ratio, mask)
+    return PolicyLossOutput(loss, clip_fraction, approx_kl, ratio_mean)
+
+
+@dataclass(frozen=True)
+class ValueLossOutput:
+    loss: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_clip: float,
+) -> ValueLossOutput:
+    """Clipped value loss of OpenAI baselines' ppo2: ½·max((V−R)², (V_clip−R)²),
+    V_clip = V_old + clamp(V − V_old, −c, c).
+
+    Args:
+        values: (b, r) current critic predictions (with grad).
+        old_values: (b, r) predictions frozen at prepare_batch.
+        returns: (b, r) GAE returns.
+        mask: (b, r) response mask.
+    """
+    clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+    unclipped_error = (values - returns) ** 2
+    clipped_error = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped_error, clipped_error), mask)
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped_error > unclipped_error).float(), mask)
+    return ValueLossOutput(loss, clip_fraction)
+
+
+def explained_variance(predictions: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 − Var(R − V)/Var(R) over real tokens: 1 is perfect, 0 is no better than a
+    constant, negative is worse (CleanRL logs the same quantity)."""
+    target_var = masked_var(targets, mask)
+    if target_var.item() == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(targets - predictions, mask) / target_var)

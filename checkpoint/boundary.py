@@ -1,0 +1,130 @@
+"""The boundary coordinator: names boundaries, writes the `_SUCCESS` marker and the
+latest pointer atomically, and reads them back for resume (S-CKPT-1..4).
+
+The marker is written only after every role's save has been verified, and the
+pointer only after the marker: a crash at any point leaves the previous committed
+boundary as the resume point. Nothing here ever deletes a committed boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, Field
+
+MARKER_NAME = "_SUCCESS"
+LATEST_POINTER = "latest_checkpoint.txt"
+MARKER_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class CommittedBoundary(BaseModel):
+    """The commit task's result: what the Prefect UI shows for each commit."""
+
+    iteration: int = Field(description="Outer iteration the boundary closes.")
+    path: str = Field(description="Boundary directory.")
+    role_steps: dict[str, int] = Field(description="Each trainable role's optimizer-step counter.")
+    policy_version: int = Field(description="Published actor updates at this boundary.")
+
+
+def boundary_name(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+def boundary_path(checkpoints_root: str, iteration: int) -> str:
+    return f"{checkpoints_root.rstrip('/')}/{boundary_name(iteration)}"
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write to a temp file beside the target, fsync, then rename over it: readers see
+    the old content or the new, never a torn file."""
+    fs, local_path = fsspec.core.url_to_fs(path)
+    if isinstance(fs, LocalFileSystem):
+        directory = os.path.dirname(local_path) or "."
+        temp = os.path.join(directory, f".{os.path.basename(local_path)}.{uuid.uuid4().hex}.tmp")
+        with open(temp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, local_path)
+        directory_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)
+    else:
+        temp = f"{local_path}.{uuid.uuid4().hex}.tmp"
+        fs.pipe_file(temp, text.encode())
+        fs.mv(temp, local_path)
+
+
+def write_marker(
+    boundary: str,
+    *,
+    iteration: int,
+    role_steps: dict[str, int],
+    loop_state: dict[str, Any],
+) -> dict[str, Any]:
+    for key, value in loop_state.items():
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            raise CheckpointError(f"loop_state[{key!r}] must be a JSON scalar, got {type(value).__name__} (S-CKPT-4)")
+    marker = {"version": MARKER_VERSION, "iteration": iteration, "role_steps": role_steps, "loop_state": loop_state}
+    atomic_write_text(f"{boundary}/{MARKER_NAME}", json.dumps(marker, indent=2, sort_keys=True))
+    return marker
+
+
+def read_marker(boundary: str) -> dict[str, Any] | None:
+    """The marker of a committed boundary, or None when the boundary was never
+    committed (no `_SUCCESS`: invisible to resume, S-CKPT-2)."""
+    path = f"{boundary}/{MARKER_NAME}"
+    try:
+        with fsspec.open(path, "r") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        marker = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    if not isinstance(marker, dict) or not isinstance(marker.get("iteration"), int):
+        raise CheckpointError(f"{path}: expected a JSON object with an integer 'iteration'")
+    return marker
+
+
+def committed_loop_state(boundary: str) -> dict[str, Any] | None:
+    """The entrypoint's run-level state, verbatim; None for a marker without one
+    (S-CKPT-4, S-CW-10)."""
+    marker = read_marker(boundary)
+    if marker is None:
+        raise CheckpointError(f"{boundary} is not a committed boundary (no {MARKER_NAME})")
+    return marker.get("loop_state")
+
+
+def update_latest(checkpoints_root: str, iteration: int) -> None:
+    atomic_write_text(f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}", boundary_name(iteration) + "\n")
+
+
+def read_latest(checkpoints_root: str) -> str | None:
+    """Path of the boundary the pointer names, or None when nothing was committed.
+    A pointer to a boundary that is missing or uncommitted is an error, not a
+    silent fresh start: that would overwrite a run."""
+    pointer = f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}"
+    try:
+        with fsspec.open(pointer, "r") as handle:
+            name = handle.read().strip()
+    except FileNotFoundError:
+        return None
+    if not name.startswith("iter_"):
+        raise CheckpointError(f"{pointer} names {name!r}, expected a boundary like iter_000012")
+    boundary = f"{checkpoints_root.rstrip('/')}/{name}"
+    if read_marker(boundary) is None:
+        raise CheckpointError(f"{pointer} points at {name}, which has no {MARKER_NAME}: refusing to resume or overwrite")
+    return boundary

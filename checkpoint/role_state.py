@@ -1,0 +1,150 @@
+"""Saving and restoring one trainable role: model weights (safetensors), optimizer,
+scheduler, trainer state and RNG, through fsspec paths.
+
+A save is only *done* once it has been re-read and found equal to the state in
+memory; the commit protocol relies on that before it writes `_SUCCESS` (S-CKPT-2).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from checkpoint.digest import state_digest
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.pt"
+
+
+class RoleCheckpointError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RoleSaveReport:
+    role: str
+    path: str
+    optimizer_step: int
+    optimizer_pristine: bool
+    model_digest: str
+    optimizer_digest: str
+
+
+def _write_bytes(path: str, payload: bytes) -> None:
+    with fsspec.open(path, "wb") as handle:
+        handle.write(payload)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with fsspec.open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise RoleCheckpointError(f"missing checkpoint file {path}") from None
+
+
+def _torch_bytes(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _torch_load(payload: bytes) -> Any:
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Named tensors with shared storage (tied embeddings) cloned apart: safetensors
+    refuses aliased tensors, and load_state_dict re-ties them on restore."""
+    return {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+
+
+def save_trainable_role(
+    directory: str,
+    *,
+    role: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+) -> RoleSaveReport:
+    fs, root = fsspec.core.url_to_fs(directory)
+    fs.makedirs(root, exist_ok=True)
+    tensors = model_tensors(model)
+    optimizer_state = optimizer.state_dict()
+    pristine = not optimizer_state["state"]
+    _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(tensors))
+    with fsspec.open(f"{directory}/config.json", "w") as handle:
+        handle.write(model.config.to_json_string())
+    _write_bytes(f"{directory}/{OPTIMIZER_FILE}", _torch_bytes(optimizer_state))
+    _write_bytes(f"{directory}/{SCHEDULER_FILE}", _torch_bytes(scheduler.state_dict()))
+    _write_bytes(f"{directory}/{RNG_FILE}", _torch_bytes({"torch": torch.get_rng_state()}))
+    state = dict(trainer_state, optimizer_pristine=pristine)
+    with fsspec.open(f"{directory}/{TRAINER_STATE_FILE}", "w") as handle:
+        json.dump(state, handle, indent=2, sort_keys=True)
+    report = RoleSaveReport(
+        role=role,
+        path=directory,
+        optimizer_step=int(trainer_state["optimizer_step"]),
+        optimizer_pristine=pristine,
+        model_digest=state_digest(tensors),
+        optimizer_digest=state_digest(optimizer_state),
+    )
+    verify_trainable_role(report)
+    return report
+
+
+def verify_trainable_role(report: RoleSaveReport) -> None:
+    """Re-read every file and compare digests with what was in memory at save time."""
+    directory = report.path
+    tensors = load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}"))
+    if state_digest(tensors) != report.model_digest:
+        raise RoleCheckpointError(f"{report.role}: {directory}/{MODEL_FILE} does not re-read to the saved weights")
+    optimizer_state = _torch_load(_read_bytes(f"{directory}/{OPTIMIZER_FILE}"))
+    if state_digest(optimizer_state) != report.optimizer_digest:
+        raise RoleCheckpointError(f"{report.role}: {directory}/{OPTIMIZER_FILE} does not re-read to the saved optimizer")
+    _torch_load(_read_bytes(f"{directory}/{SCHEDULER_FILE}"))
+    _torch_load(_read_bytes(f"{directory}/{RNG_FILE}"))
+    state = read_trainer_state(directory)
+    if int(state.get("optimizer_step", -1)) != report.optimizer_step:
+        raise RoleCheckpointError(f"{report.role}: {directory}/{TRAINER_STATE_FILE} records the wrong optimizer step")
+
+
+def read_trainer_state(directory: str) -> dict[str, Any]:
+    try:
+        return json.loads(_read_bytes(f"{directory}/{TRAINER_STATE_FILE}").decode())
+    except json.JSONDecodeError as error:
+        raise RoleCheckpointError(f"{directory}/{TRAINER_STATE_FILE} is not valid JSON: {error}") from None
+
+
+def load_trainable_role(
+    directory: str,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+) -> dict[str, Any]:
+    """Restore into live objects; returns the trainer state. A pristine optimizer's
+    (empty) state is never loaded through a materialising target (S-CW-8): only its
+    param_groups (where the learning rate lives) are restored."""
+    state = read_trainer_state(directory)
+    model.load_state_dict(load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}")), strict=True)
+    optimizer_state = _torch_load(_read_bytes(f"{directory}/{OPTIMIZER_FILE}"))
+    if state.get("optimizer_pristine"):
+        for group, saved in zip(optimizer.param_groups, optimizer_state["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+    else:
+        optimizer.load_state_dict(optimizer_state)
+    scheduler.load_state_dict(_torch_load(_read_bytes(f"{directory}/{SCHEDULER_FILE}")))
+    torch.set_rng_state(_torch_load(_read_bytes(f"{directory}/{RNG_FILE}"))["torch"])
+    return state

@@ -1,0 +1,142 @@
+"""Profiles, `key=value` overrides and validation errors that name the key (S-RUN-2).
+
+A profile is a Python file defining `CONFIG: PPOConfig`; overrides are applied on the
+profile's plain-dict form and the result is validated once, so a bad override is
+reported exactly like a bad profile value: by its dotted key path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from configs.schema import PPOConfig
+
+
+DATA_SOURCE_KEYS = {"rl.data.path", "rl.data.name", "rl.data.factory"}
+
+
+class ConfigError(ValueError):
+    """Every problem found, one per line, each starting with its dotted key path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def load_profile(profile: str | Path) -> PPOConfig:
+    path = Path(profile)
+    if not path.is_file():
+        raise ConfigError([f"profile: no such file {str(profile)!r} (expected a Python file defining CONFIG, e.g. configs/ppo_tiny_cpu.py)"])
+    spec = importlib.util.spec_from_file_location(f"_ppo_profile_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ValidationError as error:
+        raise ConfigError(_pydantic_problems(error)) from None
+    config = getattr(module, "CONFIG", None)
+    if not isinstance(config, PPOConfig):
+        raise ConfigError([f"profile: {path} must define CONFIG = PPOConfig(...) (found {type(config).__name__})"])
+    return config
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`rl.max_steps=5` -> ("rl.max_steps", 5). Values are JSON when they parse as JSON
+    (numbers, true/false, null, lists), otherwise plain strings."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError([f"override {text!r}: expected key=value, e.g. rl.max_steps=5"])
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def apply_overrides(config: PPOConfig, overrides: Iterable[str]) -> PPOConfig:
+    tree = config.model_dump(mode="python")
+    problems: list[str] = []
+    parsed: list[tuple[str, object]] = []
+    for text in overrides:
+        try:
+            parsed.append(parse_override(text))
+        except ConfigError as error:
+            problems.extend(error.problems)
+    overridden = {key for key, _ in parsed}
+    if overridden & DATA_SOURCE_KEYS:
+        # Choosing a prompt source on the command line replaces the profile's source
+        # rather than clashing with it.
+        for key in DATA_SOURCE_KEYS - overridden:
+            tree["rl"]["data"][key.rsplit(".", 1)[1]] = None
+    for key, value in parsed:
+        problem = _set_dotted(tree, key, value, PPOConfig)
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise ConfigError(problems)
+    return validate_tree(tree)
+
+
+def validate_tree(tree: dict[str, Any]) -> PPOConfig:
+    try:
+        return PPOConfig.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(_pydantic_problems(error)) from None
+
+
+def load_config(profile: str | Path, overrides: Iterable[str] = ()) -> PPOConfig:
+    return apply_overrides(load_profile(profile), list(overrides))
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, model: type) -> str | None:
+    """Walk the schema alongside the dict so an unknown key is refused by name even
+    where the current value is None (an optional section not set in the profile)."""
+    parts = key.split(".")
+    node = tree
+    current_model: Any = model
+    for depth, part in enumerate(parts):
+        fields = getattr(current_model, "model_fields", None)
+        if fields is None or part not in fields:
+            known = ", ".join(sorted(fields)) if fields else "none (not a section)"
+            return f"{key}: unknown key {'.'.join(parts[: depth + 1])!r} (known here: {known})"
+        if depth == len(parts) - 1:
+            node[part] = value
+            return None
+        child_model = _section_model(fields[part].annotation)
+        if not isinstance(node.get(part), dict):
+            node[part] = {} if child_model is not None else node.get(part)
+        if child_model is None:
+            return f"{key}: {'.'.join(parts[: depth + 1])!r} is a value, not a section"
+        node = node[part]
+        current_model = child_model
+    return None
+
+
+def _section_model(annotation: Any) -> type | None:
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    candidates = [annotation, *get_args(annotation)]
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _pydantic_problems(error: ValidationError) -> list[str]:
+    problems = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"] if not str(p).startswith("function-"))
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        given = item.get("input")
+        shown = "" if item["type"] in ("extra_forbidden", "missing") or isinstance(given, dict) else f" (got {given!r})"
+        problems.append(f"{path or '<root>'}: {message}{shown}")
+    return problems

@@ -1,0 +1,158 @@
+"""The typed run configuration.
+
+Every field carries a description because `docs/reference/config.md` is generated
+from this module (CleanRL's one-help-string-per-hyperparameter discipline), and
+because a user editing an override on the Prefect form should not need the source.
+`extra="forbid"` everywhere: a misspelt key is an error naming its dotted path
+(S-RUN-2), never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelSpec(Section):
+    """How to build the local tiny model when `model.path` does not exist yet."""
+
+    task_alphabet: str = Field(
+        "0123456789+-=*/(). #:abcdefghijklmnopqrstuvwxyz",
+        description="Characters the character-level tokenizer knows besides its special tokens.",
+    )
+    hidden_size: int = Field(64, ge=8, description="Transformer width of the tiny Qwen3 model.")
+    intermediate_size: int = Field(128, ge=8, description="MLP width of the tiny model.")
+    num_hidden_layers: int = Field(2, ge=1, description="Number of decoder layers of the tiny model.")
+    num_attention_heads: int = Field(4, ge=1, description="Attention heads of the tiny model.")
+    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    max_position_embeddings: int = Field(256, ge=16, description="Longest sequence the tiny model accepts.")
+    seed: int = Field(0, description="Seed for the tiny model's random initialisation (same seed, same bytes).")
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        description="Hugging Face model directory or hub id, loaded with from_pretrained "
+        "by every role (policy, rollout, reference, critic)."
+    )
+    tiny: TinyModelSpec | None = Field(
+        None,
+        description="If set and `path` does not exist, build a tiny Qwen3 model and character "
+        "tokenizer there first (CPU profile; no download).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype for all roles."
+    )
+
+
+class JobConfig(Section):
+    name: str = Field("ppo-run", min_length=1, description="Run name: the output folder, the Prefect flow-run name and the Ray namespace.")
+    output_root: str = Field("outputs", description="Folder (or fsspec URL) under which `<job.name>/` is written.")
+    seed: int = Field(0, description="Run seed: data shuffle, sampling and the update plan derive from it.")
+
+
+class DataConfig(Section):
+    path: str | None = Field(None, description="Local file of rows (JSONL, JSON stream, JSON array, optionally gzip); any fsspec URL.")
+    name: str | None = Field(None, description="Hugging Face dataset name, loaded through `datasets` from the local cache.")
+    split: str = Field("train", description="Dataset split when `name` is set.")
+    factory: str | None = Field(
+        None,
+        description="`package.module:callable` returning an iterable of row dicts.",
+    )
+    factory_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Keyword arguments passed to `factory`."
+    )
+    prompt_key: str = Field("prompt", description="Row key holding the prompt (a string or a list of chat messages).")
+    reference_key: str | None = Field("reference", description="Row key holding the ground truth for rewards that need one; null if the data has none.")
+    shuffle: bool = Field(True, description="Shuffle rows each epoch (deterministic from job.seed and the epoch).")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "DataConfig":
+        chosen = [k for k in ("path", "name", "factory") if getattr(self, k)]
+        if len(chosen) != 1:
+            raise ValueError(
+                "set exactly one of rl.data.path, rl.data.name, rl.data.factory "
+                f"(got {', '.join('rl.data.' + k for k in chosen) or 'none'})"
+            )
+        return self
+
+
+class RewardConfig(Section):
+    terminal: str = Field("arithmetic_exact_match", description="Terminal reward rule: PPO's `arithmetic_exact_match` or `none`, or a shared rule name.")
+    terminal_callable: str | None = Field(None, description="`package.module:callable` overriding PPO's matcher; not allowed with a shared rule.")
+    correct_reward: float = Field(1.0, description="Reward for a correct completion (PPO's scale).")
+    incorrect_reward: float = Field(0.0, description="Reward for an incorrect completion.")
+    process: Literal["none", "linear"] = Field("none", description="Per-token shaping term added beside the terminal reward.")
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw", "adamw_foreach", "adamw_fused"] = Field("adamw", description="AdamW variant: plain for-loop, foreach, or fused kernel.")
+    policy_lr: float = Field(1e-3, gt=0, description="Policy learning rate.")
+    critic_lr: float = Field(1e-3, gt=0, description="Critic learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm for both roles.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup (optimizer steps) of both schedulers.")
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: transformers `generate` (CPU) or vLLM (GPU).")
+    max_new_tokens: int = Field(8, ge=1, description="Longest completion in tokens.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are of this tempered distribution).")
+    gpu_memory_utilization: float = Field(0.45, gt=0, le=1, description="vLLM: fraction of its GPU it may use (colocated with the trainer).")
+
+
+class RLConfig(Section):
+    max_steps: int = Field(20, ge=1, description="Outer PPO iterations in the run.")
+    batch_size: int = Field(32, ge=1, description="Prompts per iteration (one completion each, S-FLOW-7).")
+    epochs: int = Field(2, ge=1, description="Passes over the batch per iteration (update plan).")
+    minibatch_size: int = Field(16, ge=1, description="Samples per optimizer step (update plan).")
+    micro_batch_size: int = Field(16, ge=1, description="Samples per forward/backward; gradients accumulate up to a minibatch.")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_ratio: float = Field(0.2, gt=0, description="PPO policy ratio clip epsilon.")
+    value_clip: float = Field(0.2, gt=0, description="Value prediction clip around the old values.")
+    kl_coef: float = Field(0.02, ge=0, description="Per-token KL penalty to the frozen reference, added to the reward.")
+    whiten_advantages: bool = Field(True, description="Normalise advantages to zero mean, unit variance over the batch.")
+    critic_warmup_iterations: int = Field(0, ge=0, strict=True, description="Outer iterations 1..N train only the critic (S-CW-1).")
+    save_every: int = Field(5, ge=0, description="Commit a checkpoint boundary every N iterations (0: only the final one).")
+    save_final: bool = Field(True, description="Commit a boundary after the last iteration.")
+    threads_per_role: int = Field(1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine).")
+    data: DataConfig = Field(description="Prompt source (S-DATA).")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward rules (S-REW).")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer of both trainable roles.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine settings.")
+
+    @model_validator(mode="after")
+    def _plan_shape(self) -> "RLConfig":
+        if self.minibatch_size > self.batch_size:
+            raise ValueError(f"rl.minibatch_size ({self.minibatch_size}) exceeds rl.batch_size ({self.batch_size})")
+        if self.minibatch_size % self.micro_batch_size:
+            raise ValueError(
+                f"rl.minibatch_size ({self.minibatch_size}) must be a multiple of rl.micro_batch_size ({self.micro_batch_size})"
+            )
+        return self
+
+
+class GridConfig(Section):
+    backend: Literal["ray", "local"] = Field("ray", description="Who hosts the role bodies; PPO requires `ray` (S-RUN-5).")
+    gpu_placement: Literal["colocated", "disaggregated"] = Field("colocated", description="Policy and rollout share one device group (colocated) or all four roles own one (S-RUN-4).")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs the profile declares; 0 runs every role on CPU.")
+    policy_gpus: int = Field(0, ge=0, description="GPUs in the policy (and, colocated, rollout) device group.")
+    rollout_gpus: int = Field(0, ge=0, description="GPUs of the rollout group when disaggregated.")
+    reference_gpus: int = Field(0, ge=0, description="GPUs of the frozen reference group.")
+    critic_gpus: int = Field(0, ge=0, description="GPUs of the critic group.")
+    ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works).")
+    ray_num_cpus: int | None = Field(2, ge=1, description="CPUs given to a locally started Ray (None: all of them).")
+
+
+class PPOConfig(Section):
+    job: JobConfig = Field(default_factory=JobConfig, description="Run identity and outputs.")
+    model: ModelConfig = Field(description="The model every role loads.")
+    rl: RLConfig = Field(description="PPO algorithm, data, reward and rollout.")
+    grid: GridConfig = Field(default_factory=GridConfig, description="Backend and device placement.")

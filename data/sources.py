@@ -1,0 +1,57 @@
+"""The three prompt sources of `rl.data` (S-DATA-1), each yielding rows with a
+human-readable position so any refusal can say where the row came from."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from configs.schema import DataConfig
+
+
+@dataclass(frozen=True)
+class SourcedRow:
+    value: dict[str, Any]
+    where: str  # e.g. "prompts.jsonl row 3 (line 7, column 1)" or "factory data.synthetic:copy_digit row 3"
+
+
+def import_callable(path: str, *, key: str) -> Callable[..., Any]:
+    """Resolve `package.module:callable`, naming the config key on failure."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{key}: {path!r} is not of the form package.module:callable")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{key}: cannot import module {module_name!r} ({error})") from None
+    target = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"{key}: module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"{key}: {path!r} is not callable")
+    return target
+
+
+def iter_source_rows(data: DataConfig) -> Iterator[SourcedRow]:
+    if data.path:
+        from data.row_reader import iter_rows
+
+        for row in iter_rows(data.path):
+            pos = row.position
+            yield SourcedRow(row.value, f"{pos.path} row {pos.row} (line {pos.line}, column {pos.column})")
+    elif data.factory:
+        factory = import_callable(data.factory, key="rl.data.factory")
+        for index, value in enumerate(factory(**data.factory_kwargs)):
+            where = f"rl.data.factory {data.factory} row {index}"
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: expected a dict row, got {type(value).__name__}")
+            yield SourcedRow(value, where)
+    else:
+        import datasets  # only for hub-style datasets; local files never go through Arrow (S-DATA-3)
+
+        dataset = datasets.load_dataset(data.name, split=data.split)
+        for index, value in enumerate(dataset):
+            yield SourcedRow(dict(value), f"dataset {data.name}[{data.split}] row {index}")

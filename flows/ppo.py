@@ -1,0 +1,241 @@
+"""The `ppo` flow: one Prefect flow run is one training run.
+
+The body reads like the algorithm: a plain loop over outer iterations, each a fixed
+sequence of stage tasks (S-FLOW-1). Parameters are flat so the Prefect UI form and
+`prefect deployment run --params` can set them.
+
+CLI: `python -m flows.ppo --config FILE [--validate-manifest] [-- key=value ...]`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from flows.environment import apply_default_environment
+
+if __name__ == "__main__":
+    apply_default_environment()
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from algorithm.update_plan import UpdatePlan
+from algorithm.warmup import is_critic_warmup
+from checkpoint.boundary import CommittedBoundary
+from configs.loading import load_config
+from configs.schema import PPOConfig
+from flows.resume import ResumePoint, find_resume_point, restore_roles
+from flows.run_outputs import RunPaths, append_metrics
+from roles.actors import connect_ray, start_role_actors, stop_role_actors
+from tasks.commit import commit_stage
+from tasks.stages import (
+    critic_predict_stage,
+    data_stage,
+    prepare_batch_stage,
+    reference_stage,
+    replay_stage,
+    reward_stage,
+    rollout_stage,
+    train_critic_stage,
+    train_policy_stage,
+    weight_sync_stage,
+)
+
+DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
+
+
+def resolve_config(
+    profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, run_name: str | None
+) -> PPOConfig:
+    """Profile, then overrides, then the flow's own parameters (which win, so the
+    Prefect form's fields mean what they say). Paths become absolute because actors
+    do not share this process's working directory."""
+    extra = list(overrides or [])
+    if critic_warmup_iterations is not None:
+        extra.append(f"rl.critic_warmup_iterations={critic_warmup_iterations}")
+    if run_name:
+        extra.append(f"job.name={run_name}")
+    config = load_config(profile, extra)
+    updates: dict[str, Any] = {}
+    if "://" not in config.job.output_root:
+        updates["job"] = config.job.model_copy(update={"output_root": os.path.abspath(config.job.output_root)})
+    if config.model.tiny is not None and "://" not in config.model.path:
+        updates["model"] = config.model.model_copy(update={"path": os.path.abspath(config.model.path)})
+    if config.rl.data.path and "://" not in config.rl.data.path:
+        data = config.rl.data.model_copy(update={"path": os.path.abspath(config.rl.data.path)})
+        updates["rl"] = config.rl.model_copy(update={"data": data})
+    return config.model_copy(update=updates)
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    if parameters.get("run_name"):
+        return str(parameters["run_name"])
+    try:
+        return resolve_config(
+            parameters.get("profile", DEFAULT_PROFILE), parameters.get("overrides"), None, None
+        ).job.name
+    except Exception:  # the flow body reports config errors properly
+        return "ppo-invalid-config"
+
+
+def should_commit(config: PPOConfig, iteration: int) -> bool:
+    rl = config.rl
+    if rl.save_every and iteration % rl.save_every == 0:
+        return True
+    return rl.save_final and iteration == rl.max_steps
+
+
+@flow(name="ppo", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
+def ppo(
+    profile: str = DEFAULT_PROFILE,
+    overrides: list[str] | None = None,
+    critic_warmup_iterations: int | None = None,
+    resume: bool = True,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """One PPO training run.
+
+    Args:
+        profile: Python config file defining CONFIG (e.g. configs/ppo_tiny_cpu.py).
+        overrides: `key=value` overrides, same syntax as the CLI (`rl.max_steps=5`).
+        critic_warmup_iterations: if set, overrides rl.critic_warmup_iterations.
+        resume: continue from the run's last committed boundary (default); False
+            starts fresh and refuses to overwrite a run that has one.
+        run_name: if set, overrides job.name.
+    """
+    logger = get_run_logger()
+    config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
+    paths = RunPaths.for_config(config)
+    resume_point = find_resume_point(config, paths, resume=resume)
+    paths.ensure()
+    started_ray = connect_ray(config)
+    roles = None
+    try:
+        roles = start_role_actors(config)
+        policy_version = restore_roles(roles, resume_point, config, paths) if resume_point else 0
+        start = resume_point.iteration + 1 if resume_point else 1
+        logger.info(
+            f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
+            f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
+        )
+        summary = run_iterations(config, roles, paths, start, policy_version)
+        summary["resumed_from"] = resume_point.boundary if resume_point else None
+        return summary
+    finally:
+        stop_role_actors(roles)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def run_iterations(config: PPOConfig, roles, paths: RunPaths, start: int, policy_version: int) -> dict[str, Any]:
+    logger = get_run_logger()
+    rl = config.rl
+    warmup = rl.critic_warmup_iterations
+    last_commit: CommittedBoundary | None = None
+    rewards: list[float] = []
+    for iteration in range(start, rl.max_steps + 1):
+        iteration_started = time.perf_counter()
+        record: dict[str, Any] = {"iteration": iteration}
+        stage_seconds: dict[str, float] = {}
+
+        def timed(stage: str, fn, *args):
+            t0 = time.perf_counter()
+            result = fn(*args)
+            stage_seconds[stage] = time.perf_counter() - t0
+            return result
+
+        prompts, m = timed("data", data_stage, roles.data, iteration, rl.batch_size)
+        record.update(m)
+        trajectory, m = timed("rollout", rollout_stage, roles.rollout, prompts, iteration, policy_version)
+        record.update(m)
+        trajectory, m = timed("reward", reward_stage, roles.reward, trajectory, iteration)
+        record.update(m)
+        trajectory, _ = timed("replay", replay_stage, roles.replay, trajectory, iteration)
+        trajectory, m = timed("reference_score", reference_stage, roles.reference, trajectory, iteration)
+        trajectory, m = timed("critic_predict", critic_predict_stage, roles.critic, trajectory, iteration)
+        record.update(m)
+        batch_id, m = timed("prepare_batch", prepare_batch_stage, roles.policy, roles.critic, trajectory, iteration)
+        record.update(m)
+
+        plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
+        actor_warmup = is_critic_warmup(iteration, warmup)
+        t0 = time.perf_counter()
+        critic_future = train_critic_stage.submit(roles.critic, plan, batch_id, iteration)
+        receipts = [critic_future.result()] if actor_warmup else []
+        if not actor_warmup:
+            policy_future = train_policy_stage.submit(roles.policy, plan, batch_id, iteration)
+            receipts = [policy_future.result(), critic_future.result()]
+        stage_seconds["train"] = time.perf_counter() - t0
+        check_receipts(receipts, batch_id, iteration)
+        for receipt in receipts:
+            record.update(receipt.metrics)
+
+        if not actor_warmup:  # S-CW-5: no weight delta, no transfer during warmup
+            policy_version, m = timed("weight_sync", weight_sync_stage, roles.policy, roles.rollout, iteration)
+            record.update(m)
+        record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
+        record["train/policy_version"] = float(policy_version)
+
+        if should_commit(config, iteration):
+            last_commit = timed(
+                "commit",
+                commit_stage,
+                roles,
+                paths.checkpoints,
+                iteration,
+                policy_version,
+                {"critic_warmup_iterations": warmup},
+            )
+        for stage, seconds in stage_seconds.items():
+            record[f"time/{stage}_seconds"] = seconds
+        record["time/iteration_seconds"] = time.perf_counter() - iteration_started
+        append_metrics(paths.metrics, record)
+        rewards.append(record["train/reward_mean"])
+        line = progress_line(config, record)
+        print(line, flush=True)
+        logger.info(line)
+
+    return {
+        "run_name": config.job.name,
+        "run_dir": paths.run_dir,
+        "iterations": rl.max_steps,
+        "policy_version": policy_version,
+        "last_boundary": last_commit.path if last_commit else None,
+        "first_reward": rewards[0] if rewards else None,
+        "last_reward": rewards[-1] if rewards else None,
+    }
+
+
+def check_receipts(receipts, batch_id: str, iteration: int) -> None:
+    """Every rank of every trainable role must name the same whole batch (S-FLOW-5)."""
+    for receipt in receipts:
+        if receipt.batch_id != batch_id:
+            raise RuntimeError(
+                f"iteration {iteration}: {receipt.role} rank {receipt.rank} trained on batch "
+                f"{receipt.batch_id}, the controller handed out {batch_id}"
+            )
+
+
+def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:
+    policy_loss = record.get("train/policy_loss")
+    phase = "critic-warmup" if record["train/actor_warmup"] else f"pv={int(record['train/policy_version'])}"
+    return (
+        f"iter {record['iteration']:>4}/{config.rl.max_steps}  reward {record['train/reward_mean']:.3f}  "
+        f"policy_loss {'   -   ' if policy_loss is None else f'{policy_loss:+.4f}'}  "
+        f"value_loss {record['train/value_loss']:.4f}  kl {record['train/kl']:+.4f}  {phase}  "
+        f"{record['time/iteration_seconds']:.2f}s"
+    )
+
+
+if __name__ == "__main__":
+    from flows.cli import main
+
+    sys.exit(main(flow_fn=ppo))

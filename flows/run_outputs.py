@@ -1,0 +1,50 @@
+"""Where a run writes: `<output_root>/<job.name>/` with metrics.jsonl and
+checkpoints/ (DESIGN.md, "Storage layout of a run")."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from configs.schema import PPOConfig
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    run_dir: str
+
+    @classmethod
+    def for_config(cls, config: PPOConfig) -> "RunPaths":
+        return cls(f"{config.job.output_root.rstrip('/')}/{config.job.name}")
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.run_dir}/metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.run_dir}/checkpoints"
+
+    @property
+    def artifacts(self) -> str:
+        return f"{self.run_dir}/checkpoint_artifacts"
+
+    def ensure(self) -> None:
+        fs, path = fsspec.core.url_to_fs(self.run_dir)
+        fs.makedirs(f"{path}/checkpoints", exist_ok=True)
+
+
+def append_metrics(path: str, record: dict[str, Any]) -> None:
+    with fsspec.open(path, "a") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    try:
+        with fsspec.open(path, "r") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []

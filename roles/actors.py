@@ -1,0 +1,131 @@
+"""Long-lived Ray actors, one per role, created once per flow run.
+
+The wrapper adds nothing to a role body but placement: the same class runs
+in-process (tests, the overhead benchmark) or as an actor.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from configs.schema import PPOConfig
+from roles.critic_role import CriticRole
+from roles.data_role import DataRole
+from roles.policy_role import PolicyRole
+from roles.reference_role import ReferenceRole
+from roles.replay_role import ReplayRole
+from roles.reward_role import RewardRole
+from roles.rollout_role import RolloutRole
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+ROLE_CLASSES: dict[str, type] = {
+    "data": DataRole,
+    "rollout": RolloutRole,
+    "reward": RewardRole,
+    "replay": ReplayRole,
+    "reference": ReferenceRole,
+    "critic": CriticRole,
+    "policy": PolicyRole,
+}
+
+
+@dataclass(frozen=True)
+class RoleHandles:
+    """One actor handle per role (S-RUN-5: one actor group per role)."""
+
+    data: Any
+    rollout: Any
+    reward: Any
+    replay: Any
+    reference: Any
+    critic: Any
+    policy: Any
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+
+def ray_namespace(config: PPOConfig) -> str:
+    return f"ppo-{config.job.name}"
+
+
+def worker_env() -> dict[str, str]:
+    """Environment of every actor process: the project importable, one BLAS thread,
+    and the quiet, offline settings the whole run uses."""
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    }
+    return env
+
+
+def connect_ray(config: PPOConfig) -> bool:
+    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray. Returns True when this
+    process started Ray (and so must shut it down)."""
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = config.grid.ray_address or os.environ.get("RAY_ADDRESS")
+    options: dict[str, Any] = {
+        "namespace": ray_namespace(config),
+        "runtime_env": {"env_vars": worker_env()},
+        "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",
+        "ignore_reinit_error": True,
+    }
+    if address:
+        ray.init(address=address, **options)
+    else:
+        ray.init(num_cpus=config.grid.ray_num_cpus, include_dashboard=False, **options)
+    return True
+
+
+def start_role_actors(config: PPOConfig) -> RoleHandles:
+    """Create every role actor and wait until each has loaded its model. A leftover
+    actor of the same run name (a killed run on a standing cluster) is replaced:
+    its state may be ahead of the last commit."""
+    namespace = ray_namespace(config)
+    handles = {}
+    for role, cls in ROLE_CLASSES.items():
+        try:
+            ray.kill(ray.get_actor(role, namespace=namespace))
+        except ValueError:
+            pass
+        handles[role] = (
+            ray.remote(cls)
+            .options(name=role, namespace=namespace, num_cpus=0, max_restarts=0)
+            .remote(config)
+        )
+    ray.get([handle.ready.remote() for handle in handles.values()])
+    return RoleHandles(**handles)
+
+
+def stop_role_actors(handles: RoleHandles | None) -> None:
+    if handles is None:
+        return
+    for _, handle in handles.items():
+        try:
+            ray.kill(handle)
+        except Exception:  # already dead: nothing to release
+            pass
+
+
+def kill_run_actors(run_name: str) -> list[str]:
+    """Remove leftover actors of a named run from a standing Ray cluster."""
+    killed = []
+    namespace = f"ppo-{run_name}"
+    for role in ROLE_CLASSES:
+        try:
+            ray.kill(ray.get_actor(role, namespace=namespace))
+            killed.append(role)
+        except ValueError:
+            continue
+    return killed

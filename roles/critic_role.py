@@ -1,0 +1,80 @@
+"""The critic role: value predictions for GAE and value-function training on the
+targets the policy froze (S-FLOW-3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from algorithm.ppo_math import clipped_value_loss
+from algorithm.update_plan import UpdatePlan
+from configs.schema import PPOConfig
+from roles.model_io import ensure_model, load_value_model, response_values
+from roles.runtime import configure_torch_threads
+from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
+from roles.update_runtime import UpdateRuntime
+
+
+class CriticRole:
+    def __init__(self, config: PPOConfig, rank: int = 0):
+        configure_torch_threads(config.rl.threads_per_role)
+        self.rl = config.rl
+        self.rank = rank
+        model = load_value_model(ensure_model(config.model), config.model.dtype, seed=config.job.seed)
+        self.runtime = UpdateRuntime("critic", model, config.rl.optimizer, config.rl.optimizer.critic_lr)
+        self.targets: PPOTargets | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runtime.model
+
+    def ready(self) -> dict[str, Any]:
+        return {"role": "critic", "parameters": sum(p.numel() for p in self.model.parameters())}
+
+    @torch.no_grad()
+    def predict(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
+        self.model.eval()
+        input_ids, attention_mask = trajectory.sequences()
+        values = response_values(self.model, input_ids, attention_mask, trajectory.prompt_length) * trajectory.response_mask
+        mean = float(values.sum() / trajectory.response_mask.sum().clamp(min=1))
+        return dataclasses.replace(trajectory, values=values), {"critic/value_mean": mean}
+
+    def install_targets(self, targets: PPOTargets) -> dict[str, str]:
+        self.targets = targets
+        return {"batch_id": targets.batch_id}
+
+    def _loss(self, targets: PPOTargets, index: torch.Tensor):
+        values = response_values(
+            self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length
+        )
+        output = clipped_value_loss(
+            values, targets.old_values[index], targets.returns[index], targets.response_mask[index], self.rl.value_clip
+        )
+        return output.loss, {"loss": output.loss.detach(), "clip_fraction": output.clip_fraction}
+
+    def train_batch(self, plan: UpdatePlan, batch_id: str) -> TrainReceipt:
+        if self.targets is None or self.targets.batch_id != batch_id:
+            held = self.targets.batch_id if self.targets else None
+            raise ValueError(f"critic was asked to train on batch {batch_id} but holds targets for {held}")
+        started = time.perf_counter()
+        metrics = self.runtime.run_plan(plan, self.targets, self._loss)
+        named = {
+            "train/value_loss": metrics["loss"],
+            "train/value_clip_fraction": metrics["clip_fraction"],
+            "train/critic_grad_norm": metrics["grad_norm"],
+            "optim/critic_lr": metrics["lr"],
+            "optim/critic_optimizer_step": float(self.runtime.optimizer_step),
+            "perf/critic_train_seconds": time.perf_counter() - started,
+        }
+        return TrainReceipt("critic", batch_id, self.rank, self.runtime.optimizer_step, named)
+
+    def save(self, directory: str):
+        return asdict(self.runtime.save(directory, {}))
+
+    def load(self, directory: str) -> dict[str, Any]:
+        self.targets = None
+        return self.runtime.load(directory)

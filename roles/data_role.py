@@ -1,0 +1,96 @@
+"""The data role: projected prompts and the cursor that makes resume exact (S-DATA-6)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fsspec
+import torch
+
+from configs.schema import PPOConfig
+from data.prompt_projection import project_prompt, project_reference
+from data.sources import iter_source_rows
+from roles.trajectory import PromptBatch
+
+
+@dataclass
+class DataCursor:
+    epoch: int = 0
+    position: int = 0
+    shuffle_seed: int = 0
+
+
+@dataclass(frozen=True)
+class ProjectedRow:
+    prompt: Any
+    reference: str | None
+    metadata: dict[str, Any]
+
+
+class DataRole:
+    def __init__(self, config: PPOConfig):
+        data = config.rl.data
+        self.rows: list[ProjectedRow] = []
+        for sourced in iter_source_rows(data):
+            # Every row is projected while loading, row 0 first, so a bad file fails
+            # when the role is built, before any model is trained (S-DATA-5).
+            prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
+            reference = project_reference(sourced.value, reference_key=data.reference_key, where=sourced.where)
+            metadata = {k: v for k, v in sourced.value.items() if k not in (data.prompt_key, data.reference_key)}
+            self.rows.append(ProjectedRow(prompt, reference, metadata))
+        if not self.rows:
+            raise ValueError("rl.data: the source yielded no rows")
+        self.shuffle = data.shuffle
+        self.cursor = DataCursor(shuffle_seed=config.job.seed)
+        self._order = self._epoch_order(0)
+
+    def ready(self) -> dict[str, Any]:
+        return {"role": "data", "rows": len(self.rows)}
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.rows)))
+        generator = torch.Generator().manual_seed(self.cursor.shuffle_seed * 7919 + epoch)
+        return torch.randperm(len(self.rows), generator=generator).tolist()
+
+    def next_batch(self, iteration: int, batch_size: int) -> tuple[PromptBatch, dict[str, float]]:
+        row_ids: list[int] = []
+        while len(row_ids) < batch_size:
+            if self.cursor.position >= len(self._order):
+                self.cursor.epoch += 1
+                self.cursor.position = 0
+                self._order = self._epoch_order(self.cursor.epoch)
+            take = min(batch_size - len(row_ids), len(self._order) - self.cursor.position)
+            row_ids.extend(self._order[self.cursor.position : self.cursor.position + take])
+            self.cursor.position += take
+        rows = [self.rows[i] for i in row_ids]
+        batch = PromptBatch(
+            iteration=iteration,
+            prompts=[r.prompt for r in rows],
+            references=[r.reference for r in rows],
+            metadata=[r.metadata for r in rows],
+            row_ids=row_ids,
+        )
+        return batch, {"data/epoch": float(self.cursor.epoch), "data/position": float(self.cursor.position)}
+
+    # -- checkpoint -------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self.cursor)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.cursor = DataCursor(**state)
+        self._order = self._epoch_order(self.cursor.epoch)
+
+    def save(self, directory: str) -> dict[str, Any]:
+        fs, path = fsspec.core.url_to_fs(directory)
+        fs.makedirs(path, exist_ok=True)
+        with fs.open(f"{path}/cursor.json", "w") as handle:
+            json.dump(self.state_dict(), handle)
+        return {"role": "data", "cursor": self.state_dict()}
+
+    def load(self, directory: str) -> dict[str, Any]:
+        with fsspec.open(f"{directory}/cursor.json", "r") as handle:
+            self.load_state_dict(json.load(handle))
+        return {"role": "data", "cursor": self.state_dict()}

@@ -1,0 +1,1 @@
+"""Rollout: one completion per prompt (S-FLOW-7) from an engine behind one interface."""

@@ -1,0 +1,42 @@
+"""The interface both rollout engines implement, so every other role is identical
+on a laptop (transformers) and on a GPU node (vLLM).
+
+Notation: b = batch, p = padded prompt length, r = padded response length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+import torch
+
+from data.packing import PackedPrompts
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    response_ids: torch.Tensor   # (b, r) right-padded with the pad id
+    response_mask: torch.Tensor  # (b, r) float, 1.0 up to and including EOS
+    logprobs: torch.Tensor       # (b, r) log-probs of the sampled tokens under the sampling distribution
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult: ...
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
+        """Install new policy weights; returns the bytes received."""
+        ...
+
+    def sleep(self) -> None:
+        """Release accelerator memory while a colocated trainer updates (S-RUN-4)."""
+        ...
+
+    def wake_up(self) -> None: ...
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1.0 up to and including the first EOS of each row; everything after is padding."""
+    is_eos = response_ids == eos_token_id
+    eos_seen_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    return (~eos_seen_before).float()

@@ -1,0 +1,61 @@
+"""transformers `generate` as a rollout engine (CPU and small GPU runs)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from data.packing import PackedPrompts
+from roles.model_io import load_causal_lm, logprobs_from_logits
+from roles.rollout.engine import GenerationResult, response_mask_from_ids
+
+
+class HFEngine:
+    def __init__(self, model_path: str, dtype: str, eos_token_id: int, pad_token_id: int, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult:
+        input_ids = prompts.input_ids.to(self.device)
+        attention_mask = prompts.attention_mask.to(self.device)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            # Seeded per iteration: a resumed run samples exactly what the
+            # uninterrupted run sampled (S-CKPT-8).
+            torch.manual_seed(seed)
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+        response_ids = output.sequences[:, input_ids.shape[1] :]
+        # Raw logits, not `scores`: processed scores are not the sampling distribution.
+        logits = torch.stack(output.logits, dim=1)
+        logprobs = logprobs_from_logits(logits, response_ids, temperature)
+        response_mask = response_mask_from_ids(response_ids, self.eos_token_id)
+        response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
+        return GenerationResult(response_ids.cpu(), response_mask.cpu(), (logprobs * response_mask).cpu())
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
+        self.model.load_state_dict(named_tensors, strict=True)
+        return sum(t.numel() * t.element_size() for t in named_tensors.values())
+
+    def sleep(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)

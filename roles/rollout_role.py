@@ -1,0 +1,89 @@
+"""The rollout role: packs prompts, generates one completion each, and refuses to
+sample with weights of the wrong policy_version (S-FLOW-6, S-FLOW-7)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import torch
+
+from configs.schema import PPOConfig
+from data.packing import ChatTextPacker
+from roles.model_io import ensure_model, load_tokenizer
+from roles.rollout.engine import RolloutEngine
+from roles.runtime import configure_torch_threads
+from roles.trajectory import PromptBatch, Trajectory
+
+
+class StalePolicyError(RuntimeError):
+    pass
+
+
+def build_engine(config: PPOConfig, model_path: str, tokenizer) -> RolloutEngine:
+    engine = config.rl.rollout.engine
+    if engine == "hf":
+        from roles.rollout.hf_engine import HFEngine
+
+        return HFEngine(model_path, config.model.dtype, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    raise NotImplementedError(
+        f"rl.rollout.engine={engine!r} is not wired into the rollout role yet; use rl.rollout.engine=hf"
+    )
+
+
+class RolloutRole:
+    def __init__(self, config: PPOConfig):
+        configure_torch_threads(config.rl.threads_per_role)
+        self.config = config
+        model_path = ensure_model(config.model)
+        self.tokenizer = load_tokenizer(model_path)
+        self.packer = ChatTextPacker(self.tokenizer)
+        self.engine = build_engine(config, model_path, self.tokenizer)
+        self.policy_version = 0  # the weights from_pretrained loaded are version 0
+
+    def ready(self) -> dict[str, Any]:
+        return {"role": "rollout", "policy_version": self.policy_version}
+
+    def generate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
+        if required_version != self.policy_version:
+            # Equality, not "at least": a newer engine is as wrong as an older one.
+            raise StalePolicyError(
+                f"rollout holds policy_version {self.policy_version} but iteration {prompts.iteration} "
+                f"requires {required_version}"
+            )
+        started = time.perf_counter()
+        packed = self.packer.pack_prompts(prompts.prompts)
+        rollout = self.config.rl.rollout
+        result = self.engine.generate(
+            packed,
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            seed=self.config.job.seed * 1_000_003 + prompts.iteration,
+        )
+        completions = self.packer.decode_completions(result.response_ids, result.response_mask)
+        trajectory = Trajectory(
+            iteration=prompts.iteration,
+            policy_version=self.policy_version,
+            prompts=prompts,
+            prompt_ids=packed.input_ids,
+            prompt_mask=packed.attention_mask,
+            response_ids=result.response_ids,
+            response_mask=result.response_mask,
+            rollout_logprobs=result.logprobs,
+            completions=completions,
+        )
+        lengths = result.response_mask.sum(dim=1)
+        return trajectory, {
+            "rollout/response_length_mean": float(lengths.mean()),
+            "rollout/generate_seconds": time.perf_counter() - started,
+            "rollout/policy_version": float(self.policy_version),
+        }
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor], policy_version: int) -> dict[str, float]:
+        started = time.perf_counter()
+        received = self.engine.load_weights(named_tensors)
+        self.policy_version = policy_version
+        return {
+            "perf/weight_sync_bytes": float(received),
+            "perf/weight_sync_load_seconds": time.perf_counter() - started,
+        }

@@ -1,0 +1,99 @@
+"""A tiny Qwen3 model and character tokenizer, built locally in Hugging Face format.
+
+The CPU profile and the tests must not download anything, yet every role must load
+its model through the same `from_pretrained(path)` call that loads Qwen/Qwen3-0.6B on
+a GPU node. So the tiny model is *written to disk* in standard format first and then
+loaded like any other. Character-level tokens keep each digit a single token, which
+is what arithmetic rewards need.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from configs.schema import TinyModelSpec
+
+PAD, EOS, BOS, UNK = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|unk|>"
+SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
+
+# ChatML, as Qwen uses: the rollout's DataPacker applies it with add_generation_prompt.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+ROLE_CHARACTERS = "userassistantsystem\n"
+
+
+def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
+    characters = sorted(set(alphabet) | set(ROLE_CHARACTERS))
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + characters)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        unk_token=UNK,
+        padding_side="left",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
+    """Write the tiny model and tokenizer to `path` (atomically: built in a sibling
+    temp folder and renamed, so two processes racing on first use both see either
+    nothing or a complete model)."""
+    target = Path(path)
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = build_tokenizer(spec.task_alphabet)
+        config = Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_hidden_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_key_value_heads,
+            head_dim=spec.hidden_size // spec.num_attention_heads,
+            max_position_embeddings=spec.max_position_embeddings,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = Qwen3ForCausalLM(config)
+        model.generation_config = GenerationConfig(
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
