@@ -67,16 +67,11 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def connect_ray(config: PPOConfig) -> bool:
-    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray. Returns True when this
-    process started Ray (and so must shut it down)."""
-    if ray.is_initialized():
-        return False
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start (or join) Ray with the settings every actor of this project needs."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = config.grid.ray_address or os.environ.get("RAY_ADDRESS")
     options: dict[str, Any] = {
-        "namespace": ray_namespace(config),
         "runtime_env": {"env_vars": worker_env()},
         "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",
         "ignore_reinit_error": True,
@@ -84,7 +79,16 @@ def connect_ray(config: PPOConfig) -> bool:
     if address:
         ray.init(address=address, **options)
     else:
-        ray.init(num_cpus=config.grid.ray_num_cpus, include_dashboard=False, **options)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+
+
+def connect_ray(config: PPOConfig) -> bool:
+    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray. Returns True when this
+    process started Ray (and so must shut it down). Actors are named inside the run's
+    own namespace, so one cluster can host several runs."""
+    if ray.is_initialized():
+        return False
+    init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus)
     return True
 
 

@@ -1,0 +1,69 @@
+"""Shared test set-up: real Prefect and real Ray, started once per test session.
+
+Prefect's API start-up takes 19-25 s on these machines and Ray's about 10 s, so each
+is started at most once (and only when a test asks for it), never per test.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="ppo-tests-prefect-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The CPU profile's tiny model, built once for the whole session."""
+    from configs.loading import load_profile
+    from roles.model_io import ensure_model
+
+    model = load_profile(TINY_PROFILE).model
+    path = tmp_path_factory.mktemp("models") / "tiny-qwen3-digits"
+    return ensure_model(model.model_copy(update={"path": str(path)}))
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    from roles.actors import init_ray
+
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path, tiny_model_dir) -> list[str]:
+    """Overrides that point a short CPU-profile run at temp outputs and the shared model."""
+    return [
+        f"job.output_root={tmp_path / 'outputs'}",
+        f"model.path={tiny_model_dir}",
+        "rl.batch_size=16",
+        "rl.minibatch_size=8",
+        "rl.micro_batch_size=8",
+        "rl.epochs=1",
+    ]

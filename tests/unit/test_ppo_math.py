@@ -1,0 +1,91 @@
+"""PPO math against numbers worked by hand (torchtune style: the arithmetic is in
+the comments, so a reader can check the expectation without running anything)."""
+
+import math
+
+import pytest
+import torch
+
+from algorithm.ppo_math import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    generalized_advantage_estimate,
+    kl_penalised_rewards,
+    whiten,
+)
+
+
+def test_gae_with_discount_and_lambda():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.2, 0.4, 0.6]])
+    mask = torch.ones(1, 3)
+    advantages, returns = generalized_advantage_estimate(rewards, values, mask, gamma=0.9, lam=0.5)
+    # δ2 = 1 + 0.9·0 − 0.6 = 0.4                A2 = 0.4
+    # δ1 = 0 + 0.9·0.6 − 0.4 = 0.14             A1 = 0.14 + 0.45·0.4 = 0.32
+    # δ0 = 0 + 0.9·0.4 − 0.2 = 0.16             A0 = 0.16 + 0.45·0.32 = 0.304
+    torch.testing.assert_close(advantages, torch.tensor([[0.304, 0.32, 0.4]]))
+    # returns = A + V = [0.504, 0.72, 1.0]
+    torch.testing.assert_close(returns, torch.tensor([[0.504, 0.72, 1.0]]))
+
+
+def test_gae_ignores_values_and_rewards_on_padding():
+    rewards = torch.tensor([[0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.5, 9.0]])  # 9.0 sits on padding and must not leak in
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    advantages, returns = generalized_advantage_estimate(rewards, values, mask, gamma=1.0, lam=1.0)
+    # δ1 = 1 + 0 − 0.5 = 0.5 -> A1 = 0.5; δ0 = 0 + 0.5 − 0.5 = 0 -> A0 = 0 + 0.5 = 0.5
+    torch.testing.assert_close(advantages, torch.tensor([[0.5, 0.5, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 0.0]]))
+
+
+def test_kl_penalty_and_terminal_score_land_on_the_right_tokens():
+    scores = torch.tensor([1.0, 2.0])
+    logprobs = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    ref_logprobs = torch.tensor([[-1.5, -1.0, -0.5], [-1.5, -1.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    rewards, kl = kl_penalised_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
+    # kl = [0.5, 0, −0.5]; −0.1·kl = [−0.05, 0, 0.05]; score on the last real token
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, 0.0, 1.05], [-0.05, 2.0, 0.0]]))
+    torch.testing.assert_close(kl, torch.tensor([[0.5, 0.0, -0.5], [0.5, 0.0, 0.0]]))
+
+
+def test_clipped_policy_loss_by_hand():
+    old = torch.tensor([[-2.0, -2.0]])
+    new = old + 1.0  # ratio = e ≈ 2.71828 on both tokens
+    advantages = torch.tensor([[1.0, -1.0]])
+    out = clipped_policy_loss(new, old, advantages, torch.ones(1, 2), clip_ratio=0.2)
+    # token 0 (A=+1): max(−e, −1.2) = −1.2 (clipped)   token 1 (A=−1): max(e, 1.2) = e
+    # loss = (−1.2 + e) / 2 = 0.75914
+    assert out.loss.item() == pytest.approx((math.e - 1.2) / 2, abs=1e-5)
+    assert out.clip_fraction.item() == pytest.approx(0.5)
+    # k3: ratio − 1 − log ratio = e − 2
+    assert out.approx_kl.item() == pytest.approx(math.e - 2, abs=1e-5)
+
+
+def test_policy_loss_gradient_flows_only_through_unclipped_tokens():
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[0.5, 0.05]], requires_grad=True)  # ratios e^0.5 ≈ 1.65 (clipped), e^0.05 ≈ 1.05
+    out = clipped_policy_loss(new, old, torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), clip_ratio=0.2)
+    out.loss.backward()
+    # clipped token has zero gradient; the other: d/dθ(−e^θ)/2 = −e^0.05/2 ≈ −0.5256
+    assert new.grad[0, 0].item() == 0.0
+    assert new.grad[0, 1].item() == pytest.approx(-math.exp(0.05) / 2, abs=1e-5)
+
+
+def test_clipped_value_loss_by_hand():
+    values = torch.tensor([[1.0, 0.0]])
+    old_values = torch.tensor([[0.5, 0.5]])
+    returns = torch.tensor([[1.0, 1.0]])
+    out = clipped_value_loss(values, old_values, returns, torch.ones(1, 2), value_clip=0.2)
+    # token 0: V_clip = 0.7; max((1−1)², (0.7−1)²) = 0.09
+    # token 1: V_clip = 0.3; max((0−1)², (0.3−1)²) = 1.0
+    # loss = ½ · (0.09 + 1.0) / 2 = 0.2725
+    assert out.loss.item() == pytest.approx(0.2725, abs=1e-6)
+    assert out.clip_fraction.item() == pytest.approx(0.5)
+
+
+def test_whiten_uses_only_real_tokens():
+    values = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    # mean 2, unbiased var 1 -> [−1, 0, 1], padding stays 0
+    torch.testing.assert_close(whiten(values, mask, eps=0.0), torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
