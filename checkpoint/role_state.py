@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,8 @@ import fsspec
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
+
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from checkpoint.digest import state_digest
 
@@ -69,6 +73,48 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
 
 
+def optimizer_state_for_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
+    """The optimizer state to write, keyed by parameter name (torch.distributed.checkpoint's
+    format, which also covers sharded models), and whether the optimizer is pristine.
+
+    `get_optimizer_state_dict` materialises a never-stepped optimizer by running a
+    zero-gradient step at lr 0: AdamW's per-parameter `step` becomes 1 and its moments
+    appear. Saving during critic warmup must not change the actor at all (S-CW-7), so
+    for a pristine optimizer that materialisation is rolled back here (per-parameter
+    state cleared, any group-level `step` a fused optimizer may add removed) and an
+    empty state is saved instead.
+    """
+    pristine = not optimizer.state
+    group_keys_before = [set(group) for group in optimizer.param_groups]
+    state = get_optimizer_state_dict(model, optimizer)
+    if pristine:
+        optimizer.state.clear()
+        for group, keys_before in zip(optimizer.param_groups, group_keys_before):
+            for key in set(group) - keys_before:
+                del group[key]
+        state = {"state": {}, "param_groups": state["param_groups"]}
+    return state, pristine
+
+
+def save_model_only(directory: str, *, model: torch.nn.Module) -> str:
+    """A partial (weights-only) save: an artifact, never a resume point (S-CKPT-5)."""
+    fs, root = fsspec.core.url_to_fs(directory)
+    fs.makedirs(root, exist_ok=True)
+    _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(model_tensors(model), metadata={"format": "pt"}))
+    with fsspec.open(f"{directory}/config.json", "w") as handle:
+        handle.write(model.config.to_json_string())
+    return directory
+
+
+def save_tokenizer(tokenizer: Any, directory: str) -> None:
+    """Tokenizer files (and chat template) beside the weights, through fsspec."""
+    with tempfile.TemporaryDirectory() as staging:
+        tokenizer.save_pretrained(staging)
+        for name in os.listdir(staging):
+            with open(os.path.join(staging, name), "rb") as handle:
+                _write_bytes(f"{directory}/{name}", handle.read())
+
+
 def save_trainable_role(
     directory: str,
     *,
@@ -81,9 +127,8 @@ def save_trainable_role(
     fs, root = fsspec.core.url_to_fs(directory)
     fs.makedirs(root, exist_ok=True)
     tensors = model_tensors(model)
-    optimizer_state = optimizer.state_dict()
-    pristine = not optimizer_state["state"]
-    _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(tensors))
+    optimizer_state, pristine = optimizer_state_for_save(model, optimizer)
+    _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(tensors, metadata={"format": "pt"}))
     with fsspec.open(f"{directory}/config.json", "w") as handle:
         handle.write(model.config.to_json_string())
     _write_bytes(f"{directory}/{OPTIMIZER_FILE}", _torch_bytes(optimizer_state))
@@ -137,14 +182,22 @@ def load_trainable_role(
     """Restore into live objects; returns the trainer state. A pristine optimizer's
     (empty) state is never loaded through a materialising target (S-CW-8): only its
     param_groups (where the learning rate lives) are restored."""
+    # The marker is read before anything touches the optimizer: building a load
+    # target through set_optimizer_state_dict would materialise state (S-CW-8).
     state = read_trainer_state(directory)
+    fs, local = fsspec.core.url_to_fs(directory)
+    if fs.exists(f"{local}/OPTIMIZER_PRUNED"):
+        raise RoleCheckpointError(
+            f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
+            "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
+        )
     model.load_state_dict(load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}")), strict=True)
     optimizer_state = _torch_load(_read_bytes(f"{directory}/{OPTIMIZER_FILE}"))
     if state.get("optimizer_pristine"):
         for group, saved in zip(optimizer.param_groups, optimizer_state["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
     else:
-        optimizer.load_state_dict(optimizer_state)
+        set_optimizer_state_dict(model, optimizer, optimizer_state)
     scheduler.load_state_dict(_torch_load(_read_bytes(f"{directory}/{SCHEDULER_FILE}")))
     torch.set_rng_state(_torch_load(_read_bytes(f"{directory}/{RNG_FILE}"))["torch"])
     return state

@@ -138,5 +138,10 @@ def _pydantic_problems(error: ValidationError) -> list[str]:
             message = "unknown key"
         given = item.get("input")
         shown = "" if item["type"] in ("extra_forbidden", "missing") or isinstance(given, dict) else f" (got {given!r})"
+        if item["type"] == "value_error":
+            # Our own validators already start their message with the key path.
+            message = message.removeprefix("Value error, ")
+            problems.append(message if not path or message.startswith(path) else f"{path}: {message}")
+            continue
         problems.append(f"{path or '<root>'}: {message}{shown}")
     return problems

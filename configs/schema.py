@@ -122,6 +122,16 @@ class RLConfig(Section):
     critic_warmup_iterations: int = Field(0, ge=0, strict=True, description="Outer iterations 1..N train only the critic (S-CW-1).")
     save_every: int = Field(5, ge=0, description="Commit a checkpoint boundary every N iterations (0: only the final one).")
     save_final: bool = Field(True, description="Commit a boundary after the last iteration.")
+    save_plan: Literal["full", "model"] = Field(
+        "full",
+        description="What cadence saves write: `full` (model + optimizer + training state, exact resume) or "
+        "`model` (weights only, written under checkpoint_artifacts/ and never resumable, S-CKPT-5).",
+    )
+    keep_optim_last: int | None = Field(
+        None,
+        ge=0,
+        description="Keep optimizer state only in the newest K committed boundaries (unset: newest only; 0: keep all, S-CKPT-6).",
+    )
     threads_per_role: int = Field(1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine).")
     data: DataConfig = Field(description="Prompt source (S-DATA).")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward rules (S-REW).")
@@ -151,8 +161,23 @@ class GridConfig(Section):
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs given to a locally started Ray (None: all of them).")
 
 
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
+
+
 class PPOConfig(Section):
     job: JobConfig = Field(default_factory=JobConfig, description="Run identity and outputs.")
     model: ModelConfig = Field(description="The model every role loads.")
     rl: RLConfig = Field(description="PPO algorithm, data, reward and rollout.")
     grid: GridConfig = Field(default_factory=GridConfig, description="Backend and device placement.")
+
+    @model_validator(mode="after")
+    def _local_store_for_multi_role_checkpoints(self) -> "PPOConfig":
+        scheme = self.job.output_root.split("://", 1)[0] if "://" in self.job.output_root else "file"
+        if scheme in OBJECT_STORE_SCHEMES:
+            # S-CKPT-7: policy, critic and data publish into one boundary; an object store
+            # has no atomic rename for the marker and pointer, so refuse before any worker.
+            raise ValueError(
+                f"job.output_root: {self.job.output_root!r} is an object store ({scheme}://); multi-role "
+                "checkpoints need a local or shared filesystem path (S-CKPT-7)"
+            )
+        return self

@@ -131,7 +131,7 @@ def _check_message(message: Any, path: str, where: str) -> None:
     role = message["role"]
     if not isinstance(role, str) or not role:
         raise PromptError(
-            where, f"{path}.role", f"is {_kind(role)}; a role is a non-empty string such as \"user\""
+            where, f"{path}.role", f"is {_kind(role)}; accepted: a non-empty string such as \"user\""
         )
     content = message["content"]
     if isinstance(content, str):
@@ -162,13 +162,13 @@ def _check_part(part: Any, path: str, where: str) -> None:
             raise PromptError(
                 where,
                 f"{path}.{key}",
-                f"is null on a {part_type!r} part; {_NULL_FILL}. {_ACCEPTED_PART}",
+                f"is null on a part of type {part_type!r}; {_NULL_FILL}. {_ACCEPTED_PART}",
             )
     # A part without a payload (HF-style {"type": "image"} placeholders whose
     # images sit in another column) is the DataPacker's business, not ours.
     if part_type == "text" and "text" in part and not isinstance(part["text"], str):
         raise PromptError(
-            where, f"{path}.text", f"is {_kind(part['text'])}; a text part's `text` is a string"
+            where, f"{path}.text", f"is {_kind(part['text'])}; accepted: a string (the text of a text part)"
         )
 
 
@@ -190,7 +190,7 @@ def project_reference(row: Mapping, *, reference_key: str | None, where: str = "
             where,
             reference_key,
             f"is missing (the row's keys: {keys}); the configured reward needs a reference "
-            "answer in this column: a string or an integer",
+            "answer in this column (accepted: a string or an integer)",
         )
     value = row[reference_key]
     if isinstance(value, str):
@@ -200,5 +200,5 @@ def project_reference(row: Mapping, *, reference_key: str | None, where: str = "
     raise PromptError(
         where,
         reference_key,
-        f"is {_kind(value)}; a reference answer is a string or an integer",
+        f"is {_kind(value)}; accepted: a reference answer that is a string or an integer",
     )

@@ -51,7 +51,7 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 overhead vanishes, small enough that memory stays flat on multi-GB files."""
 
 ACCEPTED_LAYOUTS = (
-    "accepted: UTF-8 text holding one JSON object per line (JSONL), "
+    "Accepted: UTF-8 text holding one JSON object per line (JSONL), "
     "a whitespace-separated stream of JSON objects, or one top-level JSON array "
     "of objects; any of these may be gzip-compressed"
 )
@@ -211,7 +211,9 @@ class _Gunzip:
         data = self._z.decompress(self._input, want)
         self._input = self._z.unconsumed_tail
         if self._z.eof:
-            self._input = self._z.unused_data + self._input
+            # Past the end marker everything left is in unused_data (zlib may
+            # leave a stale copy in unconsumed_tail).
+            self._input = self._z.unused_data
             self._in_member = False
         return data
 

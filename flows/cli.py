@@ -51,7 +51,13 @@ def main(argv: list[str] | None = None, flow_fn: Callable | None = None) -> int:
 def print_summary(summary: dict) -> None:
     print("")
     print(f"done: run {summary['run_name']} at policy_version {summary['policy_version']}")
-    if summary.get("first_reward") is not None:
-        print(f"  reward: first iteration {summary['first_reward']:.3f} -> last iteration {summary['last_reward']:.3f}")
+    if summary.get("actor_untouched"):
+        print(f"  critic warmup covered every iteration: the actor was not updated (policy_version 0)")
+    if summary.get("first_reward_mean") is not None:
+        n = summary["reward_window"]
+        first, last = summary["first_reward_mean"], summary["last_reward_mean"]
+        print(f"  reward: first-{n} mean {first:.3f} -> last-{n} mean {last:.3f} (rise {last - first:+.3f})")
     print(f"  metrics:     {summary['run_dir']}/metrics.jsonl")
     print(f"  checkpoints: {summary['run_dir']}/checkpoints (last committed: {summary['last_boundary']})")
+    if summary.get("final_model"):
+        print(f"  final model: {summary['final_model']['policy']} (AutoModelForCausalLM.from_pretrained)")

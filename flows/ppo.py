@@ -28,9 +28,10 @@ from checkpoint.boundary import CommittedBoundary
 from configs.loading import load_config
 from configs.schema import PPOConfig
 from flows.resume import ResumePoint, find_resume_point, restore_roles
-from flows.run_outputs import RunPaths, append_metrics
+from flows.faults import fault_point
+from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from roles.actors import connect_ray, start_role_actors, stop_role_actors
-from tasks.commit import commit_stage
+from tasks.commit import commit_stage, export_stage, save_artifact_stage
 from tasks.stages import (
     critic_predict_stage,
     data_stage,
@@ -84,11 +85,15 @@ def _flow_run_name() -> str:
         return "ppo-invalid-config"
 
 
-def should_commit(config: PPOConfig, iteration: int) -> bool:
+def save_kind(config: PPOConfig, iteration: int) -> str | None:
+    """"full" (a committed, resumable boundary), "model" (a weights-only artifact) or
+    None. The final save is always full so a finished run can be extended (S-CKPT-5)."""
     rl = config.rl
+    if rl.save_final and iteration == rl.max_steps:
+        return "full"
     if rl.save_every and iteration % rl.save_every == 0:
-        return True
-    return rl.save_final and iteration == rl.max_steps
+        return rl.save_plan
+    return None
 
 
 @flow(name="ppo", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
@@ -140,7 +145,6 @@ def run_iterations(config: PPOConfig, roles, paths: RunPaths, start: int, policy
     rl = config.rl
     warmup = rl.critic_warmup_iterations
     last_commit: CommittedBoundary | None = None
-    rewards: list[float] = []
     for iteration in range(start, rl.max_steps + 1):
         iteration_started = time.perf_counter()
         record: dict[str, Any] = {"iteration": iteration}
@@ -178,13 +182,16 @@ def run_iterations(config: PPOConfig, roles, paths: RunPaths, start: int, policy
         for receipt in receipts:
             record.update(receipt.metrics)
 
+        fault_point(iteration, "after_train")
         if not actor_warmup:  # S-CW-5: no weight delta, no transfer during warmup
             policy_version, m = timed("weight_sync", weight_sync_stage, roles.policy, roles.rollout, iteration)
             record.update(m)
         record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
         record["train/policy_version"] = float(policy_version)
 
-        if should_commit(config, iteration):
+        fault_point(iteration, "before_commit")
+        kind = save_kind(config, iteration)
+        if kind == "full":
             last_commit = timed(
                 "commit",
                 commit_stage,
@@ -193,25 +200,42 @@ def run_iterations(config: PPOConfig, roles, paths: RunPaths, start: int, policy
                 iteration,
                 policy_version,
                 {"critic_warmup_iterations": warmup},
+                rl.keep_optim_last,
             )
+        elif kind == "model":
+            timed("commit", save_artifact_stage, roles, paths.artifacts, iteration)
         for stage, seconds in stage_seconds.items():
             record[f"time/{stage}_seconds"] = seconds
         record["time/iteration_seconds"] = time.perf_counter() - iteration_started
         append_metrics(paths.metrics, record)
-        rewards.append(record["train/reward_mean"])
         line = progress_line(config, record)
         print(line, flush=True)
         logger.info(line)
 
+    exported = None
+    if last_commit is not None and last_commit.iteration == rl.max_steps:
+        exported = export_stage(last_commit.path, paths.final_model, rl.max_steps)
     return {
         "run_name": config.job.name,
         "run_dir": paths.run_dir,
         "iterations": rl.max_steps,
         "policy_version": policy_version,
         "last_boundary": last_commit.path if last_commit else None,
-        "first_reward": rewards[0] if rewards else None,
-        "last_reward": rewards[-1] if rewards else None,
+        "final_model": exported,
+        "actor_untouched": warmup >= rl.max_steps,
+        **reward_rise(read_metrics(paths.metrics)),
     }
+
+
+def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, float | None]:
+    """First-`window` vs last-`window` mean reward over the whole run (resumed parts
+    included): the one number that says whether the policy learned."""
+    rewards = [r["train/reward_mean"] for r in sorted(records, key=lambda r: r["iteration"])]
+    if not rewards:
+        return {"first_reward_mean": None, "last_reward_mean": None, "reward_window": window}
+    first = sum(rewards[:window]) / len(rewards[:window])
+    last = sum(rewards[-window:]) / len(rewards[-window:])
+    return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": min(window, len(rewards))}
 
 
 def check_receipts(receipts, batch_id: str, iteration: int) -> None:

@@ -29,6 +29,10 @@ class RunPaths:
         return f"{self.run_dir}/checkpoints"
 
     @property
+    def final_model(self) -> str:
+        return f"{self.run_dir}/final_model"
+
+    @property
     def artifacts(self) -> str:
         return f"{self.run_dir}/checkpoint_artifacts"
 

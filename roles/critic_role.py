@@ -72,7 +72,9 @@ class CriticRole:
         }
         return TrainReceipt("critic", batch_id, self.rank, self.runtime.optimizer_step, named)
 
-    def save(self, directory: str):
+    def save(self, directory: str, plan: str = "full"):
+        if plan == "model":
+            return {"path": self.runtime.save_model(directory)}
         return asdict(self.runtime.save(directory, {}))
 
     def load(self, directory: str) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from algorithm.ppo_math import (
 )
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
-from roles.model_io import ensure_model, load_causal_lm, response_logprobs
+from checkpoint.role_state import save_tokenizer
+from roles.model_io import ensure_model, load_causal_lm, load_tokenizer, response_logprobs
 from roles.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
 from roles.update_runtime import UpdateRuntime
@@ -35,7 +36,9 @@ class PolicyRole:
         self.config = config
         self.rank = rank
         self.rl = config.rl
-        model = load_causal_lm(ensure_model(config.model), config.model.dtype)
+        model_path = ensure_model(config.model)
+        self.tokenizer = load_tokenizer(model_path)
+        model = load_causal_lm(model_path, config.model.dtype)
         self.runtime = UpdateRuntime("policy", model, config.rl.optimizer, config.rl.optimizer.policy_lr)
         self.policy_version = 0
         self.targets: PPOTargets | None = None
@@ -129,8 +132,12 @@ class PolicyRole:
         advancing the clock."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}, self.policy_version
 
-    def save(self, directory: str):
-        return asdict(self.runtime.save(directory, {"policy_version": self.policy_version}))
+    def save(self, directory: str, plan: str = "full"):
+        if plan == "model":
+            return {"path": self.runtime.save_model(directory)}
+        report = asdict(self.runtime.save(directory, {"policy_version": self.policy_version}))
+        save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
+        return report
 
     def load(self, directory: str) -> dict[str, Any]:
         state = self.runtime.load(directory)

@@ -40,6 +40,7 @@ class RolloutRole:
         self.packer = ChatTextPacker(self.tokenizer)
         self.engine = build_engine(config, model_path, self.tokenizer)
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
+        self.weight_loads = 0  # counted so tests and users can see warmup moves no weights (S-CW-5)
 
     def ready(self) -> dict[str, Any]:
         return {"role": "rollout", "policy_version": self.policy_version}
@@ -77,12 +78,14 @@ class RolloutRole:
             "rollout/response_length_mean": float(lengths.mean()),
             "rollout/generate_seconds": time.perf_counter() - started,
             "rollout/policy_version": float(self.policy_version),
+            "rollout/weight_loads": float(self.weight_loads),
         }
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], policy_version: int) -> dict[str, float]:
         started = time.perf_counter()
         received = self.engine.load_weights(named_tensors)
         self.policy_version = policy_version
+        self.weight_loads += 1
         return {
             "perf/weight_sync_bytes": float(received),
             "perf/weight_sync_load_seconds": time.perf_counter() - started,

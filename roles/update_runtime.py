@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from algorithm.update_plan import UpdatePlan
-from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_trainable_role
+from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
 from roles.trajectory import PPOTargets
 
@@ -90,6 +90,9 @@ class UpdateRuntime:
                 **extra_state,
             },
         )
+
+    def save_model(self, directory: str) -> str:
+        return save_model_only(directory, model=self.model)
 
     def load(self, directory: str) -> dict[str, Any]:
         state = load_trainable_role(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)

@@ -104,6 +104,5 @@ def weight_sync_stage(policy, rollout, iteration: int) -> tuple[int, dict[str, f
     weights_ref, version_ref = policy.publish_weights.options(num_returns=2).remote()
     metrics = ray.get(rollout.load_weights.remote(weights_ref, version_ref))
     policy_version = ray.get(version_ref)
-    metrics = dict(metrics, **{"train/policy_version_published": float(policy_version)})
     _log_metrics(metrics)
     return policy_version, metrics

@@ -1,0 +1,44 @@
+"""Retention of optimizer state across committed boundaries (S-CKPT-6).
+
+Optimizer state is the bulk of a full boundary (AdamW keeps two moments per
+parameter). Older boundaries keep their weights; only their optimizer files go, and
+only after a newer boundary is committed. The role folder then says so, so a resume
+from it fails with a reason instead of a missing-file error.
+"""
+
+from __future__ import annotations
+
+import fsspec
+
+from checkpoint.boundary import read_marker
+from checkpoint.role_state import OPTIMIZER_FILE
+
+PRUNED_NOTE = "OPTIMIZER_PRUNED"
+TRAINABLE_ROLES = ("policy", "critic")
+
+
+def committed_boundaries(checkpoints_root: str) -> list[str]:
+    """Committed boundary paths, oldest first."""
+    fs, root = fsspec.core.url_to_fs(checkpoints_root)
+    if not fs.exists(root):
+        return []
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False) if p.rsplit("/", 1)[-1].startswith("iter_"))
+    return [f"{checkpoints_root.rstrip('/')}/{n}" for n in names if read_marker(f"{checkpoints_root.rstrip('/')}/{n}")]
+
+
+def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None) -> list[str]:
+    """Drop optimizer files from all but the newest K committed boundaries
+    (unset -> 1 on local storage; 0 -> keep all). Returns the pruned role folders."""
+    keep = 1 if keep_optim_last is None else keep_optim_last
+    if keep == 0:
+        return []
+    pruned = []
+    for boundary in committed_boundaries(checkpoints_root)[:-keep]:
+        for role in TRAINABLE_ROLES:
+            fs, role_dir = fsspec.core.url_to_fs(f"{boundary}/{role}")
+            optimizer_path = f"{role_dir}/{OPTIMIZER_FILE}"
+            if fs.exists(optimizer_path):
+                fs.pipe_file(f"{role_dir}/{PRUNED_NOTE}", b"optimizer state removed by retention (rl.keep_optim_last)\n")
+                fs.rm(optimizer_path)
+                pruned.append(f"{boundary}/{role}")
+    return pruned
