@@ -38,12 +38,20 @@ def main(argv: list[str] | None = None, flow_fn: Callable | None = None) -> int:
         from flows.ppo import ppo as flow_fn
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
-    summary = flow_fn(
-        profile=args.config,
-        overrides=overrides,
-        critic_warmup_iterations=args.critic_warmup_iterations,
-        resume=not args.fresh,
-    )
+    from checkpoint.boundary import CheckpointError
+    from flows.resume import ResumeError
+
+    try:
+        summary = flow_fn(
+            profile=args.config,
+            overrides=overrides,
+            critic_warmup_iterations=args.critic_warmup_iterations,
+            resume=not args.fresh,
+        )
+    except (ConfigError, ResumeError, CheckpointError) as error:
+        # Refusals about the run's own state: the message is the whole story.
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print_summary(summary)
     return 0
 

@@ -28,7 +28,7 @@ from checkpoint.boundary import CommittedBoundary
 from configs.loading import load_config
 from configs.schema import PPOConfig
 from flows.resume import ResumePoint, find_resume_point, restore_roles
-from flows.faults import fault_point
+from tasks.faults import fault_point
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from roles.actors import connect_ray, start_role_actors, stop_role_actors
 from tasks.commit import commit_stage, export_stage, save_artifact_stage

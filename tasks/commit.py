@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, update_latest, write_marker
 from checkpoint.retention import prune_optimizer_state
+from tasks.faults import fault_point
 
 
 @task(name="commit", task_run_name="commit[iter={iteration}]", cache_policy=NO_CACHE, persist_result=False)
@@ -34,6 +35,7 @@ def commit_stage(
         ]
     )
     role_steps = {"policy": policy_report["optimizer_step"], "critic": critic_report["optimizer_step"]}
+    fault_point(iteration, "before_marker")
     write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state)
     update_latest(checkpoints_root, iteration)
     committed = CommittedBoundary(iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version)

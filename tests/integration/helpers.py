@@ -1,0 +1,42 @@
+"""Reading a finished run back the way a user would: metrics.jsonl and the committed
+boundaries on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from checkpoint.digest import state_digest
+
+
+def metric_records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def without_timings(record: dict) -> dict:
+    """Metrics that must repeat exactly; wall-clock figures never do."""
+    return {k: v for k, v in record.items() if not k.startswith("time/") and not k.endswith("_seconds")}
+
+
+def boundary(run_dir: Path, iteration: int) -> Path:
+    return run_dir / "checkpoints" / f"iter_{iteration:06d}"
+
+
+def weights_digest(role_dir: Path) -> str:
+    return state_digest(load_file(role_dir / "model.safetensors"))
+
+
+def optimizer_state(role_dir: Path) -> dict:
+    return torch.load(role_dir / "optimizer.pt", weights_only=True)
+
+
+def trainer_state(role_dir: Path) -> dict:
+    return json.loads((role_dir / "trainer_state.json").read_text())
+
+
+def run_dir_snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Every file with its size and mtime, to prove a refusal wrote nothing."""
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
