@@ -34,16 +34,44 @@ def as_conversation(prompt: Any) -> list[dict]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
 
 
+class UnsupportedPromptError(ValueError):
+    pass
+
+
+def _non_text_part(conversation: list[dict]) -> str | None:
+    """Key path of the first image/video part, or None for a text-only conversation."""
+    for m, message in enumerate(conversation):
+        content = message.get("content")
+        if isinstance(content, list):
+            for p, part in enumerate(content):
+                if part.get("type") != "text":
+                    return f"prompt[{m}].content[{p}] (type {part.get('type')!r})"
+    return None
+
+
 class ChatTextPacker:
-    """Causal-LM packer: the tokenizer's chat template with the generation prompt."""
+    """Causal-LM packer: the tokenizer's chat template with the generation prompt.
+
+    Content may be a string or a list of text parts (the template joins them); an
+    image or video part is refused by name, since a text-only model would otherwise
+    be shown a prompt with its pictures silently removed.
+    """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def pack_prompts(self, prompts: Sequence[Any]) -> PackedPrompts:
+    def pack_prompts(self, prompts: Sequence[Any], sources: Sequence[str] | None = None) -> PackedPrompts:
+        conversations = [as_conversation(p) for p in prompts]
+        for index, conversation in enumerate(conversations):
+            part = _non_text_part(conversation)
+            if part is not None:
+                where = sources[index] if sources else f"prompt {index} of the batch"
+                raise UnsupportedPromptError(
+                    f"{where}: {part} cannot be packed by the text-only ChatTextPacker; "
+                    "configure a multimodal DataPacker for image and video prompts (S-RUN-6)"
+                )
         texts = [
-            self.tokenizer.apply_chat_template(as_conversation(p), add_generation_prompt=True, tokenize=False)
-            for p in prompts
+            self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations
         ]
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         return PackedPrompts(encoded["input_ids"], encoded["attention_mask"])

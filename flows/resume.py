@@ -98,6 +98,14 @@ def restore_roles(roles, point: ResumePoint, config: PPOConfig, paths: RunPaths)
                 raise ResumeError(
                     f"{boundary}: {role} restored at optimizer step {steps}, the marker recorded {recorded.get(role)}"
                 )
+    configured_shape = [config.rl.epochs, config.rl.minibatch_size, config.rl.micro_batch_size]
+    for role, state in (("policy", policy_state), ("critic", critic_state)):
+        saved_shape = state.get("plan_shape")
+        if saved_shape is not None and list(saved_shape) != configured_shape:
+            raise ResumeError(
+                f"{boundary}: {role} was trained with update plan (epochs, minibatch, micro-batch) = "
+                f"{tuple(saved_shape)}, this run is configured with {tuple(configured_shape)} (S-FLOW-4)"
+            )
     policy_version = int(policy_state["policy_version"])
     expected = expected_policy_version(point.iteration, config.rl.critic_warmup_iterations)
     if policy_version != expected:

@@ -27,6 +27,7 @@ class ProjectedRow:
     prompt: Any
     reference: str | None
     metadata: dict[str, Any]
+    where: str
 
 
 class DataRole:
@@ -39,7 +40,7 @@ class DataRole:
             prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
             reference = project_reference(sourced.value, reference_key=data.reference_key, where=sourced.where)
             metadata = {k: v for k, v in sourced.value.items() if k not in (data.prompt_key, data.reference_key)}
-            self.rows.append(ProjectedRow(prompt, reference, metadata))
+            self.rows.append(ProjectedRow(prompt, reference, metadata, sourced.where))
         if not self.rows:
             raise ValueError("rl.data: the source yielded no rows")
         self.shuffle = data.shuffle
@@ -72,6 +73,7 @@ class DataRole:
             references=[r.reference for r in rows],
             metadata=[r.metadata for r in rows],
             row_ids=row_ids,
+            sources=[r.where for r in rows],
         )
         return batch, {"data/epoch": float(self.cursor.epoch), "data/position": float(self.cursor.position)}
 

@@ -11,6 +11,7 @@ import torch
 from configs.schema import PPOConfig
 from data.packing import ChatTextPacker
 from roles.model_io import ensure_model, load_tokenizer
+from roles.placement import plan_placement, role_device
 from roles.rollout.engine import RolloutEngine
 from roles.runtime import configure_torch_threads
 from roles.trajectory import PromptBatch, Trajectory
@@ -25,10 +26,21 @@ def build_engine(config: PPOConfig, model_path: str, tokenizer) -> RolloutEngine
     if engine == "hf":
         from roles.rollout.hf_engine import HFEngine
 
-        return HFEngine(model_path, config.model.dtype, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    raise NotImplementedError(
-        f"rl.rollout.engine={engine!r} is not wired into the rollout role yet; use rl.rollout.engine=hf"
-    )
+        return HFEngine(
+            model_path, config.model.dtype, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            device=role_device(config, "rollout"),
+        )
+    if engine == "vllm":
+        from roles.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            model_path, config.model.dtype, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            gpu_memory_utilization=config.rl.rollout.gpu_memory_utilization,
+            tensor_parallel_size=config.grid.rollout_tensor_parallel_size,
+            enable_sleep_mode=plan_placement(config).offload_active,  # S-RUN-4
+            seed=config.job.seed,
+        )
+    raise NotImplementedError(f"rl.rollout.engine={engine!r}: accepted engines are hf and vllm")
 
 
 class RolloutRole:
@@ -39,6 +51,8 @@ class RolloutRole:
         self.tokenizer = load_tokenizer(model_path)
         self.packer = ChatTextPacker(self.tokenizer)
         self.engine = build_engine(config, model_path, self.tokenizer)
+        # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
+        self.sleep_between_rollouts = plan_placement(config).offload_active
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
         self.weight_loads = 0  # counted so tests and users can see warmup moves no weights (S-CW-5)
 
@@ -53,14 +67,17 @@ class RolloutRole:
                 f"requires {required_version}"
             )
         started = time.perf_counter()
-        packed = self.packer.pack_prompts(prompts.prompts)
+        packed = self.packer.pack_prompts(prompts.prompts, prompts.sources)
         rollout = self.config.rl.rollout
+        self.engine.wake_up()
         result = self.engine.generate(
             packed,
             max_new_tokens=rollout.max_new_tokens,
             temperature=rollout.temperature,
             seed=self.config.job.seed * 1_000_003 + prompts.iteration,
         )
+        if self.sleep_between_rollouts:
+            self.engine.sleep()
         completions = self.packer.decode_completions(result.response_ids, result.response_mask)
         trajectory = Trajectory(
             iteration=prompts.iteration,
@@ -78,7 +95,7 @@ class RolloutRole:
             "rollout/response_length_mean": float(lengths.mean()),
             "rollout/generate_seconds": time.perf_counter() - started,
             "rollout/policy_version": float(self.policy_version),
-            "rollout/weight_loads": float(self.weight_loads),
+            "perf/rollout_weight_loads": float(self.weight_loads),
         }
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], policy_version: int) -> dict[str, float]:

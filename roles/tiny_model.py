@@ -9,16 +9,20 @@ is what arithmetic rewards need.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from configs.schema import TinyModelSpec
+from roles.tiny_pretrain import pretrain
 
 PAD, EOS, BOS, UNK = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|unk|>"
 SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
@@ -26,7 +30,10 @@ SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
 # ChatML, as Qwen uses: the rollout's DataPacker applies it with add_generation_prompt.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -61,6 +68,16 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Every model-loading actor calls this at start-up; with pre-training a build
+    # takes a minute, so the others wait for the first instead of each training the
+    # same model again on the same cores.
+    with FileLock(str(target.parent / f".{target.name}.lock")):
+        if (target / "config.json").exists():
+            return target
+        return _build_locked(target, spec)
+
+
+def _build_locked(target: Path, spec: TinyModelSpec) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         tokenizer = build_tokenizer(spec.task_alphabet)
@@ -86,6 +103,19 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
+        if spec.pretrain_task != "none" and spec.pretrain_steps > 0:
+            report = pretrain(
+                model,
+                tokenizer,
+                task=spec.pretrain_task,
+                steps=spec.pretrain_steps,
+                batch_size=spec.pretrain_batch_size,
+                lr=spec.pretrain_lr,
+                max_operand=spec.pretrain_max_operand,
+                seed=spec.seed,
+            )
+            # Provenance beside the weights: what the model was taught before PPO.
+            (staging / "tiny_pretrain.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         try:

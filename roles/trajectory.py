@@ -23,6 +23,7 @@ class PromptBatch:
     references: list[str | None]
     metadata: list[dict[str, Any]]
     row_ids: list[int]
+    sources: list[str] = field(default_factory=list)  # where each row came from, for error messages
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,18 @@ def metric_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+# Counters of one actor process: they restart with the process, so a resumed run
+# legitimately reports different values.
+PROCESS_LOCAL = {"perf/rollout_weight_loads"}
+
+
 def without_timings(record: dict) -> dict:
-    """Metrics that must repeat exactly; wall-clock figures never do."""
-    return {k: v for k, v in record.items() if not k.startswith("time/") and not k.endswith("_seconds")}
+    """Metrics that must repeat exactly; wall-clock figures and process-local
+    counters never do."""
+    return {
+        k: v for k, v in record.items()
+        if not k.startswith("time/") and not k.endswith("_seconds") and k not in PROCESS_LOCAL
+    }
 
 
 def boundary(run_dir: Path, iteration: int) -> Path:

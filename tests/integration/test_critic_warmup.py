@@ -72,7 +72,7 @@ def test_policy_version_and_weight_transfers_follow_the_two_clocks(warmup_run: P
     records = metric_records(warmup_run)
     assert [r["train/policy_version"] for r in records] == [0.0, 0.0, 1.0, 2.0]  # S-CW-4
     # The rollout counts every weight load it received: none before iteration 3's update (S-CW-5).
-    assert [r["rollout/weight_loads"] for r in records] == [0.0, 0.0, 0.0, 1.0]
+    assert [r["perf/rollout_weight_loads"] for r in records] == [0.0, 0.0, 0.0, 1.0]
     assert [("perf/weight_sync_bytes" in r) for r in records] == [False, False, True, True]
     # Staleness guard is equality: each rollout sampled with exactly the current version.
     assert [r["rollout/policy_version"] for r in records] == [0.0, 0.0, 0.0, 1.0]

@@ -68,3 +68,10 @@ def test_cli_exits_non_zero_naming_the_key():
 def test_missing_profile_is_a_clear_error():
     with pytest.raises(ConfigError, match="no such file 'configs/nope.py'"):
         load_profile("configs/nope.py")
+
+
+def test_config_reference_doc_is_generated_from_the_schema():
+    from configs.reference_doc import render
+
+    committed = (REPO_ROOT / "docs" / "reference" / "config.md").read_text()
+    assert committed == render(), "run: python -m configs.reference_doc > docs/reference/config.md"

@@ -1,0 +1,66 @@
+"""Generates docs/reference/config.md from the schema, so the reference can never
+drift from the code (`python -m configs.reference_doc > docs/reference/config.md`)."""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from configs.schema import PPOConfig
+
+
+def _type_name(annotation: object) -> str:
+    text = str(annotation).replace("typing.", "")
+    if isinstance(annotation, type):
+        text = annotation.__name__
+    return text.replace("NoneType", "None")
+
+
+def _section(annotation: object) -> type[BaseModel] | None:
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        section = _section(field.annotation)
+        if field.default is PydanticUndefined and field.default_factory is None:
+            default = "required"
+        elif section is not None:
+            default = "(section)"
+        else:
+            value = field.default_factory() if field.default_factory is not None else field.default
+            default = f"`{value!r}`"
+        rows.append(f"| `{key}` | {_type_name(field.annotation) if section is None else 'section'} | {default} | {field.description or ''} |")
+        if section is not None:
+            rows.extend(_rows(section, f"{key}."))
+    return rows
+
+
+def render() -> str:
+    lines = [
+        "# Config reference",
+        "",
+        "Generated from `configs/schema.py` by `python -m configs.reference_doc`; do not edit by hand.",
+        "Set any key from the command line after `--` (`rl.max_steps=5`), or in the `overrides`",
+        "list of the `ppo` flow. Values are parsed as JSON when they parse (numbers, `true`,",
+        "`null`), else taken as strings. Setting one of `rl.data.path`, `rl.data.name`,",
+        "`rl.data.factory` on the command line replaces the profile's data source.",
+        "",
+        "| key | type | default | meaning |",
+        "| --- | --- | --- | --- |",
+        *_rows(PPOConfig, ""),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
