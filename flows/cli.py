@@ -25,15 +25,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None, flow_fn: Callable | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.validate_manifest:
+        # Before anything else: the manifest reports config errors in its own
+        # every-problem format and must not import Prefect or Ray (S-RUN-3).
+        from flows.manifest import validate_manifest
+
+        warmup = args.critic_warmup_iterations
+        extra = [] if warmup is None else [f"rl.critic_warmup_iterations={warmup}"]
+        return validate_manifest(args.config, overrides + extra)
     try:
         config = load_config(args.config, overrides)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.validate_manifest:
-        from flows.manifest import validate_manifest
-
-        return validate_manifest(args.config, overrides)
     if flow_fn is None:
         from flows.ppo import ppo as flow_fn
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "

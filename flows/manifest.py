@@ -1,24 +1,449 @@
-"""`--validate-manifest`: check a run without allocating workers or GPUs (S-RUN-3).
+"""`--validate-manifest`: check a whole run before anything is allocated (S-RUN-3).
 
-This first version checks the typed config only; placement, reward-vs-data and
-storage checks are tracked in the launch issue.
+Why a separate pass rather than "start and see": the public profile is launched on
+a 4-GPU node whose hours cost money, so every mistake that can be found from the
+config, the data and the model's config file is found here, on a laptop, and all
+of them at once (a list of problems, each starting with its dotted key path), not
+one per launch.
+
+What it never does: start or join Ray, import Ray, load model weights, download
+anything. It reads the profile, the data file (every row, through the same row
+reader and prompt projection the data role uses), row 0 of a dataset factory, a
+local model's `config.json`, and the run's checkpoint pointer.
+
+Checks, in order: placement vs. declared devices (roles/placement.py, the same
+plan that places the actors; S-RUN-4, S-RUN-5), model config vs. model-parallel
+factors, reward rule vs. data (S-REW-2, S-REW-4), data readable and projectable
+(S-DATA-3..5), checkpoint storage (S-CKPT-7), and options that contradict each
+other.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import re
 import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
 
+from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
 from configs.loading import ConfigError, load_config
+from configs.schema import PPOConfig
+from data.prompt_projection import PromptError, project_prompt, project_reference
+from roles.placement import PlacementPlan, placement_problems, plan_placement
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1  # the manifest names problems
+EXIT_CONFIG = 2  # the config itself does not type-check (same code as the CLI's)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def validate_manifest(profile: str, overrides: list[str]) -> int:
+@dataclass(frozen=True)
+class Problem:
+    key: str  # dotted config key path the user should change
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+@dataclass
+class ManifestReport:
+    summary: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    data_rows: int | None = None  # rows read from rl.data.path (None for other sources)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(Problem(key, message))
+
+    def keys(self) -> list[str]:
+        return [p.key for p in self.problems]
+
+
+def check_manifest(config: PPOConfig, *, environ: dict[str, str] | None = None) -> ManifestReport:
+    """Every check that needs no worker; collects all problems instead of stopping."""
+    env = os.environ if environ is None else environ
+    report = ManifestReport()
+    report.summary.append(
+        f"run: {config.job.name}, {config.rl.max_steps} iterations, batch {config.rl.batch_size}, "
+        f"critic warmup {config.rl.critic_warmup_iterations}"
+    )
+    plan = plan_placement(config)
+    _check_placement(config, plan, report, env)
+    _check_model(config, plan, report)
+    matcher, resolved = _check_reward(config, report)
+    _check_data(config, matcher, resolved, report)
+    _check_checkpoints(config, report)
+    _check_options(config, plan, report)
+    return report
+
+
+def validate_manifest(profile: str, overrides: list[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """The CLI's `--validate-manifest`: prints a short summary and `bind_check: ok`
+    (exit 0), or every problem with its key path (exit non-zero)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    started = time.perf_counter()
     try:
         config = load_config(profile, overrides)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"profile: {profile}")
-    print(f"model: {config.model.path} ({config.model.dtype}); rollout engine: {config.rl.rollout.engine}")
-    print(f"grid: backend={config.grid.backend} placement={config.grid.gpu_placement} gpus={config.grid.gpus_per_node}")
-    print("bind_check: ok")
-    return 0
+        for problem in error.problems:
+            print(f"error: {problem}", file=err)
+        print(f"bind_check: failed ({len(error.problems)} config problem(s))", file=out)
+        return EXIT_CONFIG
+    report = check_manifest(config)
+    print(f"profile: {profile}", file=out)
+    for line in report.summary:
+        print(line, file=out)
+    for note in report.notes:
+        print(f"note: {note}", file=out)
+    elapsed = time.perf_counter() - started
+    out.flush()
+    if report.problems:
+        for problem in report.problems:
+            print(f"error: {problem}", file=err)
+        print(f"bind_check: failed ({len(report.problems)} problem(s), checked in {elapsed:.2f} s)", file=out)
+        return EXIT_PROBLEMS
+    print(f"checked in {elapsed:.2f} s; no worker started, no weights loaded", file=out)
+    print("bind_check: ok", file=out)
+    return EXIT_OK
+
+
+# --- placement ---------------------------------------------------------------------
+
+
+def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestReport, env) -> None:
+    for key, message in placement_problems(plan, config):
+        report.problem(key, message)
+    devices = (
+        f"{plan.gpus_per_node} GPU(s) x {plan.num_nodes} node(s)" if plan.uses_gpus else "CPU only (grid.gpus_per_node=0)"
+    )
+    offload = ""
+    if plan.mode == "colocated" and plan.uses_gpus:
+        offload = f"; colocated offload {'on' if plan.offload_active else 'off (rl.colocated_offload=false)'}"
+    report.summary.append(f"placement: {plan.describe()} on {devices}{offload}")
+    if plan.uses_gpus:
+        for group in plan.groups:
+            if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):
+                report.notes.append(f"{group.key}=0: the {'+'.join(group.roles)} runs on the host in this GPU run")
+    address = config.grid.ray_address or env.get("RAY_ADDRESS")
+    if address:
+        source = "grid.ray_address" if config.grid.ray_address else "RAY_ADDRESS"
+        report.summary.append(f"ray: joins the cluster at {address} ({source}; not contacted by this check)")
+        if config.grid.ray_num_cpus is not None:
+            report.notes.append("grid.ray_num_cpus only sizes a locally started Ray; it is ignored when joining a cluster")
+    else:
+        cpus = config.grid.ray_num_cpus if config.grid.ray_num_cpus is not None else "all"
+        report.summary.append(f"ray: starts a local Ray at launch (num_cpus={cpus}); backend {config.grid.backend}")
+
+
+# --- model -------------------------------------------------------------------------
+
+
+def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+    model_config = _read_model_config(config, report)
+    rollout = config.rl.rollout
+    report.summary.append(
+        f"rollout: engine {rollout.engine}, max_new_tokens {rollout.max_new_tokens}, temperature {rollout.temperature}, "
+        "one completion per prompt"
+    )
+    if model_config is None:
+        return
+    heads = model_config.get("num_attention_heads")
+    kv_heads = model_config.get("num_key_value_heads") or heads
+    tp = plan.rollout_tensor_parallel_size
+    if isinstance(heads, int) and heads % tp:
+        report.problem(
+            "grid.rollout_tensor_parallel_size",
+            f"is {tp}, which does not divide the model's {heads} attention heads (model.path config.json)",
+        )
+    if isinstance(kv_heads, int) and tp > 1 and kv_heads % tp and tp % kv_heads:
+        report.problem(
+            "grid.rollout_tensor_parallel_size",
+            f"is {tp}; the model's {kv_heads} key/value heads can neither be split over nor replicated on {tp} GPUs",
+        )
+    positions = model_config.get("max_position_embeddings")
+    if isinstance(positions, int) and rollout.max_new_tokens >= positions:
+        report.problem(
+            "rl.rollout.max_new_tokens",
+            f"is {rollout.max_new_tokens}, not below the model's max_position_embeddings {positions} (prompt plus completion must fit)",
+        )
+
+
+def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, Any] | None:
+    """The model's config.json as a dict, without transformers or weights. A hub id
+    that is not in the local cache is skipped with a note: nothing is downloaded."""
+    path = config.model.path
+    local = Path(path) / "config.json"
+    source: str | None = None
+    if local.is_file():
+        source = str(local)
+    elif config.model.tiny is not None:
+        spec = config.model.tiny
+        report.summary.append(
+            f"model: {path} does not exist yet; the tiny Qwen3 model is built there from model.tiny at start-up "
+            f"({spec.num_hidden_layers} layers, hidden {spec.hidden_size}), dtype {config.model.dtype}"
+        )
+        return spec.model_dump()
+    elif _HUB_ID.match(path) and not Path(path).exists():
+        source = _cached_hub_config(path)
+        if source is None:
+            report.summary.append(f"model: {path} (hub id), dtype {config.model.dtype}")
+            report.notes.append(
+                f"model.path {path!r} is a hub id that is not in the local Hugging Face cache: its config check "
+                "(heads vs. tensor parallel size, context length) was skipped; nothing was downloaded"
+            )
+            return None
+    else:
+        report.problem("model.path", f"{path!r} has no config.json (expected a Hugging Face model folder or a hub id)")
+        return None
+    try:
+        with open(source, encoding="utf-8") as handle:
+            model_config = json.load(handle)
+    except (OSError, json.JSONDecodeError) as error:
+        report.problem("model.path", f"cannot read {source}: {error}")
+        return None
+    if not isinstance(model_config, dict) or "model_type" not in model_config:
+        report.problem("model.path", f"{source} is not a transformers model config (no model_type)")
+        return None
+    architectures = ",".join(model_config.get("architectures") or []) or model_config["model_type"]
+    report.summary.append(
+        f"model: {path} ({architectures}; {model_config.get('num_hidden_layers', '?')} layers, hidden "
+        f"{model_config.get('hidden_size', '?')}, heads {model_config.get('num_attention_heads', '?')}/"
+        f"{model_config.get('num_key_value_heads', '?')}), dtype {config.model.dtype}"
+    )
+    return model_config
+
+
+def _cached_hub_config(repo_id: str) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")  # reads the cache only, never the network
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
+
+
+# --- reward vs. data ---------------------------------------------------------------
+
+
+def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMatcher | None, bool]:
+    reward = config.rl.reward
+    try:
+        matcher = resolve_terminal(reward.terminal, reward.terminal_callable)
+    except RewardConfigError as error:
+        if reward.terminal_callable is not None and reward.terminal in SHARED_RULE_NAMES:
+            key = "rl.reward.terminal_callable"  # S-REW-4: the callable is what cannot join a shared rule
+        else:
+            match = re.match(r"(rl\.reward\.\w+)", str(error))
+            key = match.group(1) if match else "rl.reward.terminal"
+        report.problem(key, str(error))
+        return None, False
+    if matcher is None:
+        report.summary.append("reward: no terminal reward (rl.reward.terminal=none)" + _process_text(config))
+    else:
+        need = f"needs a reference from column {config.rl.data.reference_key!r}" if matcher.needs_reference else "needs no reference"
+        report.summary.append(f"reward: terminal {matcher.name} ({need}){_process_text(config)}")
+    return matcher, True
+
+
+def _process_text(config: PPOConfig) -> str:
+    return f", process {config.rl.reward.process}" if config.rl.reward.process != "none" else ""
+
+
+def _rule_text(config: PPOConfig, matcher: TerminalMatcher) -> str:
+    if config.rl.reward.terminal_callable:
+        return f"rl.reward.terminal_callable={matcher.name!r}"
+    return f"rule {matcher.name!r} (rl.reward.terminal)"
+
+
+def _check_data(config: PPOConfig, matcher: TerminalMatcher | None, reward_resolved: bool, report: ManifestReport) -> None:
+    data = config.rl.data
+    needs_reference = matcher is not None and matcher.needs_reference
+    if needs_reference and data.reference_key is None:
+        report.problem(
+            "rl.data.reference_key",
+            f"is null, but the reward {_rule_text(config, matcher)} needs a reference answer in every row (S-REW-2); "
+            "set rl.data.reference_key to the column that holds it, or choose a rule that needs none (nonempty, constant)",
+        )
+    if data.path:
+        _check_data_file(config, matcher, reward_resolved, report)
+    elif data.factory:
+        _check_data_factory(config, matcher, reward_resolved, report)
+    else:
+        report.summary.append(f"data: dataset {data.name}[{data.split}]")
+        report.notes.append(
+            f"rl.data.name={data.name!r}: hub datasets are read by the data role at start-up (row 0 is projected "
+            "there); this check does not load them"
+        )
+
+
+def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher | None, reward_resolved: bool,
+             source_key: str, report: ManifestReport) -> bool:
+    """Project one row exactly as the data role will; False (with a problem
+    recorded) when the data role would refuse it."""
+    data = config.rl.data
+    try:
+        project_prompt(value, prompt_key=data.prompt_key, where=where)
+    except PromptError as error:
+        key = "rl.data.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
+        report.problem(key, str(error))
+        return False
+    try:
+        project_reference(value, reference_key=data.reference_key, where=where)
+    except PromptError as error:
+        column = data.reference_key
+        if not reward_resolved:
+            why = "the data role reads it at start-up"
+        elif matcher is not None and matcher.needs_reference:
+            why = f"the reward {_rule_text(config, matcher)} needs it (S-REW-2)"
+        else:
+            reason = f"{_rule_text(config, matcher)} needs" if matcher is not None else "rl.reward.terminal=none needs"
+            why = f"{reason} no reference: set rl.data.reference_key=null"
+        report.problem("rl.data.reference_key", f"column {column!r}: {error}; {why}")
+        return False
+    return True
+
+
+def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
+    from data.row_reader import iter_rows
+
+    path = config.rl.data.path
+    assert path is not None
+    rows = 0
+    started = time.perf_counter()
+    try:
+        for row in iter_rows(path):
+            # Every row, in file order, with the data role's own projection: a bad
+            # row 90 000 fails here, not an hour into the run (S-DATA-4, S-DATA-5).
+            if not _project(config, row.value, str(row.position), matcher, reward_resolved, "rl.data.path", report):
+                return
+            rows += 1
+    except (ValueError, OSError) as error:  # RowReadError is a ValueError and names row, line and column
+        report.problem("rl.data.path", str(error))
+        return
+    if rows == 0:
+        report.problem("rl.data.path", f"{path} holds no rows")
+        return
+    report.data_rows = rows
+    report.summary.append(f"data: {path}, every row read and projected in {time.perf_counter() - started:.2f} s")
+    report.summary.append(f"data_rows: {rows}")
+
+
+def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
+    from data.sources import import_callable
+
+    data = config.rl.data
+    assert data.factory is not None
+    try:
+        factory = import_callable(data.factory, key="rl.data.factory")
+    except ValueError as error:
+        report.problem("rl.data.factory", str(error).removeprefix("rl.data.factory: "))
+        return
+    try:
+        first = list(itertools.islice(iter(factory(**data.factory_kwargs)), 1))
+    except TypeError as error:
+        report.problem("rl.data.factory_kwargs", f"{data.factory}({data.factory_kwargs}) fails: {error}")
+        return
+    except Exception as error:  # user code: any failure is reported, not raised
+        report.problem("rl.data.factory", f"{data.factory} raised {type(error).__name__}: {error}")
+        return
+    if not first:
+        report.problem("rl.data.factory", f"{data.factory} yielded no rows")
+        return
+    where = f"rl.data.factory {data.factory} row 0"
+    if not isinstance(first[0], dict):
+        report.problem("rl.data.factory", f"{where}: expected a dict row, got {type(first[0]).__name__}")
+        return
+    # Only row 0: a factory may be large or endless; the data role projects the rest.
+    if _project(config, first[0], where, matcher, reward_resolved, "rl.data.factory", report):
+        report.summary.append(f"data: factory {data.factory}, row 0 projected")
+
+
+# --- checkpoints -------------------------------------------------------------------
+
+
+def _check_checkpoints(config: PPOConfig, report: ManifestReport) -> None:
+    # Object stores were already refused by the schema (S-CKPT-7); what is left to
+    # check is that a local root can be written and what a launch would resume.
+    root = config.job.output_root
+    scheme = root.split("://", 1)[0] if "://" in root else "file"
+    if scheme not in ("file", "local"):
+        report.notes.append(
+            f"job.output_root uses {scheme}://; the commit protocol needs atomic renames and was exercised on local "
+            "and shared filesystems only (S-CKPT-2)"
+        )
+        return
+    local = Path(root.split("://", 1)[1] if "://" in root else root)
+    run_dir = local / config.job.name
+    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        report.problem("job.output_root", f"{existing} exists and is not a folder")
+        return
+    if existing is not None and not os.access(existing, os.W_OK):
+        report.problem("job.output_root", f"cannot write under {existing} (the run would create {run_dir})")
+        return
+    from checkpoint.boundary import read_latest
+
+    try:
+        latest = read_latest(str(run_dir / "checkpoints"))
+    except Exception as error:  # a dangling pointer: resume would refuse too
+        report.problem("job.name", f"the run's checkpoint pointer is broken: {error}")
+        return
+    resume = f"resumes from {latest}" if latest else "no committed boundary, starts at iteration 1"
+    report.summary.append(f"checkpoints: {run_dir}/checkpoints (local store; {resume})")
+
+
+# --- options that contradict each other --------------------------------------------
+
+
+def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+    rl = config.rl
+    if rl.batch_size % rl.minibatch_size:
+        report.problem(
+            "rl.minibatch_size",
+            f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
+            "whole minibatches",
+        )
+    if rl.rollout.engine == "vllm" and not plan.uses_gpus:
+        report.notes.append(
+            "rl.rollout.engine=vllm on a CPU run (grid.gpus_per_node=0) needs vLLM's CPU build in the environment "
+            "(docs/launch.md); the `gpu` extra is the CUDA build"
+        )
+    if not rl.colocated_offload and not (plan.mode == "colocated" and plan.uses_gpus):
+        report.notes.append("rl.colocated_offload=false has no effect: policy and rollout do not share a GPU")
+    if plan.mode == "colocated" and plan.uses_gpus and not rl.colocated_offload and rl.rollout.engine == "vllm":
+        report.notes.append(
+            f"rl.colocated_offload=false: vLLM keeps rl.rollout.gpu_memory_utilization={rl.rollout.gpu_memory_utilization} "
+            "of each shared GPU while the trainer holds its weights and optimizer state there too"
+        )
+    if rl.save_every == 0 and not rl.save_final:
+        report.notes.append("rl.save_every=0 and rl.save_final=false: no boundary is committed, the run cannot be resumed")
+    if rl.critic_warmup_iterations >= rl.max_steps:
+        report.notes.append(
+            f"rl.critic_warmup_iterations={rl.critic_warmup_iterations} covers every iteration: the actor is never updated"
+        )
+
+
+if __name__ == "__main__":
+    # `python -m flows.manifest --config FILE [-- key=value ...]`: the same check as
+    # `python -m flows.ppo --validate-manifest`, without importing the flow module
+    # (whose Prefect, Ray and torch imports cost seconds before the check starts).
+    from flows.cli import main
+
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    sys.exit(main([*argv[:split], "--validate-manifest", *argv[split:]]))

@@ -16,6 +16,7 @@ import ray
 from configs.schema import PPOConfig
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
+from roles.placement import LoweredPlacement, lower_placement, plan_placement, release_placement
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole
@@ -49,6 +50,9 @@ class RoleHandles:
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+
+_live_placements: list[LoweredPlacement] = []  # reserved by start_role_actors, released by stop_role_actors
 
 
 def ray_namespace(config: PPOConfig) -> str:
@@ -97,15 +101,19 @@ def start_role_actors(config: PPOConfig) -> RoleHandles:
     actor of the same run name (a killed run on a standing cluster) is replaced:
     its state may be ahead of the last commit."""
     namespace = ray_namespace(config)
-    handles = {}
-    for role, cls in ROLE_CLASSES.items():
+    for role in ROLE_CLASSES:
         try:
             ray.kill(ray.get_actor(role, namespace=namespace))
         except ValueError:
             pass
+    # Device groups become placement groups on a GPU run, nothing on CPU (S-RUN-4).
+    placement = lower_placement(plan_placement(config), namespace=namespace)
+    _live_placements.append(placement)
+    handles = {}
+    for role, cls in ROLE_CLASSES.items():
         handles[role] = (
             ray.remote(cls)
-            .options(name=role, namespace=namespace, num_cpus=0, max_restarts=0)
+            .options(name=role, namespace=namespace, max_restarts=0, **placement.actor_options(role))
             .remote(config)
         )
     ray.get([handle.ready.remote() for handle in handles.values()])
@@ -113,13 +121,14 @@ def start_role_actors(config: PPOConfig) -> RoleHandles:
 
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
-    if handles is None:
-        return
-    for _, handle in handles.items():
+    for _, handle in handles.items() if handles is not None else []:
         try:
             ray.kill(handle)
         except Exception:  # already dead: nothing to release
             pass
+    # Also when start-up failed half way (handles is None): free the reserved GPUs.
+    while _live_placements:
+        release_placement(_live_placements.pop())
 
 
 def kill_run_actors(run_name: str) -> list[str]:

@@ -113,6 +113,13 @@ class PolicyRole:
         if self.targets is None or self.targets.batch_id != batch_id:
             held = self.targets.batch_id if self.targets else None
             raise ValueError(f"policy was asked to train on batch {batch_id} but holds targets for {held}")
+        if self.targets.policy_version != self.policy_version:
+            # S-FLOW-6 at the train step too: targets frozen under one version must not
+            # train weights that were published as another.
+            raise StaleSampleError(
+                f"policy refuses to train on batch {batch_id}: its targets were prepared from samples of "
+                f"policy_version {self.targets.policy_version}, the policy is at {self.policy_version}"
+            )
         started = time.perf_counter()
         metrics = self.runtime.run_plan(plan, self.targets, self._loss)
         named = {f"train/policy_{k}": v for k, v in metrics.items() if k != "lr"}

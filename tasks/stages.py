@@ -77,8 +77,10 @@ def critic_predict_stage(critic, trajectory_ref, iteration: int):
 def prepare_batch_stage(policy, critic, trajectory_ref, iteration: int):
     """policy.prepare_batch freezes the targets; critic.install_targets receives the
     very same object by reference (S-FLOW-3)."""
-    targets_ref, metrics = _call_with_summary(policy.prepare_batch, trajectory_ref)
-    installed = ray.get(critic.install_targets.remote(targets_ref))
+    targets_ref, summary_ref = policy.prepare_batch.options(num_returns=2).remote(trajectory_ref)
+    # Both calls are queued before waiting, so this task pays one round trip, not two
+    # (the install waits inside Ray for the targets; an error in either surfaces here).
+    metrics, installed = ray.get([summary_ref, critic.install_targets.remote(targets_ref)])
     _log_metrics(metrics)
     return installed["batch_id"], metrics
 
@@ -102,7 +104,6 @@ def weight_sync_stage(policy, rollout, iteration: int) -> tuple[int, dict[str, f
     """Push the policy's new weights to the rollout engine; the weights travel actor
     to actor through the object store, never through this process (S-FLOW-6)."""
     weights_ref, version_ref = policy.publish_weights.options(num_returns=2).remote()
-    metrics = ray.get(rollout.load_weights.remote(weights_ref, version_ref))
-    policy_version = ray.get(version_ref)
+    metrics, policy_version = ray.get([rollout.load_weights.remote(weights_ref, version_ref), version_ref])
     _log_metrics(metrics)
     return policy_version, metrics

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Bring up the local Prefect stack for the ppo deployments (`make serve`):
+#   1. `prefect server start` on 127.0.0.1:$PPO_PREFECT_PORT (default 4200), its
+#      database under the state directory (PREFECT_HOME),
+#   2. the `ppo-process` work pool (type process),
+#   3. both deployments from deployments/prefect.yaml (ppo/public-4gpu, ppo/tiny-cpu),
+#   4. a worker polling the pool.
+# Pids and logs go to $PPO_PREFECT_STATE_DIR (default .prefect/local); stop it all
+# with deployments/stop.sh (`make stop`: worker first, then server). Running this
+# again with the stack up redeploys and leaves running processes alone.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+
+STATE_DIR="${PPO_PREFECT_STATE_DIR:-$REPO_ROOT/.prefect/local}"
+PORT="${PPO_PREFECT_PORT:-4200}"
+POOL="ppo-process"
+PYTHON="${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}"
+STARTUP_TIMEOUT="${PPO_PREFECT_STARTUP_TIMEOUT:-180}"
+API_URL="http://127.0.0.1:${PORT}/api"
+
+mkdir -p "$STATE_DIR/home"
+# Everything below (server, CLI, worker, the flow runs the worker starts) shares
+# this environment; env.sh lets a user's shell talk to the same server.
+cat > "$STATE_DIR/env.sh" <<EOF
+export PATH="$(dirname "$PYTHON"):\$PATH"
+export PREFECT_HOME="$STATE_DIR/home"
+export PREFECT_API_URL="$API_URL"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120
+export RAY_AUTH_MODE="\${RAY_AUTH_MODE:-disabled}"
+export RAY_USAGE_STATS_ENABLED="\${RAY_USAGE_STATS_ENABLED:-0}"
+export TOKENIZERS_PARALLELISM=false
+EOF
+# shellcheck source=/dev/null
+source "$STATE_DIR/env.sh"
+
+prefect_cli() { "$PYTHON" -m prefect "$@"; }
+
+alive() {  # alive NAME: the pid in NAME.pid is a running process
+  local pid_file="$STATE_DIR/$1.pid"
+  [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null
+}
+
+api_healthy() {
+  "$PYTHON" - "$API_URL/health" <<'EOF'
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=2).read()
+except Exception:
+    sys.exit(1)
+EOF
+}
+
+port_free() {
+  "$PYTHON" - "$PORT" <<'EOF'
+import socket, sys
+with socket.socket() as s:
+    # As the server will: a port a stopped server left in TIME_WAIT is free.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", int(sys.argv[1])))
+    except OSError:
+        sys.exit(1)
+EOF
+}
+
+# 1. server (setsid: its own process group, so stop.sh can end it and its children)
+if alive server; then
+  echo "serve: server already running (pid $(cat "$STATE_DIR/server.pid")) at $API_URL"
+else
+  if ! port_free; then
+    echo "serve: port $PORT on 127.0.0.1 is in use; choose another with PPO_PREFECT_PORT=NNNN" >&2
+    exit 1
+  fi
+  setsid "$PYTHON" -m prefect server start --host 127.0.0.1 --port "$PORT" \
+    >"$STATE_DIR/server.log" 2>&1 </dev/null &
+  echo $! >"$STATE_DIR/server.pid"
+  echo "serve: starting server (pid $!), log $STATE_DIR/server.log"
+fi
+deadline=$((SECONDS + STARTUP_TIMEOUT))
+until api_healthy; do
+  if ! alive server; then
+    echo "serve: the server exited; last lines of $STATE_DIR/server.log:" >&2
+    tail -n 20 "$STATE_DIR/server.log" >&2
+    exit 1
+  fi
+  if ((SECONDS > deadline)); then
+    echo "serve: server not healthy after ${STARTUP_TIMEOUT}s (PPO_PREFECT_STARTUP_TIMEOUT); see $STATE_DIR/server.log" >&2
+    exit 1
+  fi
+  sleep 1
+done
+echo "serve: server healthy at $API_URL"
+
+# 2. work pool
+if prefect_cli work-pool inspect "$POOL" >/dev/null 2>&1; then
+  echo "serve: work pool $POOL exists"
+else
+  prefect_cli work-pool create "$POOL" --type process >"$STATE_DIR/deploy.log" 2>&1
+  echo "serve: created work pool $POOL"
+fi
+
+# 3. deployments (from the repository root: entrypoints and the pull step's
+#    working directory are resolved against it)
+if ! prefect_cli --no-prompt deploy --all --prefect-file deployments/prefect.yaml >>"$STATE_DIR/deploy.log" 2>&1; then
+  echo "serve: prefect deploy failed; see $STATE_DIR/deploy.log" >&2
+  tail -n 20 "$STATE_DIR/deploy.log" >&2
+  exit 1
+fi
+echo "serve: deployed ppo/public-4gpu and ppo/tiny-cpu"
+
+# 4. worker
+if alive worker; then
+  echo "serve: worker already running (pid $(cat "$STATE_DIR/worker.pid"))"
+else
+  setsid "$PYTHON" -m prefect worker start --pool "$POOL" --type process \
+    >"$STATE_DIR/worker.log" 2>&1 </dev/null &
+  echo $! >"$STATE_DIR/worker.pid"
+  echo "serve: started worker (pid $!), log $STATE_DIR/worker.log"
+fi
+
+cat <<EOF
+
+Prefect UI: http://127.0.0.1:${PORT}
+Run from a shell:
+  source $STATE_DIR/env.sh
+  prefect deployment run ppo/tiny-cpu --watch
+  prefect deployment run ppo/tiny-cpu --param 'overrides=["rl.max_steps=5"]' --param run_name=try1 --watch
+Stop: make stop   (or deployments/stop.sh)
+EOF

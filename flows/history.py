@@ -1,0 +1,315 @@
+"""A run's history as Prefect artifacts: what a user reads in the UI instead of a terminal.
+
+Three artifacts per run, each keyed by the run name (artifact keys are global, so two
+runs never write into one another's history):
+
+- `ppo-<run>-iterations`: a table with one row per outer iteration (reward mean, KL,
+  losses, policy_version, actor_warmup, seconds per stage). It is created once per
+  flow run and then updated in place, so the table grows by one row per iteration
+  without storing a new copy of the whole table each time. A resumed run starts its
+  table from the iterations already in metrics.jsonl, so the table always shows the
+  whole run.
+- `ppo-<run>-progress`: iterations done out of `rl.max_steps`, as a percentage.
+- `ppo-<run>-summary`: markdown written when the run ends (iterations done, last
+  committed boundary, final reward, exported model, and the reward/KL curve PNG that
+  `flows.curves` writes into the run directory), or a failure note naming the last
+  finished iteration.
+
+History is best effort: an API hiccup while writing an artifact is logged as a
+warning and never fails training. Metrics.jsonl and the committed boundaries on
+disk are the record; these artifacts are the view.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+from uuid import UUID
+
+import fsspec
+from prefect import get_run_logger
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_logger
+
+from flows.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
+from flows.run_outputs import RunPaths, read_metrics
+
+# Table column -> metrics.jsonl key. Short column names keep the UI table narrow; the
+# full metric names are documented with metrics.jsonl.
+METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("reward_mean", "train/reward_mean"),
+    ("kl", "train/kl"),
+    ("policy_loss", "train/policy_loss"),
+    ("value_loss", "train/value_loss"),
+)
+# Stage-time columns appear in the order an iteration runs them; unknown stages follow.
+STAGE_ORDER = (
+    "data",
+    "rollout",
+    "reward",
+    "replay",
+    "reference_score",
+    "critic_predict",
+    "prepare_batch",
+    "train",
+    "train_policy",
+    "train_critic",
+    "weight_sync",
+    "commit",
+    "iteration",
+)
+INLINE_CURVE_MAX_BYTES = 300_000
+_TIME_KEY = re.compile(r"^time/(?P<stage>.+)_seconds$")
+
+
+def artifact_key(run_name: str, kind: str) -> str:
+    """`ppo-<run>-<kind>` in the alphabet Prefect accepts for keys (lowercase letters,
+    digits, dashes). A name that had to change gets a short hash of the original, so
+    `My_Run` and `my-run` never share (and overwrite) one history."""
+    slug = re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-") or "run"
+    if slug != run_name:
+        slug = f"{slug}-{hashlib.sha1(run_name.encode()).hexdigest()[:6]}"
+    return f"ppo-{slug}-{kind}"
+
+
+def _rounded(value: Any) -> Any:
+    """Four significant digits read well in a table; NaN becomes an empty cell (JSON
+    has no NaN, and the API would reject it)."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else float(f"{value:.4g}")
+    return value
+
+
+def _stage_rank(stage: str) -> tuple[int, str]:
+    return (STAGE_ORDER.index(stage), "") if stage in STAGE_ORDER else (len(STAGE_ORDER), stage)
+
+
+def iteration_row(record: Mapping[str, Any]) -> dict[str, Any]:
+    """One table row from one metrics.jsonl record. Missing metrics (no policy loss
+    during critic warmup) are empty cells, not zeros."""
+    row: dict[str, Any] = {"iteration": int(record["iteration"])}
+    for column, key in METRIC_COLUMNS:
+        row[column] = _rounded(record.get(key))
+    version = record.get("train/policy_version")
+    row["policy_version"] = None if version is None else int(version)
+    warmup = record.get("train/actor_warmup")
+    row["actor_warmup"] = None if warmup is None else bool(warmup)
+    stages = [(m.group("stage"), key) for key in record if (m := _TIME_KEY.match(key))]
+    for stage, key in sorted(stages, key=lambda item: _stage_rank(item[0])):
+        row[f"{stage}_s"] = _rounded(record[key])
+    return row
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row gets every column (in first-seen order), so the UI table lines up
+    even when one iteration ran a stage another skipped (weight_sync in warmup)."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(c for c in row if c not in columns)
+    return [{column: row.get(column) for column in columns} for row in rows]
+
+
+def _logger():
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return get_logger("ppo.history")
+
+
+def _best_effort(what: str, action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except Exception as error:  # history must never stop a training run
+        _logger().warning(f"run history: could not {what}: {type(error).__name__}: {error}")
+        return None
+
+
+def _path_text(path: Any) -> str:
+    return "-" if not path else f"`{path}`"
+
+
+def _file_link(path: str) -> str:
+    target = path if "://" in path else f"file://{path}"
+    return f"[{path}]({target})"
+
+
+def summary_markdown(
+    summary: Mapping[str, Any],
+    records: list[dict[str, Any]],
+    curve_path: str | None,
+    curve_png: bytes | None,
+    max_steps: int | None = None,
+) -> str:
+    """The end-of-run note, from the flow's summary dict and the run's metrics."""
+    rows = latest_per_iteration(records)
+    run_name = summary.get("run_name", "?")
+    target = max_steps if max_steps is not None else summary.get("iterations")
+    done = rows[-1]["iteration"] if rows else 0
+    final_reward = rows[-1].get("train/reward_mean") if rows else None
+    lines = [
+        f"# PPO run `{run_name}`",
+        "",
+        "| | value |",
+        "| --- | --- |",
+        f"| iterations done | {done} / {target if target is not None else '?'} |",
+        f"| policy_version | {summary.get('policy_version', '-')} |",
+        f"| last committed boundary | {_path_text(summary.get('last_boundary'))} |",
+    ]
+    if summary.get("resumed_from"):
+        lines.append(f"| resumed from | {_path_text(summary['resumed_from'])} |")
+    if final_reward is not None:
+        lines.append(f"| final reward mean (iteration {done}) | {final_reward:.4f} |")
+    first, last = summary.get("first_reward_mean"), summary.get("last_reward_mean")
+    if first is not None and last is not None:
+        window = summary.get("reward_window", "")
+        lines.append(f"| reward, first-{window} → last-{window} mean | {first:.4f} → {last:.4f} ({last - first:+.4f}) |")
+    if rows and rows[-1].get("train/kl") is not None:
+        lines.append(f"| final KL | {rows[-1]['train/kl']:+.5f} |")
+    final_model = summary.get("final_model")
+    if isinstance(final_model, Mapping):
+        for role, path in final_model.items():
+            lines.append(f"| exported {role} model | {_path_text(path)} |")
+    else:
+        lines.append(f"| exported model | {_path_text(final_model)} |")
+    lines.append(f"| run directory | {_path_text(summary.get('run_dir'))} |")
+    if curve_path:
+        lines.append(f"| reward/KL curve | {_file_link(curve_path)} |")
+    if curve_png is not None and len(curve_png) <= INLINE_CURVE_MAX_BYTES:
+        encoded = base64.b64encode(curve_png).decode("ascii")
+        lines += ["", f"![reward and KL per iteration](data:image/png;base64,{encoded})"]
+    return "\n".join(lines) + "\n"
+
+
+def failure_markdown(run_name: str, last_iteration: int | None, error: BaseException) -> str:
+    finished = "no iteration finished" if last_iteration is None else f"last finished iteration: {last_iteration}"
+    return (
+        f"# PPO run `{run_name}` failed\n\n"
+        f"{finished}. Error: `{type(error).__name__}: {error}`\n\n"
+        "The failed task run in this flow run's graph names the stage and iteration "
+        "(for example `rollout[iter=12]`); its logs hold the traceback. Retrying this "
+        "flow run, or starting the deployment again with the same `run_name`, resumes "
+        "from the last committed boundary.\n"
+    )
+
+
+@dataclass
+class RunHistory:
+    """The artifacts of one flow run of one training run. Create with `start`, call
+    `add_iteration` after each iteration's record is appended to metrics.jsonl, and
+    `finish` (or `fail`) once at the end."""
+
+    run_name: str
+    max_steps: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    table_id: UUID | None = None
+    progress_id: UUID | None = None
+
+    @property
+    def table_key(self) -> str:
+        return artifact_key(self.run_name, "iterations")
+
+    @property
+    def progress_key(self) -> str:
+        return artifact_key(self.run_name, "progress")
+
+    @property
+    def summary_key(self) -> str:
+        return artifact_key(self.run_name, "summary")
+
+    @classmethod
+    def start(
+        cls, run_name: str, max_steps: int, earlier_records: Sequence[dict[str, Any]] = (), start_iteration: int = 1
+    ) -> "RunHistory":
+        """Open the history of a (possibly resumed) run. Records at or after
+        `start_iteration` are dropped: they belong to work after the last committed
+        boundary, which this flow run redoes."""
+        kept = [r for r in latest_per_iteration(list(earlier_records)) if int(r["iteration"]) < start_iteration]
+        history = cls(run_name=run_name, max_steps=max_steps, rows=[iteration_row(r) for r in kept])
+        if history.rows:
+            history._publish_table()
+        history._publish_progress()
+        return history
+
+    def add_iteration(self, record: Mapping[str, Any]) -> None:
+        row = iteration_row(record)
+        self.rows = [r for r in self.rows if r["iteration"] != row["iteration"]] + [row]
+        self._publish_table()
+        self._publish_progress()
+
+    def finish(self, summary: Mapping[str, Any]) -> str | None:
+        """Draw the curve into the run directory and publish the summary. Returns the
+        curve's path (None when the run has no iterations)."""
+        paths = RunPaths(str(summary["run_dir"]))
+        records = read_metrics(paths.metrics)
+        curve_path = _best_effort(
+            "draw the reward curve",
+            lambda: write_reward_curve(paths.metrics, f"{paths.run_dir}/{CURVE_FILE}", f"PPO run {self.run_name}"),
+        )
+        curve_png = None
+        if curve_path:
+            with fsspec.open(curve_path, "rb") as handle:
+                curve_png = handle.read()
+        markdown = summary_markdown(summary, records, curve_path, curve_png, self.max_steps)
+        _best_effort(
+            "publish the run summary",
+            lambda: create_markdown_artifact(
+                markdown, key=self.summary_key, description=f"PPO run {self.run_name}: summary"
+            ),
+        )
+        return curve_path
+
+    def fail(self, error: BaseException) -> None:
+        last = self.rows[-1]["iteration"] if self.rows else None
+        _best_effort(
+            "publish the failure note",
+            lambda: create_markdown_artifact(
+                failure_markdown(self.run_name, last, error),
+                key=self.summary_key,
+                description=f"PPO run {self.run_name}: failed",
+            ),
+        )
+
+    def _publish_table(self) -> None:
+        table = table_rows(self.rows)
+        description = f"PPO run {self.run_name}: one row per outer iteration ({len(table)} so far)"
+        if self.table_id is None:
+            self.table_id = _best_effort(
+                "create the iteration table",
+                lambda: create_table_artifact(table, key=self.table_key, description=description),
+            )
+            return
+        update = ArtifactUpdate(data=json.dumps(table), description=description)
+
+        def _update() -> None:
+            with get_client(sync_client=True) as client:
+                client.update_artifact(self.table_id, update)
+
+        _best_effort("update the iteration table", _update)
+
+    def _publish_progress(self) -> None:
+        done = self.rows[-1]["iteration"] if self.rows else 0
+        percent = 100.0 * min(done, self.max_steps) / max(self.max_steps, 1)
+        description = f"PPO run {self.run_name}: iteration {done} of {self.max_steps}"
+        if self.progress_id is None:
+            self.progress_id = _best_effort(
+                "create the progress artifact",
+                lambda: create_progress_artifact(percent, key=self.progress_key, description=description),
+            )
+            return
+        _best_effort(
+            "update the progress artifact",
+            lambda: update_progress_artifact(self.progress_id, percent, description=description),
+        )

