@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup run test test-slow test-vllm lock clean-runs serve stop
+.PHONY: setup run test test-slow test-vllm lock clean-runs serve stop bench bench-learning bench-overhead bench-arith
 
 setup: $(STAMP)
 
@@ -54,6 +54,18 @@ serve: setup
 
 stop:
 	deployments/stop.sh
+
+# The figures of docs/performance.md (minutes each; run one at a time on a small machine).
+bench: bench-learning bench-overhead bench-arith
+
+bench-learning: setup
+	$(VPY) -m bench.learning --out docs/images --name reward_curve_tiny_cpu
+
+bench-overhead: setup
+	$(VPY) -m bench.overhead --json outputs/bench/overhead.json
+
+bench-arith: setup
+	$(VPY) -m bench.arith_eval --run
 
 # Re-resolve the pinned versions from pyproject.toml in a scratch environment.
 lock:

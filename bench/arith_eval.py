@@ -10,9 +10,10 @@ with (`arithmetic_exact_match`).
     .venv/bin/python -m bench.arith_eval --run      # start model -> PPO (flow) -> final model
     .venv/bin/python -m bench.arith_eval --run -- job.name=arith2 rl.max_steps=30
 
-`--run` evaluates the profile's pre-trained model, runs the `ppo` flow for the
-profile (building the model first if needed), evaluates `final_model/policy`, and
-prints both accuracies and the gain.
+`--run` evaluates the profile's pre-trained model (building it first if needed), runs
+the `ppo` flow for the profile, evaluates the exported `final_model/policy`, and prints
+both accuracies and the gain; `--run --direct` runs the same iterations through
+`bench.direct_loop` instead (no Prefect/Ray start-up; same computation).
 """
 
 from __future__ import annotations
@@ -72,35 +73,51 @@ def evaluate_dir(model_dir: str, max_operand: int, max_new_tokens: int = 4) -> f
     return exact_match_accuracy(model, tokenizer, heldout_sums(max_operand), max_new_tokens)
 
 
-def _run_profile(profile: str, overrides: list[str]) -> int:
+def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
     from configs.loading import load_config
     from flows.environment import apply_default_environment
     from roles.model_io import ensure_model
 
     apply_default_environment()
+    if not direct and not any(o.startswith("job.output_root=") for o in overrides):
+        # A fresh run folder per measurement: `resume=False` refuses to overwrite a
+        # run that already committed a boundary.
+        overrides = [*overrides, f"job.output_root=outputs/bench/arith/{time.strftime('%Y%m%d-%H%M%S')}"]
     config = load_config(profile, overrides)
     max_operand = int(config.model.tiny.pretrain_max_operand) if config.model.tiny else 99
+    max_new_tokens = config.rl.rollout.max_new_tokens
     started = time.perf_counter()
     start_dir = ensure_model(config.model)
     built = time.perf_counter() - started
-    before = evaluate_dir(start_dir, max_operand, config.rl.rollout.max_new_tokens)
+    before = evaluate_dir(start_dir, max_operand, max_new_tokens)
     print(f"pre-trained start {start_dir}: held-out exact match {before:.3f} (model ready in {built:.0f} s)", flush=True)
 
-    from flows.ppo import ppo
-
     started = time.perf_counter()
-    summary = ppo(profile=profile, overrides=overrides, resume=False)
+    if direct:
+        from bench.direct_loop import build_roles, run_direct
+
+        roles = build_roles(config)
+        records = run_direct(config, roles=roles)
+        after = exact_match_accuracy(roles.policy.model, roles.policy.tokenizer, heldout_sums(max_operand), max_new_tokens)
+        where, way = "policy after the direct loop", "direct loop"
+        rewards = [r["train/reward_mean"] for r in records]
+        window = min(10, len(rewards))
+        first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+    else:
+        from flows.ppo import ppo
+
+        summary = ppo(profile=profile, overrides=overrides, resume=False)
+        if not summary.get("final_model"):
+            print("error: the run exported no final model (rl.save_final=false?)", file=sys.stderr)
+            return 2
+        where, way = summary["final_model"]["policy"], "PPO flow"
+        after = evaluate_dir(where, max_operand, max_new_tokens)
+        window, first, last = summary["reward_window"], summary["first_reward_mean"], summary["last_reward_mean"]
     ppo_seconds = time.perf_counter() - started
-    final_dir = summary["final_model"]["policy"] if summary.get("final_model") else None
-    if final_dir is None:
-        print("error: the run exported no final model (rl.save_final=false?)", file=sys.stderr)
-        return 2
-    after = evaluate_dir(final_dir, max_operand, config.rl.rollout.max_new_tokens)
-    print(f"after PPO      {final_dir}: held-out exact match {after:.3f}")
-    print(f"gain {after - before:+.3f} absolute over {len(heldout_sums(max_operand))} held-out sums; "
-          f"PPO flow {ppo_seconds / 60:.1f} min for {summary['iterations']} iterations; "
-          f"reward first-{summary['reward_window']} {summary['first_reward_mean']:.3f} -> "
-          f"last-{summary['reward_window']} {summary['last_reward_mean']:.3f}")
+    print(f"after PPO      {where}: held-out exact match {after:.3f}")
+    print(f"gain {after - before:+.3f} absolute over {len(heldout_sums(max_operand))} held-out sums "
+          f"(seed {config.job.seed}); {way} {ppo_seconds / 60:.1f} min for {config.rl.max_steps} iterations; "
+          f"reward first-{window} {first:.3f} -> last-{window} {last:.3f}")
     return 0
 
 
@@ -108,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.arith_eval", description=__doc__.strip().splitlines()[0])
     parser.add_argument("model_dirs", nargs="*", help="Hugging Face model folders to evaluate")
     parser.add_argument("--run", action="store_true", help="evaluate the profile's start model, run PPO, evaluate the result")
+    parser.add_argument("--direct", action="store_true", help="with --run: PPO through bench.direct_loop instead of the flow")
     parser.add_argument("--profile", default=ARITH_PROFILE, help=f"profile for --run (default {ARITH_PROFILE})")
     parser.add_argument("--max-operand", type=int, default=99, help="operand range of the held-out sums (model dirs)")
     argv = sys.argv[1:] if argv is None else argv
@@ -117,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, overrides = argv[:split], argv[split + 1 :]
     args = parser.parse_args(argv)
     if args.run:
-        return _run_profile(args.profile, overrides)
+        return _run_profile(args.profile, overrides, args.direct)
     if not args.model_dirs:
         parser.error("give model folders to evaluate, or --run")
     for model_dir in args.model_dirs:

@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nunit costs (median ms): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in probe.items()))
     print(f"load average at end {os.getloadavg()[0]:.1f}")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
             json.dump({"profile": args.profile, "results": [asdict(r) for r in results], "unit_costs": probe,
                        "zero_copy_tensors": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS") == "1"},

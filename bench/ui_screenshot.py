@@ -4,7 +4,7 @@
     python -m bench.ui_screenshot --run-name tiny-cpu --out docs/images/flow-run-page.png
     python -m bench.ui_screenshot --artifact-key ppo-tiny-cpu-summary --window 1600,1200 --out /tmp/summary.png
     # and a zoomed detail of the run graph (a box in CSS pixels of the 1600x1000 page):
-    python -m bench.ui_screenshot --run-name tiny-cpu --crop 1120,110,1260,490 --out docs/images/flow-run-graph.png
+    python -m bench.ui_screenshot --run-name tiny-cpu --crop 1105,105,1330,490 --out docs/images/flow-run-graph.png
 
 The proof that the UI tells a run's story without a terminal (issue 8): the run
 graph shows each stage by name (`rollout[iter=2]`). The page is a single-page app

@@ -137,6 +137,11 @@ def _best_effort(what: str, action: Callable[[], Any]) -> Any:
         return None
 
 
+def _read_bytes(path: str) -> bytes:
+    with fsspec.open(path, "rb") as handle:
+        return handle.read()
+
+
 def _path_text(path: Any) -> str:
     return "-" if not path else f"`{path}`"
 
@@ -258,10 +263,7 @@ class RunHistory:
             "draw the reward curve",
             lambda: write_reward_curve(paths.metrics, f"{paths.run_dir}/{CURVE_FILE}", f"PPO run {self.run_name}"),
         )
-        curve_png = None
-        if curve_path:
-            with fsspec.open(curve_path, "rb") as handle:
-                curve_png = handle.read()
+        curve_png = _best_effort("read the reward curve back", lambda: _read_bytes(curve_path)) if curve_path else None
         markdown = summary_markdown(summary, records, curve_path, curve_png, self.max_steps)
         _best_effort(
             "publish the run summary",

@@ -29,6 +29,7 @@ from configs.loading import load_config
 from configs.schema import PPOConfig
 from flows.resume import ResumePoint, find_resume_point, restore_roles
 from tasks.faults import fault_point
+from flows.history import RunHistory
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from roles.actors import connect_ray, start_role_actors, stop_role_actors
 from tasks.commit import commit_stage, export_stage, save_artifact_stage
@@ -121,6 +122,7 @@ def ppo(
     paths.ensure()
     started_ray = connect_ray(config)
     roles = None
+    history = None
     try:
         roles = start_role_actors(config)
         policy_version = restore_roles(roles, resume_point, config, paths) if resume_point else 0
@@ -129,9 +131,15 @@ def ppo(
             f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
             f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
         )
-        summary = run_iterations(config, roles, paths, start, policy_version)
+        history = RunHistory.start(config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start)
+        summary = run_iterations(config, roles, paths, start, policy_version, history)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
+        history.finish(summary)
         return summary
+    except Exception as error:
+        if history is not None:
+            history.fail(error)
+        raise
     finally:
         stop_role_actors(roles)
         if started_ray:
@@ -140,7 +148,9 @@ def ppo(
             ray.shutdown()
 
 
-def run_iterations(config: PPOConfig, roles, paths: RunPaths, start: int, policy_version: int) -> dict[str, Any]:
+def run_iterations(
+    config: PPOConfig, roles, paths: RunPaths, start: int, policy_version: int, history: RunHistory | None = None
+) -> dict[str, Any]:
     logger = get_run_logger()
     rl = config.rl
     warmup = rl.critic_warmup_iterations
@@ -208,6 +218,8 @@ def run_iterations(config: PPOConfig, roles, paths: RunPaths, start: int, policy
             record[f"time/{stage}_seconds"] = seconds
         record["time/iteration_seconds"] = time.perf_counter() - iteration_started
         append_metrics(paths.metrics, record)
+        if history is not None:
+            history.add_iteration(record)
         line = progress_line(config, record)
         print(line, flush=True)
         logger.info(line)
@@ -233,9 +245,11 @@ def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, fl
     rewards = [r["train/reward_mean"] for r in sorted(records, key=lambda r: r["iteration"])]
     if not rewards:
         return {"first_reward_mean": None, "last_reward_mean": None, "reward_window": window}
-    first = sum(rewards[:window]) / len(rewards[:window])
-    last = sum(rewards[-window:]) / len(rewards[-window:])
-    return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": min(window, len(rewards))}
+    # Disjoint windows when the run is short, so "rise" compares different iterations.
+    window = max(1, min(window, len(rewards) // 2))
+    first = sum(rewards[:window]) / window
+    last = sum(rewards[-window:]) / window
+    return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": window}
 
 
 def check_receipts(receipts, batch_id: str, iteration: int) -> None:
