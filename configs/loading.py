@@ -78,6 +78,11 @@ def apply_overrides(config: PPOConfig, overrides: Iterable[str]) -> PPOConfig:
         if problem:
             problems.append(problem)
     if problems:
+        # Report value errors of the known keys too, not just the unknown ones.
+        try:
+            validate_tree(tree)
+        except ConfigError as error:
+            problems.extend(p for p in error.problems if p not in problems)
         raise ConfigError(problems)
     return validate_tree(tree)
 

@@ -64,7 +64,7 @@ def print_summary(summary: dict) -> None:
     print("")
     print(f"done: run {summary['run_name']} at policy_version {summary['policy_version']}")
     if summary.get("actor_untouched"):
-        print(f"  critic warmup covered every iteration: the actor was not updated (policy_version 0)")
+        print("  critic warmup covered every iteration: the actor was not updated (policy_version 0)")
     if summary.get("first_reward_mean") is not None:
         n = summary["reward_window"]
         first, last = summary["first_reward_mean"], summary["last_reward_mean"]

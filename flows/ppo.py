@@ -16,6 +16,12 @@ from flows.environment import apply_default_environment
 
 if __name__ == "__main__":
     apply_default_environment()
+    if "--validate-manifest" in sys.argv:
+        # Validation must stay fast and allocate nothing: answer before Prefect,
+        # Ray and torch are even imported (S-RUN-3).
+        from flows.cli import main as _validate_main
+
+        sys.exit(_validate_main())
 
 import time
 from typing import Any
