@@ -2,7 +2,8 @@
 
 Why: on a small machine the orchestration's cost is not only the latency the flow
 adds between stages but also the CPU its helpers burn while the actors compute: the
-Prefect API server (task-run events, logs), Ray's own daemons, and the flow process.
+Prefect API server (task-run events, logs), Ray's own daemons, and the driver process
+that runs the flow.
 Every CPU second they take is one the role actors wait for. A background thread
 samples the cumulative CPU time of this process and all its descendants, so actors
 that are killed at the end of the run are still counted up to their last sample.
@@ -40,7 +41,7 @@ def _cmdline(pid: int) -> str:
 
 def process_group(pid: int, root: int, cmdline: str) -> str:
     if pid == root:
-        return "flow process"
+        return "driver process"
     if cmdline.startswith("ray::") or "default_worker.py" in cmdline:
         # A worker is first seen as default_worker.py, later retitled ray::<Role>.
         return "ray actors"

@@ -378,12 +378,24 @@ def print_report(result: SizeResult) -> None:
     print(f"  flow process received {result.flow_bytes_per_iteration:.0f} B/iteration in "
           f"{result.flow_ray_gets_per_iteration:.1f} ray.get calls (largest single value {result.flow_largest_get_bytes} B)")
     print(f"  metrics identical between direct loop and flow: {result.metrics_identical}")
+    busy = {}
     for label, cpu in (("direct", result.direct_cpu_ms), ("flow", result.flow_cpu_ms)):
         groups = {group: ms for group, ms in cpu.items() if group != "wall"}
         if groups:
+            busy[label] = sum(groups.values())
             parts = ", ".join(f"{group} {ms:.0f}" for group, ms in sorted(groups.items(), key=lambda kv: -kv[1]))
-            print(f"  CPU ms per iteration, {label}: {sum(groups.values()):.0f} in all ({parts}) "
+            print(f"  CPU ms per iteration, {label}: {busy[label]:.0f} in all ({parts}) "
                   f"over {cpu.get('wall', float('nan')):.0f} ms wall")
+    if len(busy) == 2:
+        print(f"  the flow burns {busy['flow'] - busy['direct']:.0f} CPU-ms per iteration more than the direct loop "
+              f"({busy['flow'] / busy['direct']:.2f}x)")
+
+
+def tuning_environment() -> dict[str, str]:
+    """The settings that change what this benchmark measures, as set in this process
+    (the ephemeral Prefect server and the Ray workers inherit them)."""
+    prefixes = ("PREFECT_SERVER_SERVICES_", "PREFECT_LOGGING_TO_API", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS")
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,8 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.profile, args.overrides)
     init_ray(num_cpus=config.grid.ray_num_cpus)  # once: every flow run below joins it
     print(f"overhead: {args.profile}, {args.iterations} iterations x {args.repeats} repeats per way, "
-          f"zero-copy tensors {'on' if os.environ.get('RAY_ENABLE_ZERO_COPY_TORCH_TENSORS') == '1' else 'off'}, "
-          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+          f"tuning in the environment: {', '.join(f'{k}={v}' for k, v in tuning_environment().items()) or 'none'}",
+          flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="ppo-overhead-") as output_root:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
@@ -421,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
             json.dump({"profile": args.profile, "results": [asdict(r) for r in results], "unit_costs": probe,
-                       "zero_copy_tensors": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS") == "1"},
+                       "environment": tuning_environment(), "cpus": os.cpu_count()},
                       handle, indent=2)
     return 0
 
