@@ -172,6 +172,14 @@ def _check_part(part: Any, path: str, where: str) -> None:
         )
 
 
+def reference_key_for(row: Mapping, reference_key: str | None, *, required: bool) -> str | None:
+    """The reference column to read from this row: a reward that needs no reference
+    (S-REW-2: `nonempty`, `constant`, `none`) runs on data without the column."""
+    if reference_key is None or (not required and row.get(reference_key) is None):
+        return None
+    return reference_key
+
+
 def project_reference(row: Mapping, *, reference_key: str | None, where: str = "") -> str | None:
     """The ground truth a reward compares against, as a string.
 

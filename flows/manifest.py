@@ -33,7 +33,7 @@ from typing import Any, TextIO
 from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
 from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
-from data.prompt_projection import PromptError, project_prompt, project_reference
+from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
 from roles.placement import PlacementPlan, placement_problems, plan_placement
 
 EXIT_OK = 0
@@ -303,7 +303,8 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
         report.problem(key, str(error))
         return False
     try:
-        project_reference(value, reference_key=data.reference_key, where=where)
+        required = not reward_resolved or (matcher is not None and matcher.needs_reference)
+        project_reference(value, reference_key=reference_key_for(value, data.reference_key, required=required), where=where)
     except PromptError as error:
         column = data.reference_key
         if not reward_resolved:

@@ -10,7 +10,8 @@ import fsspec
 import torch
 
 from configs.schema import PPOConfig
-from data.prompt_projection import project_prompt, project_reference
+from algorithm.rewards import resolve_terminal
+from data.prompt_projection import project_prompt, project_reference, reference_key_for
 from data.sources import iter_source_rows
 from roles.trajectory import PromptBatch
 
@@ -33,12 +34,15 @@ class ProjectedRow:
 class DataRole:
     def __init__(self, config: PPOConfig):
         data = config.rl.data
+        matcher = resolve_terminal(config.rl.reward.terminal, config.rl.reward.terminal_callable)
+        reference_required = matcher is not None and matcher.needs_reference
         self.rows: list[ProjectedRow] = []
         for sourced in iter_source_rows(data):
             # Every row is projected while loading, row 0 first, so a bad file fails
             # when the role is built, before any model is trained (S-DATA-5).
             prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
-            reference = project_reference(sourced.value, reference_key=data.reference_key, where=sourced.where)
+            reference_key = reference_key_for(sourced.value, data.reference_key, required=reference_required)
+            reference = project_reference(sourced.value, reference_key=reference_key, where=sourced.where)
             metadata = {k: v for k, v in sourced.value.items() if k not in (data.prompt_key, data.reference_key)}
             self.rows.append(ProjectedRow(prompt, reference, metadata, sourced.where))
         if not self.rows:

@@ -76,3 +76,11 @@ def test_hugging_face_dataset_source_works_offline_from_a_local_folder(tmp_path)
 def test_factory_must_resolve(tmp_path):
     with pytest.raises(ValueError, match="rl.data.factory: module 'data.synthetic' has no attribute 'nope'"):
         DataRole(_config("rl.data.factory=data.synthetic:nope"))
+
+
+def test_reward_without_reference_needs_runs_on_data_without_the_column(tmp_path):
+    path = _write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "hello"}, {"prompt": "again"}])
+    batch, _ = DataRole(_config(f"rl.data.path={path}", "rl.reward.terminal=nonempty")).next_batch(1, 2)
+    assert batch.references == [None, None]
+    with pytest.raises(PromptError, match="reference"):
+        DataRole(_config(f"rl.data.path={path}"))  # the default rule needs the column

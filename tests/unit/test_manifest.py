@@ -230,16 +230,12 @@ def test_reference_key_pointing_at_the_right_column_passes(tmp_path, public_over
     assert "data_rows: 1" in out.splitlines()
 
 
-def test_rule_without_needs_and_no_reference_column_suggests_null(tmp_path, public_overrides):
+def test_rule_without_needs_passes_on_data_without_a_reference_column(tmp_path, public_overrides):
+    # S-REW-2: nonempty needs no reference, so data without the column is fine as it is.
     path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "hello"}])
-    code, _, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.path={path}", "rl.reward.terminal=nonempty"])
-    assert code != 0
-    assert "rule 'nonempty'" in err and "rl.data.reference_key=null" in err
-    code, _, err = run_validate(
-        PUBLIC_PROFILE,
-        public_overrides + [f"rl.data.path={path}", "rl.reward.terminal=nonempty", "rl.data.reference_key=null"],
-    )
+    code, out, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.path={path}", "rl.reward.terminal=nonempty"])
     assert code == 0, err
+    assert "data_rows: 1" in out.splitlines()
 
 
 def test_callable_declaring_no_reference_needs_no_column(tmp_path, public_overrides):
