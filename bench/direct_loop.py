@@ -12,9 +12,8 @@ iteration. The only keys whose *values* differ are wall-clock ones (`time/*`, an
 the roles' own `*_seconds`). Checkpoint commits are not part of it: they add no
 metric keys, and a run here never resumes.
 
-    from bench.direct_loop import build_roles, run_direct
-    roles = build_roles(config)
-    records = run_direct(config, roles=roles)     # roles.policy.model holds the final weights
+    from bench.direct_loop import run_direct_with_roles
+    records, roles = run_direct_with_roles(config)   # roles.policy.model holds the final weights
 """
 
 from __future__ import annotations
@@ -156,5 +155,9 @@ def run_direct(
     return records
 
 
-def reward_curve(records: list[dict[str, Any]]) -> list[float]:
-    return [r["train/reward_mean"] for r in sorted(records, key=lambda r: r["iteration"])]
+def run_direct_with_roles(config: PPOConfig, max_steps: int | None = None) -> tuple[list[dict[str, Any]], DirectRoles]:
+    """`run_direct` on freshly built roles, returning them too (final weights, optimizer
+    state, data cursor) for comparisons with a flow run."""
+    roles = build_roles(config)
+    return run_direct(config, max_steps, roles=roles), roles
+

@@ -71,8 +71,8 @@ class RayGetMeter:
                 self.calls += 1
                 self.bytes += size
                 self.largest = max(self.largest, size)
-                function = sys._getframe(1).f_code.co_name
-                self.by_caller[function] = self.by_caller.get(function, 0) + size
+                stage = stage_function()
+                self.by_caller[stage] = self.by_caller.get(stage, 0) + size
             return value
 
         ray.get = metered_get
@@ -80,6 +80,18 @@ class RayGetMeter:
             yield self
         finally:
             ray.get = original
+
+
+def stage_function() -> str:
+    """Name of the innermost `*_stage` task function on the stack (the Prefect task
+    the bytes belong to), else the direct caller's name."""
+    frame = sys._getframe(2)
+    caller = frame.f_code.co_name
+    while frame is not None:
+        if frame.f_code.co_name.endswith("_stage"):
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return caller
 
 
 def sized_overrides(profile: str, batch_size: int, iterations: int, extra: list[str]) -> list[str]:
@@ -377,6 +389,8 @@ def print_report(result: SizeResult) -> None:
           f"train stage minus slower trainer {result.train_orchestration_ms:.1f} ms")
     print(f"  flow process received {result.flow_bytes_per_iteration:.0f} B/iteration in "
           f"{result.flow_ray_gets_per_iteration:.1f} ray.get calls (largest single value {result.flow_largest_get_bytes} B)")
+    print("  bytes per iteration by task: " + ", ".join(
+        f"{name.removesuffix('_stage')} {size:.0f}" for name, size in sorted(result.flow_bytes_by_task.items())))
     print(f"  metrics identical between direct loop and flow: {result.metrics_identical}")
     busy = {}
     for label, cpu in (("direct", result.direct_cpu_ms), ("flow", result.flow_cpu_ms)):
