@@ -115,7 +115,7 @@ def run_direct(
         record.update(m)
         trajectory, m = timed("reward", roles.reward.score, trajectory)
         record.update(m)
-        trajectory, _ = timed("replay", roles.replay.add, trajectory)
+        trajectory, _, _ = timed("replay", roles.replay.add, trajectory)
         trajectory, _ = timed("reference_score", roles.reference.score, trajectory)
         trajectory, m = timed("critic_predict", roles.critic.predict, trajectory)
         record.update(m)

@@ -21,6 +21,8 @@ STARTUP_TIMEOUT="${PPO_PREFECT_STARTUP_TIMEOUT:-180}"
 API_URL="http://127.0.0.1:${PORT}/api"
 
 mkdir -p "$STATE_DIR/home"
+# The server and Ray tuning the CLI run applies too (flows/environment.py).
+TUNING="$("$PYTHON" -m flows.environment --export-tuning)"
 # Everything below (server, CLI, worker, the flow runs the worker starts) shares
 # this environment; env.sh lets a user's shell talk to the same server.
 cat > "$STATE_DIR/env.sh" <<EOF
@@ -32,6 +34,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120
 export RAY_AUTH_MODE="\${RAY_AUTH_MODE:-disabled}"
 export RAY_USAGE_STATS_ENABLED="\${RAY_USAGE_STATS_ENABLED:-0}"
 export TOKENIZERS_PARALLELISM=false
+$TUNING
 EOF
 # shellcheck source=/dev/null
 source "$STATE_DIR/env.sh"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 DEFAULTS = {
     # A fresh embedded-API database takes 19-25 s to start here; the default 20 s
@@ -15,6 +16,18 @@ DEFAULTS = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
+    # The Prefect server records each task-run state event in its own SQLite
+    # transaction by default (about 40 ms of server CPU per task run, taken from the
+    # cores the actors train on). Batched, every state is still recorded, up to 1 s
+    # later (docs/performance.md). They reach the embedded server the flow starts.
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "50",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "20",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+    # Tensors between actors through Ray's numpy path: no torch pickling on every
+    # trajectory hop. They arrive read-only; every stage builds new tensors.
+    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
 }
 
 CLI_DEFAULTS = {
@@ -30,3 +43,15 @@ def apply_default_environment(cli: bool = True) -> None:
     if cli:
         for key, value in CLI_DEFAULTS.items():
             os.environ.setdefault(key, value)
+
+
+def tuning_exports() -> str:
+    """Shell `export` lines for the server and Ray tuning, each keeping a value the
+    user's shell already set: `deployments/serve.sh` gives a standing server and its
+    worker the settings the embedded run uses."""
+    keys = [k for k in DEFAULTS if k.startswith(("PREFECT_SERVER_SERVICES_", "RAY_ENABLE_ZERO_COPY"))]
+    return "\n".join(f'export {k}="${{{k}:-{DEFAULTS[k]}}}"' for k in keys)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--export-tuning"]:
+    print(tuning_exports())

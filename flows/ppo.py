@@ -42,6 +42,7 @@ from tasks.commit import commit_stage, export_stage, save_artifact_stage
 from tasks.stages import (
     critic_predict_stage,
     data_stage,
+    dispatch_iteration,
     prepare_batch_stage,
     reference_stage,
     replay_stage,
@@ -172,26 +173,28 @@ def run_iterations(
             stage_seconds[stage] = time.perf_counter() - t0
             return result
 
-        prompts, m = timed("data", data_stage, roles.data, iteration, rl.batch_size)
-        record.update(m)
-        trajectory, m = timed("rollout", rollout_stage, roles.rollout, prompts, iteration, policy_version)
-        record.update(m)
-        trajectory, m = timed("reward", reward_stage, roles.reward, trajectory, iteration)
-        record.update(m)
-        trajectory, _ = timed("replay", replay_stage, roles.replay, trajectory, iteration)
-        trajectory, m = timed("reference_score", reference_stage, roles.reference, trajectory, iteration)
-        trajectory, m = timed("critic_predict", critic_predict_stage, roles.critic, trajectory, iteration)
-        record.update(m)
-        batch_id, m = timed("prepare_batch", prepare_batch_stage, roles.policy, roles.critic, trajectory, iteration)
-        record.update(m)
-
         plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
         actor_warmup = is_critic_warmup(iteration, warmup)
+        calls = dispatch_iteration(roles, iteration, rl.batch_size, policy_version, plan, actor_warmup)
+        for stage, stage_task in (
+            ("data", data_stage),
+            ("rollout", rollout_stage),
+            ("reward", reward_stage),
+            ("replay", replay_stage),
+            ("reference_score", reference_stage),
+            ("critic_predict", critic_predict_stage),
+        ):
+            metrics = timed(stage, stage_task, calls, iteration)
+            if stage not in ("replay", "reference_score"):  # a batch id and nothing: not metrics
+                record.update(metrics)
+        batch_id, m = timed("prepare_batch", prepare_batch_stage, calls, iteration)
+        record.update(m)
+
         t0 = time.perf_counter()
-        critic_future = train_critic_stage.submit(roles.critic, plan, batch_id, iteration)
+        critic_future = train_critic_stage.submit(calls, iteration)
         receipts = [critic_future.result()] if actor_warmup else []
         if not actor_warmup:
-            policy_future = train_policy_stage.submit(roles.policy, plan, batch_id, iteration)
+            policy_future = train_policy_stage.submit(calls, iteration)
             receipts = [policy_future.result(), critic_future.result()]
         stage_seconds["train"] = time.perf_counter() - t0
         check_receipts(receipts, batch_id, iteration)
@@ -200,7 +203,7 @@ def run_iterations(
 
         fault_point(iteration, "after_train")
         if not actor_warmup:  # S-CW-5: no weight delta, no transfer during warmup
-            policy_version, m = timed("weight_sync", weight_sync_stage, roles.policy, roles.rollout, iteration)
+            policy_version, m = timed("weight_sync", weight_sync_stage, calls, iteration)
             record.update(m)
         record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
         record["train/policy_version"] = float(policy_version)

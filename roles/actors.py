@@ -67,6 +67,8 @@ def worker_env() -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        # docs/performance.md; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
     }
     return env
 
@@ -75,6 +77,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start (or join) Ray with the settings every actor of this project needs."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     options: dict[str, Any] = {
         "runtime_env": {"env_vars": worker_env()},
         "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",

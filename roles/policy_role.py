@@ -64,7 +64,8 @@ class PolicyRole:
             # Recomputed rather than taken from the engine: vLLM's numerics differ from
             # the trainer's, and the ratio must start at exactly 1.
             old_logprobs = response_logprobs(
-                self.model, input_ids, attention_mask, trajectory.prompt_length, self.rl.rollout.temperature
+                self.model, input_ids, attention_mask, trajectory.prompt_length, self.rl.rollout.temperature,
+                trajectory.extras,
             ) * mask
         rewards, kl = kl_penalised_rewards(
             trajectory.scores, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef, trajectory.process_rewards
@@ -85,6 +86,7 @@ class PolicyRole:
             old_values=old_values,
             advantages=advantages,
             returns=returns,
+            extras=trajectory.extras,  # the packed pixels, for the policy's and the critic's minibatches
         )
         return self.targets, {
             "train/kl": float((kl.sum(dim=1)).mean()),
@@ -97,7 +99,7 @@ class PolicyRole:
     def _loss(self, targets: PPOTargets, index: torch.Tensor):
         logprobs = response_logprobs(
             self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length,
-            self.rl.rollout.temperature,
+            self.rl.rollout.temperature, targets.extras, index,
         )
         output = clipped_policy_loss(
             logprobs, targets.old_logprobs[index], targets.advantages[index], targets.response_mask[index], self.rl.clip_ratio
@@ -128,9 +130,15 @@ class PolicyRole:
         named["perf/policy_train_seconds"] = time.perf_counter() - started
         return TrainReceipt("policy", batch_id, self.rank, self.runtime.optimizer_step, named)
 
-    def publish_weights(self) -> tuple[dict[str, torch.Tensor], int]:
+    def publish_weights(self, after: TrainReceipt | None = None) -> tuple[dict[str, torch.Tensor], int]:
         """Advance the policy_version clock and hand out the weights that carry it
-        (S-FLOW-6). Only weight_sync calls this, and only after an actor update."""
+        (S-FLOW-6). Only weight_sync calls this, and only after an actor update.
+
+        The flow queues this call before training has finished and passes the
+        training's receipt reference as `after`: if training failed, Ray fails this
+        call too instead of publishing untrained weights under a new version."""
+        if after is not None and (self.targets is None or after.batch_id != self.targets.batch_id):
+            raise ValueError(f"policy was asked to publish after training on {after.batch_id}, but holds other targets")
         self.policy_version += 1
         return {k: v.detach() for k, v in self.model.state_dict().items()}, self.policy_version
 

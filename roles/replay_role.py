@@ -15,12 +15,13 @@ from roles.trajectory import Trajectory, batch_identity
 
 class ReplayRole:
     def __init__(self, config: PPOConfig):
-        self.current_batch_id: str | None = None
+        pass
 
     def ready(self) -> dict[str, Any]:
         return {"role": "replay"}
 
-    def add(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, Any]]:
+    def add(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, Any], str]:
+        """The batch id comes back twice: in the summary the flow logs, and on its own
+        so the trainers' calls can be queued on it before this call has even run."""
         batch_id = batch_identity(trajectory)
-        self.current_batch_id = batch_id
-        return dataclasses.replace(trajectory, batch_id=batch_id), {"batch_id": batch_id}
+        return dataclasses.replace(trajectory, batch_id=batch_id), {"batch_id": batch_id}, batch_id

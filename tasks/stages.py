@@ -1,15 +1,23 @@
-"""The Prefect tasks of one PPO iteration (S-FLOW-1).
+"""The Prefect tasks of one PPO iteration (S-FLOW-1), and the actor calls behind them.
 
-Each task calls one actor method and returns an object reference (the bulk stays in
-Ray's object store, S-FLOW-2) plus a small metrics dict, which it also logs so the
-numbers reach the Prefect UI (prints inside actors never do). No task caches or
-persists results: a cached task would skip its side effect on the actor, and resume
-reads committed boundaries, not Prefect results.
+An iteration's actor calls are queued in stage order up front (`dispatch_iteration`):
+each call takes the previous stage's object reference as its argument, so Ray starts
+a stage the moment the one before it finishes and the bulk moves actor to actor
+through the object store (S-FLOW-2). Each stage's Prefect task then waits for its own
+stage, logs the stage's metrics (prints inside actors never reach the UI) and
+completes when the stage completes. The task history therefore still reads one task
+per stage with its true end time, and an actor's error fails the task of the stage
+that raised it, while Prefect's own per-task bookkeeping (about 10 ms a task here)
+runs alongside the next stage's compute instead of between stages (docs/performance.md).
+
+No task caches or persists results: resume reads committed boundaries, not Prefect
+results, and a cached task would claim a stage ran when it did not.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import ray
 from prefect import get_run_logger, task
@@ -21,9 +29,47 @@ from roles.trajectory import TrainReceipt
 STAGE_TASK = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 
 
-def _call_with_summary(method, *args) -> tuple[ray.ObjectRef, dict[str, Any]]:
-    payload_ref, summary_ref = method.options(num_returns=2).remote(*args)
-    return payload_ref, ray.get(summary_ref)
+@dataclass
+class IterationInFlight:
+    """References to one iteration's queued actor calls; nothing here is bulk data."""
+
+    iteration: int
+    summaries: dict[str, ray.ObjectRef] = field(default_factory=dict)  # stage -> its metrics dict
+    batch_id: ray.ObjectRef | None = None
+    receipts: dict[str, ray.ObjectRef] = field(default_factory=dict)  # role -> TrainReceipt
+    policy_version: ray.ObjectRef | None = None  # set when the iteration publishes weights
+
+
+def dispatch_iteration(
+    roles, iteration: int, batch_size: int, required_version: int, plan: UpdatePlan, actor_warmup: bool
+) -> IterationInFlight:
+    """Queue every actor call of one iteration, in S-FLOW-1 order, without waiting.
+
+    Ray runs one actor's calls in the order this process submitted them, and a call
+    whose argument is a failed reference fails without running, so a stage that
+    raises stops everything downstream of it. Weight publication takes the policy's
+    receipt as an argument for the same reason: untrained weights are never published.
+    During critic warmup nothing touches the actor (S-CW-5)."""
+    calls = IterationInFlight(iteration)
+    s = calls.summaries
+    prompts, s["data"] = roles.data.next_batch.options(num_returns=2).remote(iteration, batch_size)
+    trajectory, s["rollout"] = roles.rollout.generate.options(num_returns=2).remote(prompts, required_version)
+    trajectory, s["reward"] = roles.reward.score.options(num_returns=2).remote(trajectory)
+    trajectory, s["replay"], calls.batch_id = roles.replay.add.options(num_returns=3).remote(trajectory)
+    trajectory, s["reference_score"] = roles.reference.score.options(num_returns=2).remote(trajectory)
+    trajectory, s["critic_predict"] = roles.critic.predict.options(num_returns=2).remote(trajectory)
+    # policy.prepare_batch freezes the targets; the critic receives the very same
+    # object by reference (S-FLOW-3).
+    targets, s["prepare_batch"] = roles.policy.prepare_batch.options(num_returns=2).remote(trajectory)
+    s["install_targets"] = roles.critic.install_targets.remote(targets)
+    calls.receipts["critic"] = roles.critic.train_batch.remote(plan, calls.batch_id)
+    if not actor_warmup:
+        calls.receipts["policy"] = roles.policy.train_batch.remote(plan, calls.batch_id)
+        weights, calls.policy_version = roles.policy.publish_weights.options(num_returns=2).remote(
+            calls.receipts["policy"]
+        )
+        s["weight_sync"] = roles.rollout.load_weights.remote(weights, calls.policy_version)
+    return calls
 
 
 def _log_metrics(metrics: dict[str, Any]) -> None:
@@ -32,78 +78,58 @@ def _log_metrics(metrics: dict[str, Any]) -> None:
         get_run_logger().info(shown)
 
 
-@task(name="data", task_run_name="data[iter={iteration}]", **STAGE_TASK)
-def data_stage(data, iteration: int, batch_size: int):
-    prompts_ref, metrics = _call_with_summary(data.next_batch, iteration, batch_size)
-    _log_metrics(metrics)
-    return prompts_ref, metrics
+def _stage_task(stage: str, body: Callable) -> Callable:
+    body.__qualname__ = body.__name__ = f"{stage}_stage"  # a distinct task key per stage
+    return task(name=stage, task_run_name=stage + "[iter={iteration}]", **STAGE_TASK)(body)
 
 
-@task(name="rollout", task_run_name="rollout[iter={iteration}]", **STAGE_TASK)
-def rollout_stage(rollout, prompts_ref, iteration: int, required_version: int):
-    trajectory_ref, metrics = _call_with_summary(rollout.generate, prompts_ref, required_version)
-    _log_metrics(metrics)
-    return trajectory_ref, metrics
+def _await_metrics(stage: str) -> Callable:
+    def wait(calls: IterationInFlight, iteration: int) -> dict[str, Any]:
+        metrics = ray.get(calls.summaries[stage])
+        _log_metrics(metrics)
+        return metrics
+
+    return _stage_task(stage, wait)
 
 
-@task(name="reward", task_run_name="reward[iter={iteration}]", **STAGE_TASK)
-def reward_stage(reward, trajectory_ref, iteration: int):
-    trajectory_ref, metrics = _call_with_summary(reward.score, trajectory_ref)
-    _log_metrics(metrics)
-    return trajectory_ref, metrics
+data_stage = _await_metrics("data")
+rollout_stage = _await_metrics("rollout")
+reward_stage = _await_metrics("reward")
+replay_stage = _await_metrics("replay")
+reference_stage = _await_metrics("reference_score")
+critic_predict_stage = _await_metrics("critic_predict")
 
 
-@task(name="replay", task_run_name="replay[iter={iteration}]", **STAGE_TASK)
-def replay_stage(replay, trajectory_ref, iteration: int):
-    trajectory_ref, summary = _call_with_summary(replay.add, trajectory_ref)
-    _log_metrics(summary)
-    return trajectory_ref, summary
-
-
-@task(name="reference_score", task_run_name="reference_score[iter={iteration}]", **STAGE_TASK)
-def reference_stage(reference, trajectory_ref, iteration: int):
-    trajectory_ref, metrics = _call_with_summary(reference.score, trajectory_ref)
-    return trajectory_ref, metrics
-
-
-@task(name="critic_predict", task_run_name="critic_predict[iter={iteration}]", **STAGE_TASK)
-def critic_predict_stage(critic, trajectory_ref, iteration: int):
-    trajectory_ref, metrics = _call_with_summary(critic.predict, trajectory_ref)
-    _log_metrics(metrics)
-    return trajectory_ref, metrics
-
-
-@task(name="prepare_batch", task_run_name="prepare_batch[iter={iteration}]", **STAGE_TASK)
-def prepare_batch_stage(policy, critic, trajectory_ref, iteration: int):
-    """policy.prepare_batch freezes the targets; critic.install_targets receives the
-    very same object by reference (S-FLOW-3)."""
-    targets_ref, summary_ref = policy.prepare_batch.options(num_returns=2).remote(trajectory_ref)
-    # Both calls are queued before waiting, so this task pays one round trip, not two
-    # (the install waits inside Ray for the targets; an error in either surfaces here).
-    metrics, installed = ray.get([summary_ref, critic.install_targets.remote(targets_ref)])
+def _prepare_batch(calls: IterationInFlight, iteration: int) -> tuple[str, dict[str, Any]]:
+    """Done when the targets are frozen and the critic holds them; returns the batch id
+    both trainers will quote in their receipts (S-FLOW-5)."""
+    metrics, installed = ray.get([calls.summaries["prepare_batch"], calls.summaries["install_targets"]])
     _log_metrics(metrics)
     return installed["batch_id"], metrics
 
 
-@task(name="train_policy", task_run_name="train_policy[iter={iteration}]", **STAGE_TASK)
-def train_policy_stage(policy, plan: UpdatePlan, batch_id: str, iteration: int) -> TrainReceipt:
-    receipt = ray.get(policy.train_batch.remote(plan, batch_id))
-    _log_metrics(receipt.metrics)
-    return receipt
+prepare_batch_stage = _stage_task("prepare_batch", _prepare_batch)
 
 
-@task(name="train_critic", task_run_name="train_critic[iter={iteration}]", **STAGE_TASK)
-def train_critic_stage(critic, plan: UpdatePlan, batch_id: str, iteration: int) -> TrainReceipt:
-    receipt = ray.get(critic.train_batch.remote(plan, batch_id))
-    _log_metrics(receipt.metrics)
-    return receipt
+def _await_receipt(role: str) -> Callable:
+    def wait(calls: IterationInFlight, iteration: int) -> TrainReceipt:
+        receipt = ray.get(calls.receipts[role])
+        _log_metrics(receipt.metrics)
+        return receipt
+
+    return _stage_task(f"train_{role}", wait)
 
 
-@task(name="weight_sync", task_run_name="weight_sync[iter={iteration}]", **STAGE_TASK)
-def weight_sync_stage(policy, rollout, iteration: int) -> tuple[int, dict[str, float]]:
-    """Push the policy's new weights to the rollout engine; the weights travel actor
-    to actor through the object store, never through this process (S-FLOW-6)."""
-    weights_ref, version_ref = policy.publish_weights.options(num_returns=2).remote()
-    metrics, policy_version = ray.get([rollout.load_weights.remote(weights_ref, version_ref), version_ref])
+train_policy_stage = _await_receipt("policy")
+train_critic_stage = _await_receipt("critic")
+
+
+def _weight_sync(calls: IterationInFlight, iteration: int) -> tuple[int, dict[str, float]]:
+    """The policy's new weights go to the rollout engine actor to actor through the
+    object store, never through this process (S-FLOW-6)."""
+    metrics, policy_version = ray.get([calls.summaries["weight_sync"], calls.policy_version])
     _log_metrics(metrics)
     return policy_version, metrics
+
+
+weight_sync_stage = _stage_task("weight_sync", _weight_sync)

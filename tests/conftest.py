@@ -14,13 +14,11 @@ import pytest
 
 _PREFECT_HOME = tempfile.mkdtemp(prefix="ppo-tests-prefect-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from flows.environment import apply_default_environment  # noqa: E402  (before Prefect is imported)
+
+apply_default_environment()  # the same Prefect/Ray settings as `make run`
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")

@@ -51,7 +51,7 @@ def scored_trajectory(roles, iteration: int, version: int):
     prompts, _ = roles["data"].next_batch(iteration, 8)
     trajectory, _ = roles["rollout"].generate(prompts, version)
     trajectory, _ = roles["reward"].score(trajectory)
-    trajectory, _ = roles["replay"].add(trajectory)
+    trajectory, _, _ = roles["replay"].add(trajectory)
     trajectory, _ = roles["reference"].score(trajectory)
     trajectory, _ = roles["critic"].predict(trajectory)
     return trajectory
