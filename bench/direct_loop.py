@@ -36,9 +36,10 @@ from roles.rollout_role import RolloutRole
 # Stage names as the flow writes them into `time/<stage>_seconds`. "train" is both
 # trainers: the flow runs them concurrently, this loop one after the other (their own
 # durations are in `perf/policy_train_seconds` and `perf/critic_train_seconds`).
+# The data cursor is timed with rollout and the replay buffer with reward, as the flow
+# folds them into those tasks.
 STAGES = (
-    "data", "rollout", "reward", "replay", "reference_score", "critic_predict",
-    "prepare_batch", "train", "weight_sync",
+    "rollout", "reward", "reference_score", "critic_predict", "prepare_batch", "train", "weight_sync",
 )
 
 
@@ -106,16 +107,16 @@ def run_direct(
         def timed(stage: str, fn, *args):
             t0 = time.perf_counter()
             result = fn(*args)
-            stage_seconds[stage] = time.perf_counter() - t0
+            stage_seconds[stage] = stage_seconds.get(stage, 0.0) + time.perf_counter() - t0
             return result
 
-        prompts, m = timed("data", roles.data.next_batch, iteration, rl.batch_size)
+        prompts, m = timed("rollout", roles.data.next_batch, iteration, rl.batch_size)
         record.update(m)
         trajectory, m = timed("rollout", roles.rollout.generate, prompts, policy_version)
         record.update(m)
         trajectory, m = timed("reward", roles.reward.score, trajectory)
         record.update(m)
-        trajectory, _, _ = timed("replay", roles.replay.add, trajectory)
+        trajectory, _, _ = timed("reward", roles.replay.add, trajectory)
         trajectory, _ = timed("reference_score", roles.reference.score, trajectory)
         trajectory, m = timed("critic_predict", roles.critic.predict, trajectory)
         record.update(m)

@@ -43,7 +43,9 @@ from bench.cpu_accounting import CpuSampler
 from flows.environment import apply_default_environment
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
-STAGES = ("data", "rollout", "reward", "replay", "reference_score", "critic_predict", "prepare_batch", "train", "weight_sync")
+# The flow's stage tasks in order (bench.direct_loop.STAGES; not imported here, since
+# that pulls in torch before the environment defaults are applied).
+STAGES = ("rollout", "reward", "reference_score", "critic_predict", "prepare_batch", "train", "weight_sync")
 
 
 @dataclass

@@ -57,10 +57,8 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 # Stage-time columns appear in the order an iteration runs them; unknown stages follow.
 STAGE_ORDER = (
-    "data",
     "rollout",
     "reward",
-    "replay",
     "reference_score",
     "critic_predict",
     "prepare_batch",

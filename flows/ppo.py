@@ -41,11 +41,9 @@ from roles.actors import connect_ray, start_role_actors, stop_role_actors
 from tasks.commit import commit_stage, export_stage, save_artifact_stage
 from tasks.stages import (
     critic_predict_stage,
-    data_stage,
     dispatch_iteration,
     prepare_batch_stage,
     reference_stage,
-    replay_stage,
     reward_stage,
     rollout_stage,
     train_critic_stage,
@@ -167,35 +165,35 @@ def run_iterations(
         record: dict[str, Any] = {"iteration": iteration}
         stage_seconds: dict[str, float] = {}
 
+        upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
+
         def timed(stage: str, fn, *args):
             t0 = time.perf_counter()
-            result = fn(*args)
+            result = fn(*args, wait_for=list(upstream) or None)
             stage_seconds[stage] = time.perf_counter() - t0
+            upstream[:] = [result]
             return result
 
         plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
         actor_warmup = is_critic_warmup(iteration, warmup)
         calls = dispatch_iteration(roles, iteration, rl.batch_size, policy_version, plan, actor_warmup)
         for stage, stage_task in (
-            ("data", data_stage),
             ("rollout", rollout_stage),
             ("reward", reward_stage),
-            ("replay", replay_stage),
             ("reference_score", reference_stage),
             ("critic_predict", critic_predict_stage),
         ):
-            metrics = timed(stage, stage_task, calls, iteration)
-            if stage not in ("replay", "reference_score"):  # a batch id and nothing: not metrics
-                record.update(metrics)
+            record.update(timed(stage, stage_task, calls, iteration))
+        record.pop("batch_id")  # the replay's summary: an identity, not a metric
         batch_id, m = timed("prepare_batch", prepare_batch_stage, calls, iteration)
         record.update(m)
 
         t0 = time.perf_counter()
-        critic_future = train_critic_stage.submit(calls, iteration)
-        receipts = [critic_future.result()] if actor_warmup else []
+        futures = [train_critic_stage.submit(calls, iteration, wait_for=upstream)]
         if not actor_warmup:
-            policy_future = train_policy_stage.submit(calls, iteration)
-            receipts = [policy_future.result(), critic_future.result()]
+            futures.insert(0, train_policy_stage.submit(calls, iteration, wait_for=upstream))
+        receipts = [future.result() for future in futures]
+        upstream[:] = futures
         stage_seconds["train"] = time.perf_counter() - t0
         check_receipts(receipts, batch_id, iteration)
         for receipt in receipts:

@@ -32,7 +32,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = [pytest.mark.slow]
 
 STAGES = (
-    "data", "rollout", "reward", "replay", "reference_score", "critic_predict",
+    "rollout", "reward", "reference_score", "critic_predict",
     "prepare_batch", "train_policy", "train_critic", "weight_sync",
 )
 SMALL_BATCH = ["rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1"]
@@ -271,7 +271,7 @@ def test_a_killed_flow_run_shows_crashed_and_retry_resumes_from_the_last_boundar
     names = Counter(
         run.name for run in _poll(lambda: _task_runs(stack, flow_run_id), lambda runs: any(r.name == f"commit[iter={max_steps}]" for r in runs))
     )
-    assert names["data[iter=1]"] == 1  # iteration 1 ran once: the retry resumed, it did not start over
-    assert names[f"data[iter={committed + 1}]"] >= 1 and names[f"commit[iter={max_steps}]"] == 1
+    assert names["rollout[iter=1]"] == 1  # iteration 1 ran once: the retry resumed, it did not start over
+    assert names[f"rollout[iter={committed + 1}]"] >= 1 and names[f"commit[iter={max_steps}]"] == 1
     lines = (tmp_path / "deploy-crash" / "metrics.jsonl").read_text().splitlines()
     assert sorted({json.loads(line)["iteration"] for line in lines}) == list(range(1, max_steps + 1))
