@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None, flow_fn: Callable | None = None) -> int:
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
     from checkpoint.boundary import CheckpointError
+    from flows.ppo import StageFailed
     from flows.resume import ResumeError
 
     try:
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None, flow_fn: Callable | None = None) -> int:
         # Refusals about the run's own state: the message is the whole story.
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except StageFailed as error:
+        # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
+        print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 

@@ -24,9 +24,11 @@ if __name__ == "__main__":
         sys.exit(_validate_main())
 
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from prefect import flow, get_run_logger
+from ray.exceptions import RayTaskError
 
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
@@ -169,7 +171,8 @@ def run_iterations(
 
         def timed(stage: str, fn, *args):
             t0 = time.perf_counter()
-            result = fn(*args, wait_for=list(upstream) or None)
+            with naming_failures(stage, iteration):
+                result = fn(*args, wait_for=list(upstream) or None)
             stage_seconds[stage] = time.perf_counter() - t0
             upstream[:] = [result]
             return result
@@ -192,7 +195,8 @@ def run_iterations(
         futures = [train_critic_stage.submit(calls, iteration, wait_for=upstream)]
         if not actor_warmup:
             futures.insert(0, train_policy_stage.submit(calls, iteration, wait_for=upstream))
-        receipts = [future.result() for future in futures]
+        with naming_failures("train", iteration):
+            receipts = [future.result() for future in futures]
         upstream[:] = futures
         stage_seconds["train"] = time.perf_counter() - t0
         check_receipts(receipts, batch_id, iteration)
@@ -244,6 +248,23 @@ def run_iterations(
         "actor_untouched": warmup >= rl.max_steps,
         **reward_rise(read_metrics(paths.metrics)),
     }
+
+
+class StageFailed(RuntimeError):
+    """A stage of an iteration raised. The message leads with the task run's name
+    (`reward[iter=3]`), so the flow run's state, the CLI's last line and the summary
+    artifact all say where the run broke; the original error is chained."""
+
+
+@contextmanager
+def naming_failures(stage: str, iteration: int) -> Iterator[None]:
+    try:
+        yield
+    except StageFailed:
+        raise
+    except Exception as error:
+        cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
+        raise StageFailed(f"{stage}[iter={iteration}] failed: {type(cause).__name__}: {cause}") from error
 
 
 def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, float | None]:
