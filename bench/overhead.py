@@ -21,7 +21,7 @@ Prefect task, a no-op actor call, one trajectory hop through an actor).
 
     .venv/bin/python -m bench.overhead                         # CPU profile, batch 64 and 256
     .venv/bin/python -m bench.overhead --iterations 12 --repeats 3 --json overhead.json
-    RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1 .venv/bin/python -m bench.overhead   # Ray's numpy-backed tensor path
+    RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0 .venv/bin/python -m bench.overhead   # without Ray's zero-copy tensors (on by default)
 """
 
 from __future__ import annotations

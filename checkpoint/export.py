@@ -8,6 +8,8 @@ OUT/critic (AutoModelForTokenClassification, the value head as its `score` layer
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,12 +25,39 @@ def export_boundary(boundary: str, out: str) -> dict[str, str]:
     for role, auto_class in (("policy", AutoModelForCausalLM), ("critic", AutoModelForTokenClassification)):
         source = f"{boundary}/{role}"
         target = str(Path(out) / role)
+        if _is_vision_language(source):
+            written[role] = _export_vision_language(role, source, target)
+            continue
         model = auto_class.from_pretrained(source)
         model.save_pretrained(target)
         if (Path(source) / "tokenizer_config.json").exists():
             AutoTokenizer.from_pretrained(source).save_pretrained(target)
         written[role] = target
     return written
+
+
+def _is_vision_language(source: str) -> bool:
+    config = json.loads((Path(source) / "config.json").read_text())
+    return "vision_config" in config
+
+
+def _export_vision_language(role: str, source: str, target: str) -> str:
+    """A vision-language policy loads as image-text-to-text, with its image processor
+    (S-RUN-6). Its critic (backbone + value head, `roles.model_io.BackboneValueModel`)
+    has no Hugging Face class, so its role files are copied as saved."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+    Path(target).mkdir(parents=True, exist_ok=True)
+    if role == "critic":
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(Path(source) / name, Path(target) / name)
+        return target
+    AutoModelForImageTextToText.from_pretrained(source).save_pretrained(target)
+    if (Path(source) / "tokenizer_config.json").exists():
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    if (Path(source) / "preprocessor_config.json").exists():
+        AutoImageProcessor.from_pretrained(source).save_pretrained(target)
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:

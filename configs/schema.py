@@ -9,13 +9,39 @@ because a user editing an override on the Prefect form should not need the sourc
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+_DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyVisionSpec(Section):
+    """The vision half of a tiny Qwen2.5-VL model (built instead of the text-only Qwen3
+    when `model.tiny.vision` is set): small patches and small images so CPU runs stay fast."""
+
+    hidden_size: int = Field(16, ge=4, description="Width of the tiny vision tower.")
+    depth: int = Field(1, ge=1, description="Vision transformer blocks.")
+    num_heads: int = Field(2, ge=1, description="Attention heads of the vision tower.")
+    patch_size: int = Field(4, ge=1, description="Side of a square patch in pixels; images are resized to multiples of 2x this.")
+    min_pixels: int = Field(64, ge=1, description="Images and video frames smaller than this many pixels are scaled up (image processor `size.shortest_edge`).")
+    max_pixels: int = Field(1024, ge=1, description="Images and video frames larger than this many pixels are scaled down (image processor `size.longest_edge`).")
+    tokens_per_second: int = Field(2, ge=1, description="m-RoPE temporal positions per second of video.")
+
+    @model_validator(mode="after")
+    def _pixel_range(self) -> "TinyVisionSpec":
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"model.tiny.vision.min_pixels ({self.min_pixels}) exceeds model.tiny.vision.max_pixels ({self.max_pixels})"
+            )
+        return self
 
 
 class TinyModelSpec(Section):
@@ -42,9 +68,24 @@ class TinyModelSpec(Section):
     pretrain_batch_size: int = Field(64, ge=1, description="Examples per pre-training step.")
     pretrain_lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate of the pre-training (cosine decay).")
     pretrain_max_operand: int = Field(99, ge=1, description="`addition` pre-training: operands are drawn from 0..N.")
+    vision: TinyVisionSpec | None = Field(
+        None,
+        description="If set, the tiny model is a Qwen2.5-VL (this vision tower, the text settings above for its "
+        "language model) with an image processor and vision tokens, instead of a text-only Qwen3.",
+    )
 
     @model_validator(mode="after")
     def _pretrain_alphabet(self) -> "TinyModelSpec":
+        if self.vision is not None and self.pretrain_task != "none":
+            raise ValueError(
+                f"model.tiny.pretrain_task is {self.pretrain_task!r}, but pre-training exists only for the text-only "
+                "tiny model; set it to 'none' with model.tiny.vision"
+            )
+        if self.vision is not None and (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(
+                "model.tiny.hidden_size / model.tiny.num_attention_heads must be even with model.tiny.vision "
+                "(m-RoPE splits each head's rotary half into temporal, height and width sections)"
+            )
         if self.pretrain_task == "addition":
             missing = sorted(set("0123456789+=") - set(self.task_alphabet))
             if missing:
@@ -61,12 +102,44 @@ class ModelConfig(Section):
     )
     tiny: TinyModelSpec | None = Field(
         None,
-        description="If set and `path` does not exist, build a tiny Qwen3 model and character "
-        "tokenizer there first (CPU profile; no download).",
+        description="If set and `path` does not exist, build a tiny Qwen3 model (a Qwen2.5-VL with "
+        "`model.tiny.vision`) and character tokenizer there first (CPU profile; no download).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype for all roles."
     )
+
+
+class DataPackerConfig(Section):
+    """Which DataPacker turns projected prompts into model inputs (S-RUN-6)."""
+
+    factory: str | None = Field(
+        None,
+        description="`package.module:callable` called as `factory(model_path, **factory_kwargs)` and returning a "
+        "DataPacker (see docs/howto/custom-datapacker.md). Unset: the chat-template text packer for causal LMs, the "
+        "Qwen-VL packer for Qwen2.5-VL models.",
+    )
+    factory_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Keyword arguments passed to `factory` after the model path."
+    )
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_reference(cls, value: str | None) -> str | None:
+        # Resolvable without importing the module (cheap enough for --validate-manifest);
+        # the attribute itself is looked up when the rollout role builds the packer.
+        if value is None:
+            return value
+        module_name, sep, attribute = value.partition(":")
+        if not sep or not _DOTTED_NAME.match(module_name) or not _DOTTED_NAME.match(attribute):
+            raise ValueError(f"data_packer.factory: {value!r} is not of the form package.module:callable")
+        try:
+            found = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError) as error:
+            raise ValueError(f"data_packer.factory: cannot find module {module_name!r} ({error})") from None
+        if found is None:
+            raise ValueError(f"data_packer.factory: no module named {module_name!r} (from {value!r})")
+        return value
 
 
 class JobConfig(Section):
@@ -197,6 +270,9 @@ class PPOConfig(Section):
     job: JobConfig = Field(default_factory=JobConfig, description="Run identity and outputs.")
     model: ModelConfig = Field(description="The model every role loads.")
     rl: RLConfig = Field(description="PPO algorithm, data, reward and rollout.")
+    data_packer: DataPackerConfig = Field(
+        default_factory=DataPackerConfig, description="How prompts become model inputs: tokens, and pixels for VLMs (S-RUN-6)."
+    )
     grid: GridConfig = Field(default_factory=GridConfig, description="Backend and device placement.")
 
     @model_validator(mode="after")

@@ -1,15 +1,91 @@
-"""The DataPacker seam: projected prompts in, model inputs out.
+"""The DataPacker seam: projected prompts in, model inputs out (S-RUN-6).
 
-Only the packer knows how a model family turns prompts into tensors (chat template,
-later pixels); roles and the flow never look inside a prompt (S-RUN-6).
+Only the packer knows how a model family turns prompts into tensors (chat
+template, pixels, video frames); roles and the flow never look inside a prompt.
+The packer receives the projected prompts exactly as the row held them (S-DATA-2)
+and returns `PackedPrompts`; what a vision-language model needs beyond token ids
+travels as `MultimodalInputs` inside the trajectory (`Trajectory.extras`), by
+reference, to every later forward pass (reference, critic, policy).
+
+Notation: b = batch, p = padded prompt length, s = full sequence length (p + r).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
+
+MULTIMODAL_EXTRA = "multimodal"
+"""Key of `MultimodalInputs` in `Trajectory.extras` and `PPOTargets.extras`."""
+
+
+@dataclass(frozen=True)
+class MultimodalInputs:
+    """Model inputs beyond token ids, kept per sample so any subset of rows (a
+    minibatch, a micro-batch) gets exactly its own pixels.
+
+    Why per sample: a Qwen-VL batch concatenates every image's patches into one
+    (patches, d) tensor, so a row's pixels are found only by summing patch counts
+    over the rows before it. Keeping one dict per sample makes selection a plain
+    index and concatenation happen only at the forward call, in row order (the
+    order the model matches placeholders and grids in).
+
+    token_types: (b, p) int64, one value per prompt token (Qwen-VL's
+        `mm_token_type_ids`: 0 text, 1 image, 2 video), aligned with the
+        left-padded prompt ids; the response is text and is extended with 0.
+    per_sample: for each of the b samples, the tensors concatenated along dim 0
+        across selected samples, e.g. `pixel_values` (patches_i, d),
+        `image_grid_thw` (images_i, 3), `pixel_values_videos` (patches_i, d),
+        `video_grid_thw` (videos_i, 3), `second_per_grid_ts` (videos_i,).
+        A text-only sample has an empty dict.
+    never_generate: token ids outside the policy's action space (a VLM's vision
+        placeholders): the engine never samples them and every log-prob is taken
+        with them masked, so sampling, reference and trainer share one
+        distribution. A sampled `<|image_pad|>` would also make scoring look for
+        pixels that are not there.
+    token_types_key: the forward keyword the token types go under.
+    """
+
+    token_types: torch.Tensor
+    per_sample: tuple[dict[str, torch.Tensor], ...]
+    never_generate: tuple[int, ...] = ()
+    token_types_key: str = "mm_token_type_ids"
+
+    def __post_init__(self) -> None:
+        if self.token_types.shape[0] != len(self.per_sample):
+            raise ValueError(
+                f"MultimodalInputs: token_types has {self.token_types.shape[0]} rows but per_sample has "
+                f"{len(self.per_sample)} samples"
+            )
+
+    @property
+    def has_media(self) -> bool:
+        return any(self.per_sample)
+
+    def forward_kwargs(self, sequence_length: int, index: Sequence[int] | torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Keyword arguments for the model's forward (or `generate`) over rows `index`
+        (all rows when None) of sequences of `sequence_length` (p for generation,
+        p + r for scoring and training).
+
+        Empty when no selected row has an image or video: such a batch is plain text,
+        and the caller makes exactly the text-model call.
+        """
+        rows = list(range(len(self.per_sample))) if index is None else torch.as_tensor(index).reshape(-1).tolist()
+        keys = sorted({key for row in rows for key in self.per_sample[row]})
+        if not keys:
+            return {}
+        kwargs = {
+            key: torch.cat([self.per_sample[row][key] for row in rows if key in self.per_sample[row]], dim=0)
+            for key in keys
+        }
+        token_types = self.token_types[rows]
+        extra = sequence_length - token_types.shape[1]
+        if extra < 0:
+            raise ValueError(f"sequence_length {sequence_length} is shorter than the prompt ({token_types.shape[1]})")
+        kwargs[self.token_types_key] = torch.nn.functional.pad(token_types, (0, extra), value=0)
+        return kwargs
 
 
 @dataclass(frozen=True)
@@ -17,21 +93,34 @@ class PackedPrompts:
     """Model inputs for generation.
 
     input_ids, attention_mask: (b, p), left-padded so every response starts at column p.
+    multimodal: pixels and whatever else a vision-language forward needs; None for text packers.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    multimodal: MultimodalInputs | None = None
 
 
+@runtime_checkable
 class DataPacker(Protocol):
-    def pack_prompts(self, prompts: Sequence[Any]) -> PackedPrompts: ...
+    def pack_prompts(self, prompts: Sequence[Any], sources: Sequence[str] | None = None) -> PackedPrompts:
+        """Prompts exactly as projected (a string or a conversation each); `sources[i]`
+        names prompt i's row for error messages ("rows.jsonl row 3 (line 4, column 1)")."""
+        ...
 
-    def decode_completions(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]: ...
+    def decode_completions(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        """The inverse for trajectories: response tokens (b, r) and mask (b, r) to the
+        completion texts the reward sees."""
+        ...
 
 
 def as_conversation(prompt: Any) -> list[dict]:
     """A bare string prompt is one user turn (S-DATA-2)."""
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def prompt_location(sources: Sequence[str] | None, index: int) -> str:
+    return sources[index] if sources else f"prompt {index} of the batch"
 
 
 class UnsupportedPromptError(ValueError):
@@ -47,6 +136,24 @@ def _non_text_part(conversation: list[dict]) -> str | None:
                 if part.get("type") != "text":
                     return f"prompt[{m}].content[{p}] (type {part.get('type')!r})"
     return None
+
+
+def load_chat_tokenizer(path: str):
+    """The model's tokenizer, left-padding (responses start at one column) and with a
+    pad token (the EOS when the model has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    return [
+        tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(response_ids, response_mask)
+    ]
 
 
 class ChatTextPacker:
@@ -65,9 +172,8 @@ class ChatTextPacker:
         for index, conversation in enumerate(conversations):
             part = _non_text_part(conversation)
             if part is not None:
-                where = sources[index] if sources else f"prompt {index} of the batch"
                 raise UnsupportedPromptError(
-                    f"{where}: {part} cannot be packed by the text-only ChatTextPacker; "
+                    f"{prompt_location(sources, index)}: {part} cannot be packed by the text-only ChatTextPacker; "
                     "configure a multimodal DataPacker for image and video prompts (S-RUN-6)"
                 )
         texts = [
@@ -77,7 +183,57 @@ class ChatTextPacker:
         return PackedPrompts(encoded["input_ids"], encoded["attention_mask"])
 
     def decode_completions(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-        return [
-            self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
-            for ids, mask in zip(response_ids, response_mask)
-        ]
+        return decode_responses(self.tokenizer, response_ids, response_mask)
+
+
+def chat_text_packer(model_path: str) -> ChatTextPacker:
+    """The default factory for causal LMs."""
+    return ChatTextPacker(load_chat_tokenizer(model_path))
+
+
+# model_type values of config.json with a built-in vision packer (data/vision_packer.py).
+QWEN_VL_MODEL_TYPES = frozenset({"qwen2_5_vl"})
+
+
+def build_packer(model_path: str, factory: str | None = None, factory_kwargs: Mapping[str, Any] | None = None) -> DataPacker:
+    """The DataPacker of a run (`data_packer.factory`, `data_packer.factory_kwargs`).
+
+    A configured factory is called as `factory(model_path, **factory_kwargs)`; without
+    one the model's config.json decides: the Qwen-VL packer for Qwen2.5-VL, the chat
+    text packer for a model without a vision tower, and a clear refusal for another
+    vision-language family (which needs its own factory).
+    """
+    kwargs = dict(factory_kwargs or {})
+    if factory:
+        from data.sources import import_callable
+
+        build = import_callable(factory, key="data_packer.factory")
+        try:
+            packer = build(model_path, **kwargs)
+        except TypeError as error:
+            raise TypeError(
+                f"data_packer.factory: {factory}(model_path, **{kwargs}) failed: {error}; a factory is called with "
+                "the model path and data_packer.factory_kwargs"
+            ) from None
+        if not isinstance(packer, DataPacker):
+            raise TypeError(
+                f"data_packer.factory: {factory} returned {type(packer).__name__}, which lacks pack_prompts(prompts, "
+                "sources) and decode_completions(response_ids, response_mask)"
+            )
+        return packer
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    if config.model_type in QWEN_VL_MODEL_TYPES:
+        from data.vision_packer import qwen_vl_packer
+
+        return qwen_vl_packer(model_path, **kwargs)
+    if getattr(config, "vision_config", None) is not None:
+        raise ValueError(
+            f"data_packer.factory: the model at {model_path} is a {config.model_type!r} vision-language model and has "
+            f"no built-in DataPacker (built in: {', '.join(sorted(QWEN_VL_MODEL_TYPES))}); set data_packer.factory "
+            "(docs/howto/custom-datapacker.md)"
+        )
+    if kwargs:
+        raise TypeError(f"data_packer.factory_kwargs: {sorted(kwargs)} given, but the chat text packer takes none")
+    return chat_text_packer(model_path)

@@ -77,4 +77,4 @@ def print_summary(summary: dict) -> None:
     print(f"  metrics:     {summary['run_dir']}/metrics.jsonl")
     print(f"  checkpoints: {summary['run_dir']}/checkpoints (last committed: {summary['last_boundary']})")
     if summary.get("final_model"):
-        print(f"  final model: {summary['final_model']['policy']} (AutoModelForCausalLM.from_pretrained)")
+        print(f"  final model: {summary['final_model']['policy']} (load with transformers' from_pretrained)")

@@ -191,7 +191,8 @@ def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, A
     elif config.model.tiny is not None:
         spec = config.model.tiny
         report.summary.append(
-            f"model: {path} does not exist yet; the tiny Qwen3 model is built there from model.tiny at start-up "
+            f"model: {path} does not exist yet; the tiny "
+            f"{'Qwen2.5-VL' if getattr(spec, 'vision', None) else 'Qwen3'} model is built there from model.tiny at start-up "
             f"({spec.num_hidden_layers} layers, hidden {spec.hidden_size}), dtype {config.model.dtype}"
         )
         return spec.model_dump()

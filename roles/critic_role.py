@@ -39,7 +39,9 @@ class CriticRole:
     def predict(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         self.model.eval()
         input_ids, attention_mask = trajectory.sequences()
-        values = response_values(self.model, input_ids, attention_mask, trajectory.prompt_length) * trajectory.response_mask
+        values = response_values(
+            self.model, input_ids, attention_mask, trajectory.prompt_length, trajectory.extras
+        ) * trajectory.response_mask
         mean = float(values.sum() / trajectory.response_mask.sum().clamp(min=1))
         return dataclasses.replace(trajectory, values=values), {"critic/value_mean": mean}
 
@@ -49,7 +51,8 @@ class CriticRole:
 
     def _loss(self, targets: PPOTargets, index: torch.Tensor):
         values = response_values(
-            self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length
+            self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length,
+            targets.extras, index,
         )
         output = clipped_value_loss(
             values, targets.old_values[index], targets.returns[index], targets.response_mask[index], self.rl.value_clip

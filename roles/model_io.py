@@ -8,12 +8,21 @@ Sequences are `[left-padded prompt | right-padded response]`, length p + r.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForTokenClassification,
+)
+from transformers.modeling_outputs import TokenClassifierOutput
 
 from configs.schema import ModelConfig
+from data.packing import MULTIMODAL_EXTRA, MultimodalInputs, load_chat_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,23 +36,65 @@ def quiet_transformers() -> None:
 def ensure_model(model: ModelConfig) -> str:
     """The model directory to load; builds the local tiny model on first use."""
     if model.tiny is not None and not (Path(model.path) / "config.json").exists():
-        from roles.tiny_model import build_tiny_model
+        quiet_transformers()
+        if model.tiny.vision is not None:
+            from roles.tiny_vlm import build_tiny_vlm
 
-        build_tiny_model(model.path, model.tiny)
+            build_tiny_vlm(model.path, model.tiny)
+        else:
+            from roles.tiny_model import build_tiny_model
+
+            build_tiny_model(model.path, model.tiny)
     return model.path
 
 
 def load_tokenizer(path: str):
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"  # prompts are left-padded so responses start at one column
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    """Left-padded (prompts are left-padded so responses start at one column), with a pad token."""
+    return load_chat_tokenizer(path)
+
+
+def load_image_processor(path: str):
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(path)
+
+
+def is_vision_language(path: str) -> bool:
+    """A model with a vision tower (config.json has a `vision_config`): it loads as an
+    image-text-to-text model and its critic is `BackboneValueModel`."""
+    return getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
 
 
 def load_causal_lm(path: str, dtype: str) -> torch.nn.Module:
+    """The generating model: a causal LM, or for a vision-language family its
+    image-text-to-text model (a causal LM over text that also takes pixels)."""
     quiet_transformers()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    auto_class = AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
+    return auto_class.from_pretrained(path, dtype=_DTYPES[dtype])
+
+
+class BackboneValueModel(torch.nn.Module):
+    """A critic for families `AutoModelForTokenClassification` does not cover (the
+    vision-language ones): the model's own backbone, vision tower included, loaded
+    with `AutoModel`, and a linear head giving one value per token.
+
+    It answers like a token classifier (`.logits` of shape (b, s, 1)), so every
+    caller treats both critics alike. Its checkpoint is the role's own
+    (`backbone.*`, `score.*` in model.safetensors), not a Hugging Face export.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int, initializer_range: float):
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config  # the role checkpoint writes config.json from it
+        self.score = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.normal_(self.score.weight, std=initializer_range)
+        torch.nn.init.zeros_(self.score.bias)
+        self.score.to(next(backbone.parameters()).dtype)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> TokenClassifierOutput:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        return TokenClassifierOutput(logits=self.score(hidden))
 
 
 def load_value_model(path: str, dtype: str, seed: int) -> torch.nn.Module:
@@ -54,6 +105,12 @@ def load_value_model(path: str, dtype: str, seed: int) -> torch.nn.Module:
     """
     quiet_transformers()
     config = AutoConfig.from_pretrained(path)
+    if getattr(config, "vision_config", None) is not None:
+        backbone = AutoModel.from_pretrained(path, dtype=_DTYPES[dtype])
+        text_config = config.get_text_config()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return BackboneValueModel(backbone, text_config.hidden_size, text_config.initializer_range)
     config.num_labels = 1
     config.classifier_dropout = 0.0  # passing it to from_pretrained raises in transformers 5
     with torch.random.fork_rng(devices=[]):
@@ -67,37 +124,77 @@ def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _multimodal(extras: Mapping[str, Any] | None) -> MultimodalInputs | None:
+    return None if not extras else extras.get(MULTIMODAL_EXTRA)
+
+
+def _model_output(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    extras: Mapping[str, Any] | None,
+    rows: Sequence[int] | torch.Tensor | None,
+):
+    """One forward over sequences (b, p + r). `extras` are the trajectory's (or the
+    targets'), `rows` the indices of these b rows in it (None: all of them)."""
+    multimodal = _multimodal(extras)
+    extra_inputs = {} if multimodal is None else multimodal.forward_kwargs(input_ids.shape[1], rows)
+    if extra_inputs:
+        # Vision tokens take the model's own m-RoPE positions, computed from the grids
+        # and token types exactly as `generate` computed them while sampling.
+        extra = {name: value.to(input_ids.device) for name, value in extra_inputs.items()}
+        return model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+    # Text rows (and every text model): exactly the call made before packers carried pixels.
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask))
+
+
 def response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     prompt_length: int,
     temperature: float = 1.0,
+    extras: Mapping[str, Any] | None = None,
+    rows: Sequence[int] | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probs (b, r) of the response tokens under `model` at `temperature`.
 
     Args:
         input_ids, attention_mask: (b, p + r).
         prompt_length: p.
+        extras: the trajectory's extras; its `MultimodalInputs` (if any) adds the
+            rows' pixels and grids to the forward and masks the tokens the engine
+            never samples (S-RUN-6). None or empty for text.
+        rows: which rows of the trajectory these b rows are (None: all, in order).
     """
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask)
-    ).logits
-    return logprobs_from_logits(logits[:, prompt_length - 1 : -1], input_ids[:, prompt_length:], temperature)
+    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
+    multimodal = _multimodal(extras)
+    excluded = () if multimodal is None else multimodal.never_generate
+    return logprobs_from_logits(logits[:, prompt_length - 1 : -1], input_ids[:, prompt_length:], temperature, excluded)
 
 
-def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """logits (b, r, V) predicting tokens (b, r) -> log-probs (b, r)."""
+def logprobs_from_logits(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, excluded_token_ids: Sequence[int] = ()
+) -> torch.Tensor:
+    """logits (b, r, V) predicting tokens (b, r) -> log-probs (b, r), with
+    `excluded_token_ids` (never sampled) outside the distribution."""
     logits = logits.float() / temperature
+    if excluded_token_ids:
+        excluded = torch.tensor(list(excluded_token_ids), device=logits.device)
+        logits = logits.index_fill(-1, excluded, float("-inf"))
     return torch.gather(logits.log_softmax(-1), 2, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def response_values(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    extras: Mapping[str, Any] | None = None,
+    rows: Sequence[int] | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Critic values (b, r): V of the state *before* each response token, read at the
-    position that predicts it (the same alignment as the log-probs)."""
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask)
-    ).logits
+    position that predicts it (the same alignment as the log-probs). `extras` and
+    `rows` as for `response_logprobs`."""
+    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
     return logits[:, prompt_length - 1 : -1, 0].float()

@@ -20,7 +20,14 @@ from algorithm.ppo_math import (
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
 from checkpoint.role_state import save_tokenizer
-from roles.model_io import ensure_model, load_causal_lm, load_tokenizer, response_logprobs
+from roles.model_io import (
+    ensure_model,
+    is_vision_language,
+    load_causal_lm,
+    load_image_processor,
+    load_tokenizer,
+    response_logprobs,
+)
 from roles.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
 from roles.update_runtime import UpdateRuntime
@@ -38,6 +45,8 @@ class PolicyRole:
         self.rl = config.rl
         model_path = ensure_model(config.model)
         self.tokenizer = load_tokenizer(model_path)
+        # A VLM's boundary also carries its image processor, so it exports complete.
+        self.image_processor = load_image_processor(model_path) if is_vision_language(model_path) else None
         model = load_causal_lm(model_path, config.model.dtype)
         self.runtime = UpdateRuntime("policy", model, config.rl.optimizer, config.rl.optimizer.policy_lr)
         self.policy_version = 0
@@ -152,6 +161,8 @@ class PolicyRole:
             return {"path": self.runtime.save_model(directory)}
         report = asdict(self.runtime.save(directory, {"policy_version": self.policy_version}))
         save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
+        if self.image_processor is not None:
+            save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
         return report
 
     def load(self, directory: str) -> dict[str, Any]:

@@ -29,6 +29,6 @@ class ReferenceRole:
     def score(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         input_ids, attention_mask = trajectory.sequences()
         ref_logprobs = response_logprobs(
-            self.model, input_ids, attention_mask, trajectory.prompt_length, self.temperature
+            self.model, input_ids, attention_mask, trajectory.prompt_length, self.temperature, trajectory.extras
         ) * trajectory.response_mask
         return dataclasses.replace(trajectory, ref_logprobs=ref_logprobs), {}

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from configs.schema import PPOConfig
-from data.packing import ChatTextPacker
+from data.packing import MULTIMODAL_EXTRA, build_packer
 from roles.model_io import ensure_model, load_tokenizer
 from roles.placement import plan_placement, role_device
 from roles.rollout.engine import RolloutEngine
@@ -49,7 +49,9 @@ class RolloutRole:
         self.config = config
         model_path = ensure_model(config.model)
         self.tokenizer = load_tokenizer(model_path)
-        self.packer = ChatTextPacker(self.tokenizer)
+        # S-RUN-6: the packer alone turns prompts into model inputs; a configured
+        # factory replaces the default chosen from the model's config.json.
+        self.packer = build_packer(model_path, config.data_packer.factory, config.data_packer.factory_kwargs)
         self.engine = build_engine(config, model_path, self.tokenizer)
         # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
         self.sleep_between_rollouts = plan_placement(config).offload_active
@@ -68,6 +70,11 @@ class RolloutRole:
             )
         started = time.perf_counter()
         packed = self.packer.pack_prompts(prompts.prompts, prompts.sources)
+        if packed.multimodal is not None and not getattr(self.engine, "accepts_multimodal", False):
+            raise NotImplementedError(
+                f"rl.rollout.engine={self.config.rl.rollout.engine!r} does not take the multimodal inputs of "
+                f"{type(self.packer).__name__} yet; use rl.rollout.engine=hf for vision-language models"
+            )
         rollout = self.config.rl.rollout
         self.engine.wake_up()
         result = self.engine.generate(
@@ -89,6 +96,9 @@ class RolloutRole:
             response_mask=result.response_mask,
             rollout_logprobs=result.logprobs,
             completions=completions,
+            # The packed pixels travel with the batch by reference, so reference,
+            # critic and policy see exactly what the rollout showed the model.
+            extras={MULTIMODAL_EXTRA: packed.multimodal} if packed.multimodal is not None else {},
         )
         lengths = result.response_mask.sum(dim=1)
         return trajectory, {

@@ -87,6 +87,7 @@ class PPOTargets:
     old_values: torch.Tensor      # (b, r)
     advantages: torch.Tensor      # (b, r)
     returns: torch.Tensor         # (b, r)
+    extras: dict[str, Any] = field(default_factory=dict)  # the trajectory's extras (multimodal inputs, S-RUN-6)
 
     @property
     def num_samples(self) -> int:

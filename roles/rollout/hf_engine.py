@@ -12,6 +12,8 @@ from roles.rollout.engine import GenerationResult, response_mask_from_ids
 
 
 class HFEngine:
+    accepts_multimodal = True  # PackedPrompts.multimodal reaches `generate` (S-RUN-6)
+
     def __init__(self, model_path: str, dtype: str, eos_token_id: int, pad_token_id: int, device: str = "cpu"):
         self.device = torch.device(device)
         self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
@@ -22,6 +24,14 @@ class HFEngine:
     def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult:
         input_ids = prompts.input_ids.to(self.device)
         attention_mask = prompts.attention_mask.to(self.device)
+        # Text packers add nothing here, so a text model's call is unchanged.
+        extra: dict = {}
+        never_generate: tuple[int, ...] = ()
+        if prompts.multimodal is not None:
+            extra = {k: v.to(self.device) for k, v in prompts.multimodal.forward_kwargs(input_ids.shape[1]).items()}
+            never_generate = prompts.multimodal.never_generate
+        if never_generate:
+            extra["suppress_tokens"] = list(never_generate)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             # Seeded per iteration: a resumed run samples exactly what the
             # uninterrupted run sampled (S-CKPT-8).
@@ -38,11 +48,12 @@ class HFEngine:
                 pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,
                 output_logits=True,
+                **extra,
             )
         response_ids = output.sequences[:, input_ids.shape[1] :]
         # Raw logits, not `scores`: processed scores are not the sampling distribution.
         logits = torch.stack(output.logits, dim=1)
-        logprobs = logprobs_from_logits(logits, response_ids, temperature)
+        logprobs = logprobs_from_logits(logits, response_ids, temperature, never_generate)
         response_mask = response_mask_from_ids(response_ids, self.eos_token_id)
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         return GenerationResult(response_ids.cpu(), response_mask.cpu(), (logprobs * response_mask).cpu())
