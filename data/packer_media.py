@@ -29,26 +29,19 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image, UnidentifiedImageError
 
+from data.prompt_projection import PromptError
+
 IMAGE_TYPES = frozenset({"image", "image_url"})
 VIDEO_TYPES = frozenset({"video", "video_url"})
 
 
-class PromptMediaError(ValueError):
+class PromptMediaError(PromptError):
     """A content part's image or video cannot be opened.
 
-    The message starts with where the row is ("rows.jsonl row 3 (line 4, column 1)"),
-    then the key path inside the prompt and the path or handle that failed.
+    Worded like every prompt error: where the row is ("rows.jsonl row 3 (line 4,
+    column 1)"), then the key path inside the prompt and the path or handle that
+    failed. A subclass, so callers that report prompt errors report these too.
     """
-
-    def __init__(self, where: str, key_path: str, problem: str) -> None:
-        self.where = where
-        self.key_path = key_path
-        self.problem = problem
-        prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}`{key_path}` {problem}")
-
-    def __reduce__(self):  # keep the attributes when pickled across processes (Ray)
-        return (type(self), (self.where, self.key_path, self.problem))
 
 
 @dataclass(frozen=True)
