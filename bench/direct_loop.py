@@ -145,6 +145,9 @@ def run_direct(
             m = roles.rollout.load_weights(weights, policy_version)
             stage_seconds["weight_sync"] = time.perf_counter() - t0
             record.update(m)
+        # The policy's last call of the iteration, as the flow queues it (S-RUN-4); `{}`
+        # unless the policy shares a GPU with the rollout, so CPU records are unchanged.
+        record.update(roles.policy.park())
         record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
         record["train/policy_version"] = float(policy_version)
         for stage, seconds in stage_seconds.items():

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU smoke test: a few PPO iterations of the tiny profile with GPU placement and the
-# HF rollout engine, then the per-stage times. One command, under 5 minutes:
+# GPU smoke test: the device each role's actor actually holds its model on, then a few
+# PPO iterations of the tiny profile with GPU placement and the HF rollout engine, then
+# the per-stage times and the policy's park cost (S-RUN-4). One command, under 5 minutes:
 #
 #   bench/gpu_smoke.sh [ITERATIONS]        (default 5; PY=/path/to/python to choose the interpreter)
 #
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 ITERATIONS=${1:-5}
-BUDGET_S=${GPU_SMOKE_BUDGET_S:-280}
+BUDGET_S=${GPU_SMOKE_BUDGET_S:-220}  # the flow's share; the device probe gets at most 70 s more
 
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "$GPUS" -lt 1 ]; then
@@ -37,6 +38,30 @@ OVERRIDES=(job.output_root="$OUT" job.name=gpu-smoke rl.max_steps="$ITERATIONS" 
 
 echo "gpu_smoke: placement ${PLACEMENT[*]}"
 "$PY" -m flows.manifest --config configs/ppo_tiny_cpu.py -- "${OVERRIDES[@]}"
+
+# The same actors the flow starts, asked where their models live: each role's ready()
+# reports the device it computes on (and the policy whether it is parked on the host).
+if timeout 70 "$PY" - "${OVERRIDES[@]}" <<'PROBE'
+import sys
+
+import ray
+
+from flows.ppo import resolve_config
+from roles.actors import connect_ray, start_role_actors, stop_role_actors
+
+config = resolve_config("configs/ppo_tiny_cpu.py", sys.argv[1:] + ["job.name=gpu-smoke-probe"], None, None)
+started, roles = connect_ray(config), None
+try:
+    roles = start_role_actors(config)
+    print("gpu_smoke: role devices")
+    for name, handle in roles.items():
+        print(f"  {name:<10} {ray.get(handle.ready.remote())}")
+finally:
+    stop_role_actors(roles)
+    if started:
+        ray.shutdown()
+PROBE
+then :; else echo "gpu_smoke: device probe failed (status $?); running the flow anyway" >&2; fi
 
 started=$(date +%s)
 status=0
@@ -64,6 +89,11 @@ for key in stages:
 last = records[-1]
 print(f"\niterations {len(records)}, reward {records[0]['train/reward_mean']:.3f} -> {last['train/reward_mean']:.3f}, "
       f"weight_sync {last.get('perf/weight_sync_bytes', 0) / 1e6:.2f} MB in {last.get('time/weight_sync_seconds', 0):.3f} s")
+if "perf/policy_parked_bytes" in last:  # S-RUN-4: absent when the policy does not park
+    print(f"policy park: {last['perf/policy_parked_bytes'] / 1e6:.2f} MB to the host in "
+          f"{last['perf/policy_park_seconds']:.3f} s (inside weight_sync)")
+else:
+    print("policy park: none (the policy does not share a GPU with the rollout, or rl.colocated_offload=false)")
 EOF
 echo "gpu_smoke: outputs in $OUT"
 exit "$status"

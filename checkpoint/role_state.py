@@ -3,6 +3,11 @@ scheduler, trainer state and RNG, through fsspec paths.
 
 A save is only *done* once it has been re-read and found equal to the state in
 memory; the commit protocol relies on that before it writes `_SUCCESS` (S-CKPT-2).
+
+Files hold host tensors whatever device the role trains on, so a boundary written on
+a GPU node loads on a laptop; a load copies into the live objects, which keeps each
+tensor on the device its parameter lives on (a parked trainer restores on the host
+and goes back to its GPU with the rest of its state, S-RUN-4).
 """
 
 from __future__ import annotations
@@ -64,13 +69,26 @@ def _torch_bytes(value: Any) -> bytes:
 
 
 def _torch_load(payload: bytes) -> Any:
-    return torch.load(io.BytesIO(payload), weights_only=True)
+    # map_location: a file that does hold device tensors still opens without a GPU.
+    return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+
+
+def state_on_host(value: Any) -> Any:
+    """`value` (nested dicts, lists, tuples) with every tensor copied to host memory."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: state_on_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(state_on_host(item) for item in value)
+    return value
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Named tensors with shared storage (tied embeddings) cloned apart: safetensors
-    refuses aliased tensors, and load_state_dict re-ties them on restore."""
-    return {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    """Named host tensors with shared storage (tied embeddings) copied apart:
+    safetensors refuses aliased tensors, and load_state_dict re-ties them on restore.
+    Copied to the host in the same step (a GPU model's weights are written from there)."""
+    return {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in model.state_dict().items()}
 
 
 def optimizer_state_for_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
@@ -128,6 +146,8 @@ def save_trainable_role(
     fs.makedirs(root, exist_ok=True)
     tensors = model_tensors(model)
     optimizer_state, pristine = optimizer_state_for_save(model, optimizer)
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        optimizer_state = state_on_host(optimizer_state)  # a GPU trainer's moments; loadable anywhere
     _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(tensors, metadata={"format": "pt"}))
     with fsspec.open(f"{directory}/config.json", "w") as handle:
         handle.write(model.config.to_json_string())

@@ -42,6 +42,7 @@ from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from roles.actors import connect_ray, start_role_actors, stop_role_actors
 from tasks.commit import commit_stage, export_stage, save_artifact_stage
 from tasks.stages import (
+    await_park,
     critic_predict_stage,
     dispatch_iteration,
     prepare_batch_stage,
@@ -207,6 +208,9 @@ def run_iterations(
         if not actor_warmup:  # S-CW-5: no weight delta, no transfer during warmup
             policy_version, m = timed("weight_sync", weight_sync_stage, calls, iteration)
             record.update(m)
+        else:
+            with naming_failures("train", iteration):  # S-RUN-4: parked before the next rollout
+                record.update(await_park(calls))
         record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
         record["train/policy_version"] = float(policy_version)
 

@@ -1,5 +1,8 @@
 """The critic role: value predictions for GAE and value-function training on the
-targets the policy froze (S-FLOW-3)."""
+targets the policy froze (S-FLOW-3).
+
+It trains on its own group's device (its own GPU in both placements, so it never
+parks, S-RUN-4) and hands values back on the host, for the object store."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from algorithm.ppo_math import clipped_value_loss
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
 from roles.model_io import ensure_model, load_value_model, response_values
+from roles.placement import role_device
 from roles.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
 from roles.update_runtime import UpdateRuntime
@@ -25,7 +29,9 @@ class CriticRole:
         self.rl = config.rl
         self.rank = rank
         model = load_value_model(ensure_model(config.model), config.model.dtype, seed=config.job.seed)
-        self.runtime = UpdateRuntime("critic", model, config.rl.optimizer, config.rl.optimizer.critic_lr)
+        self.runtime = UpdateRuntime(
+            "critic", model, config.rl.optimizer, config.rl.optimizer.critic_lr, role_device(config, "critic")
+        )
         self.targets: PPOTargets | None = None
 
     @property
@@ -33,7 +39,11 @@ class CriticRole:
         return self.runtime.model
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "critic", "parameters": sum(p.numel() for p in self.model.parameters())}
+        return {
+            "role": "critic",
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "device": str(self.runtime.device),
+        }
 
     @torch.no_grad()
     def predict(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
@@ -41,7 +51,7 @@ class CriticRole:
         input_ids, attention_mask = trajectory.sequences()
         values = response_values(
             self.model, input_ids, attention_mask, trajectory.prompt_length, trajectory.extras
-        ) * trajectory.response_mask
+        ).cpu() * trajectory.response_mask
         mean = float(values.sum() / trajectory.response_mask.sum().clamp(min=1))
         return dataclasses.replace(trajectory, values=values), {"critic/value_mean": mean}
 

@@ -124,6 +124,20 @@ def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _on_model_device(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trajectories and targets arrive on the host (the object store holds host
+    tensors); a model on a GPU needs its inputs there. On the host `.to` returns the
+    very tensors it was given, so a CPU run's forwards are untouched."""
+    device = model_device(model)
+    return input_ids.to(device), attention_mask.to(device)
+
+
 def _multimodal(extras: Mapping[str, Any] | None) -> MultimodalInputs | None:
     return None if not extras else extras.get(MULTIMODAL_EXTRA)
 
@@ -166,7 +180,11 @@ def response_logprobs(
             rows' pixels and grids to the forward and masks the tokens the engine
             never samples (S-RUN-6). None or empty for text.
         rows: which rows of the trajectory these b rows are (None: all, in order).
+
+    Returns log-probs on the model's device: callers that hand them to another role
+    bring them to the host.
     """
+    input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
     logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
     multimodal = _multimodal(extras)
     excluded = () if multimodal is None else multimodal.never_generate
@@ -195,6 +213,7 @@ def response_values(
 ) -> torch.Tensor:
     """Critic values (b, r): V of the state *before* each response token, read at the
     position that predicts it (the same alignment as the log-probs). `extras` and
-    `rows` as for `response_logprobs`."""
+    `rows` as for `response_logprobs`; on the model's device like them."""
+    input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
     logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
     return logits[:, prompt_length - 1 : -1, 0].float()

@@ -301,3 +301,16 @@ def role_device(config: PPOConfig, role: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+PARKING_ROLES = ("policy",)
+"""S-RUN-4: of the two roles sharing the colocated group, the trainer parks its state on
+the host (the engine sleeps instead); reference and critic own their devices."""
+
+
+def parks_between_updates(plan: PlacementPlan, role: str, device: str) -> bool:
+    """Whether `role`, whose models live on `device`, must move its weights and
+    optimizer state to the host while the rollout generates (S-RUN-4). Only a trainer
+    really holding a GPU that it shares with the engine does: on the host there is
+    nothing to free."""
+    return role in PARKING_ROLES and plan.offload_active and device != "cpu"

@@ -1,5 +1,6 @@
 """The frozen reference: log-probs of the sampled tokens under the initial model,
-for the KL penalty in the reward."""
+for the KL penalty in the reward. It scores on its own group's device (S-RUN-4: its
+own GPU, or the host when `grid.reference_gpus=0`) and never parks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import torch
 
 from configs.schema import PPOConfig
-from roles.model_io import ensure_model, load_causal_lm, response_logprobs
+from roles.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
+from roles.placement import role_device
 from roles.runtime import configure_torch_threads
 from roles.trajectory import Trajectory
 
@@ -18,17 +20,20 @@ class ReferenceRole:
     def __init__(self, config: PPOConfig):
         configure_torch_threads(config.rl.threads_per_role)
         self.temperature = config.rl.rollout.temperature
+        self.device = role_device(config, "reference")
         self.model = load_causal_lm(ensure_model(config.model), config.model.dtype).eval()
+        if self.device != "cpu":
+            self.model.to(self.device)
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "reference"}
+        return {"role": "reference", "device": str(model_device(self.model))}
 
     @torch.no_grad()
     def score(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         input_ids, attention_mask = trajectory.sequences()
         ref_logprobs = response_logprobs(
             self.model, input_ids, attention_mask, trajectory.prompt_length, self.temperature, trajectory.extras
-        ) * trajectory.response_mask
+        ).cpu() * trajectory.response_mask  # on the host: the trajectory goes back to the object store
         return dataclasses.replace(trajectory, ref_logprobs=ref_logprobs), {}

@@ -59,7 +59,9 @@ class RolloutRole:
         self.weight_loads = 0  # counted so tests and users can see warmup moves no weights (S-CW-5)
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "rollout", "policy_version": self.policy_version}
+        # vLLM places itself (its own workers inside the actor's GPU bundle).
+        device = str(getattr(self.engine, "device", "managed by the engine"))
+        return {"role": "rollout", "policy_version": self.policy_version, "device": device}
 
     def generate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
         if required_version != self.policy_version:

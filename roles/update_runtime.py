@@ -2,11 +2,15 @@
 epoch × minibatch × micro-batch loop of the update plan, and role checkpoints.
 
 Policy and critic differ only in the loss they hand to `run_plan`; everything
-about *how* an update happens lives here once.
+about *how* an update happens lives here once, including where it happens: the
+runtime owns its device (the role's GPU, or the host), and moving the model and the
+optimizer state between the two is what a colocated trainer's park is (S-RUN-4).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -18,6 +22,66 @@ from configs.schema import OptimizerConfig
 from roles.trajectory import PPOTargets
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """A bare "cuda" pinned to its index (inside a Ray actor, the bundle's GPU is the
+    only one visible: cuda:0), so `tensor.device == device` comparisons are exact."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def module_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (a tied weight counted once)."""
+    return sum(tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.device) -> int:
+    """Move every state tensor of `optimizer` to `device`, in place; returns the bytes
+    of the tensors placed there.
+
+    In place, because the optimizer must go on stepping the same parameter objects
+    after a park/unpark cycle (S-RUN-4); a state_dict round trip would rebuild it.
+    A per-parameter `step` that torch keeps on the host (AdamW neither fused nor
+    capturable: reading it on the device would sync every step) stays on the host:
+    the same placement rule `Optimizer.load_state_dict` applies.
+    """
+    device = torch.device(device)
+    moved = 0
+    for group in optimizer.param_groups:
+        step_on_host = not (group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})  # .get: never create state for an unstepped parameter
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor) or (key == "step" and step_on_host):
+                    continue
+                state[key] = value.to(device)
+                moved += tensor_bytes(value)
+    return moved
+
+
+def targets_on(targets: PPOTargets, device: torch.device) -> PPOTargets:
+    """The targets' per-token tensors (b, p + r) and (b, r) on the trainer's device,
+    moved once per update rather than once per micro-batch.
+
+    Extras (packed pixels) stay on the host: `model_io` moves only the rows of each
+    micro-batch. On the host the very same object comes back, nothing copied, so a
+    CPU run computes exactly what it computed before devices existed.
+    """
+    if device.type == "cpu":
+        return targets
+    moved = {
+        f.name: value.to(device)
+        for f in dataclasses.fields(targets)
+        if isinstance(value := getattr(targets, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(targets, **moved)
 
 
 def build_optimizer(parameters, config: OptimizerConfig, lr: float) -> torch.optim.Optimizer:
@@ -39,8 +103,20 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
 
 
 class UpdateRuntime:
-    def __init__(self, role: str, model: torch.nn.Module, optimizer_config: OptimizerConfig, lr: float):
+    def __init__(
+        self,
+        role: str,
+        model: torch.nn.Module,
+        optimizer_config: OptimizerConfig,
+        lr: float,
+        device: str | torch.device = "cpu",
+    ):
         self.role = role
+        self.device = resolve_device(device)  # where updates run; a parked trainer's state is elsewhere meanwhile
+        if self.device.type != "cpu":
+            # Before the optimizer exists, so its state is created beside the
+            # parameters (fused and foreach kernels need both on one device).
+            model.to(self.device)
         self.model = model
         self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optimizer_config, lr)
         self.scheduler = build_scheduler(self.optimizer, optimizer_config.warmup_steps)
@@ -55,6 +131,7 @@ class UpdateRuntime:
                 f"{tuple(self.plan_shape)} this role was trained and checkpointed with (S-FLOW-4)"
             )
         self.plan_shape = plan.shape
+        targets = targets_on(targets, self.device)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
@@ -76,6 +153,26 @@ class UpdateRuntime:
         metrics = {name: sums[name] / counts[name] for name in sums}
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         return metrics
+
+    def place(self, device: str | torch.device) -> int:
+        """Move the model (parameters, buffers, gradients) and the optimizer state to
+        `device`; returns the bytes now there.
+
+        Between host and GPU, `Module.to` swaps each parameter's data, not the
+        parameter object, so the optimizer goes on stepping the model's own
+        parameters. Where it would not (a device with another tensor type, or torch's
+        overwrite-on-conversion flag), the optimizer would silently step stale
+        copies: refused instead.
+        """
+        device = resolve_device(device)
+        before = list(self.model.parameters())
+        self.model.to(device)
+        if any(old is not new for old, new in zip(before, self.model.parameters())):
+            raise RuntimeError(
+                f"{self.role}: moving the model to {device} replaced its parameter objects, so its optimizer "
+                "would step stale copies; only host <-> GPU moves are supported"
+            )
+        return module_bytes(self.model) + move_optimizer_state(self.optimizer, device)
 
     def save(self, directory: str, extra_state: dict[str, Any]) -> RoleSaveReport:
         return save_trainable_role(

@@ -38,6 +38,7 @@ class IterationInFlight:
     batch_id: ray.ObjectRef | None = None
     receipts: dict[str, ray.ObjectRef] = field(default_factory=dict)  # role -> TrainReceipt
     policy_version: ray.ObjectRef | None = None  # set when the iteration publishes weights
+    park: ray.ObjectRef | None = None  # the policy's park summary (S-RUN-4); awaited before the next rollout
 
 
 def dispatch_iteration(
@@ -49,7 +50,9 @@ def dispatch_iteration(
     whose argument is a failed reference fails without running, so a stage that
     raises stops everything downstream of it. Weight publication takes the policy's
     receipt as an argument for the same reason: untrained weights are never published.
-    During critic warmup nothing touches the actor (S-CW-5)."""
+    During critic warmup nothing touches the actor (S-CW-5). The policy's last call
+    parks it on the host, so the next rollout finds the shared GPU free (S-RUN-4; a
+    no-op returning `{}` wherever the policy does not park)."""
     calls = IterationInFlight(iteration)
     s = calls.summaries
     prompts, s["data"] = roles.data.next_batch.options(num_returns=2).remote(iteration, batch_size)
@@ -69,7 +72,15 @@ def dispatch_iteration(
             calls.receipts["policy"]
         )
         s["weight_sync"] = roles.rollout.load_weights.remote(weights, calls.policy_version)
+    calls.park = roles.policy.park.remote()  # after publish_weights: Ray runs one actor's calls in order
     return calls
+
+
+def await_park(calls: IterationInFlight) -> dict[str, float]:
+    """Block until the policy has parked (S-RUN-4); returns the park's metrics. The
+    flow calls it before the next iteration is dispatched, so the next rollout never
+    generates while the trainer still holds the shared GPU."""
+    return ray.get(calls.park) if calls.park is not None else {}
 
 
 def _log_metrics(metrics: dict[str, Any]) -> None:
@@ -130,8 +141,10 @@ train_critic_stage = _await_receipt("critic")
 
 def _weight_sync(calls: IterationInFlight, iteration: int) -> tuple[int, dict[str, float]]:
     """The policy's new weights go to the rollout engine actor to actor through the
-    object store, never through this process (S-FLOW-6)."""
+    object store, never through this process (S-FLOW-6). Done once the policy has
+    also parked after publishing them (S-RUN-4)."""
     metrics, policy_version = ray.get([calls.summaries["weight_sync"], calls.policy_version])
+    metrics = {**metrics, **await_park(calls)}
     _log_metrics(metrics)
     return policy_version, metrics
 

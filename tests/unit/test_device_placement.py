@@ -1,0 +1,215 @@
+"""Which device each role's models use, and the colocated trainer's park (S-RUN-4),
+as far as a machine without a GPU can check them: the decision table, the movers
+(onto PyTorch's `meta` device, which proves every tensor was visited without needing
+a second real device), and that parking on the host changes nothing at all.
+
+The CUDA half runs on a GPU machine: tests/integration/test_gpu_roles.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from configs.loading import load_config
+from roles.placement import parks_between_updates, plan_placement, role_device
+from roles.trajectory import PPOTargets
+from roles.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
+from tests.conftest import REPO_ROOT, TINY_PROFILE
+
+PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
+DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA fallback")
+
+
+@pytest.mark.parametrize(
+    ("profile", "overrides", "parking_roles"),
+    [
+        (PUBLIC_PROFILE, [], {"policy"}),  # colocated, offload on: only the trainer parks
+        (PUBLIC_PROFILE, ["rl.colocated_offload=false"], set()),  # both stay resident
+        (PUBLIC_PROFILE, ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"], set()),
+        (TINY_PROFILE, [], set()),  # a CPU run: nothing to free
+        (TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"], {"policy"}),  # the one-GPU smoke layout
+    ],
+)
+def test_only_a_colocated_policy_on_a_gpu_parks(profile, overrides, parking_roles):
+    plan = plan_placement(load_config(profile, overrides))
+    on_gpu = {role for role in DEVICE_ROLES if parks_between_updates(plan, role, "cuda")}
+    assert on_gpu == parking_roles
+    # The same plan with the models on the host (no CUDA in the actor): no role parks.
+    assert not any(parks_between_updates(plan, role, "cpu") for role in DEVICE_ROLES)
+
+
+def test_roles_without_gpus_in_their_group_stay_on_the_host():
+    cpu_run = load_config(TINY_PROFILE)
+    assert {role_device(cpu_run, role) for role in DEVICE_ROLES} == {"cpu"}
+    one_gpu = load_config(TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"])
+    assert role_device(one_gpu, "reference") == "cpu" and role_device(one_gpu, "critic") == "cpu"
+
+
+@NO_CUDA
+def test_gpu_groups_without_cuda_fall_back_to_the_host():
+    config = load_config(PUBLIC_PROFILE)  # every device role has a GPU group
+    assert {role_device(config, role) for role in DEVICE_ROLES} == {"cpu"}
+
+
+def _stepped(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model(torch.ones(2, 4, dtype=torch.float32)).float().sum().backward()
+    optimizer.step()
+
+
+class _ToFloat(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float()
+
+
+class _Cast(torch.nn.Module):
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.to(self.layer.weight.dtype))
+
+
+def _model_and_optimizer(fused: bool = False):
+    """A float32 layer and a bfloat16 one, stepped once: movers must keep each state's dtype."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), _Cast(torch.nn.Linear(3, 2).to(torch.bfloat16)), _ToFloat())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False, fused=fused)
+    _stepped(model, optimizer)
+    return model, optimizer
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> dict[tuple[int, str], torch.Tensor]:
+    return {
+        (index, key): value
+        for index, state in enumerate(optimizer.state.values())
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def test_moving_optimizer_state_to_its_own_device_copies_nothing():
+    _, optimizer = _model_and_optimizer()
+    before = _state_tensors(optimizer)
+    assert len(before) == 4 * 3  # 4 parameters x (step, exp_avg, exp_avg_sq)
+    moved = move_optimizer_state(optimizer, "cpu")
+    after = _state_tensors(optimizer)
+    assert all(after[key] is before[key] for key in before)  # the very tensors: no copy, values untouched
+    moments = [t for (_, name), t in before.items() if name != "step"]
+    assert moved == sum(t.numel() * t.element_size() for t in moments)
+    assert {t.dtype for t in moments} == {torch.float32, torch.bfloat16}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_moving_optimizer_state_visits_every_tensor_and_keeps_dtypes(fused):
+    _, optimizer = _model_and_optimizer(fused=fused)
+    before = {key: (t.dtype, t.shape) for key, t in _state_tensors(optimizer).items()}
+    move_optimizer_state(optimizer, "meta")
+    after = _state_tensors(optimizer)
+    assert {key: (t.dtype, t.shape) for key, t in after.items()} == before
+    for (_, name), tensor in after.items():
+        # torch keeps a plain AdamW's step counter on the host (load_state_dict's rule);
+        # a fused AdamW steps it on the parameters' device, so it moves with them.
+        expected = "cpu" if name == "step" and not fused else "meta"
+        assert tensor.device.type == expected, (name, tensor.device)
+
+
+def _runtime() -> UpdateRuntime:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    model.register_buffer("counter", torch.zeros(5))
+    runtime = UpdateRuntime("policy", model, load_config(TINY_PROFILE).rl.optimizer, lr=1e-2)
+    model(torch.ones(2, 4)).sum().backward()
+    runtime.optimizer.step()
+    return runtime
+
+
+def test_placing_a_runtime_on_its_device_counts_its_bytes_and_moves_nothing():
+    runtime = _runtime()
+    assert runtime.device == torch.device("cpu")
+    parameters = list(runtime.model.parameters())
+    state = _state_tensors(runtime.optimizer)
+    moments = sum(t.numel() * t.element_size() for (_, name), t in state.items() if name != "step")
+
+    placed = runtime.place("cpu")
+
+    # 12 + 3 + 6 + 2 parameters and a 5-element buffer, float32; then AdamW's two moments.
+    assert placed == module_bytes(runtime.model) + moments == (12 + 3 + 6 + 2 + 5) * 4 + 2 * (12 + 3 + 6 + 2) * 4
+    assert all(a is b for a, b in zip(parameters, runtime.model.parameters()))
+    assert all(_state_tensors(runtime.optimizer)[key] is tensor for key, tensor in state.items())
+
+
+def test_a_move_that_would_unlink_the_optimizer_from_the_model_is_refused():
+    """Module.to keeps parameter objects between host and GPU but replaces them for
+    other tensor types (here `meta`): the optimizer would then step stale copies."""
+    runtime = _runtime()
+    with pytest.raises(RuntimeError, match="replaced its parameter objects"):
+        runtime.place("meta")
+
+
+def _targets(batch: int = 2, prompt: int = 3, response: int = 2) -> PPOTargets:
+    per_token = torch.arange(batch * response, dtype=torch.float32).reshape(batch, response)
+    return PPOTargets(
+        batch_id="iter000001-abc",
+        iteration=1,
+        policy_version=0,
+        input_ids=torch.ones(batch, prompt + response, dtype=torch.long),
+        attention_mask=torch.ones(batch, prompt + response, dtype=torch.long),
+        prompt_length=prompt,
+        response_mask=torch.ones(batch, response),
+        old_logprobs=-per_token,
+        old_values=per_token,
+        advantages=per_token + 1,
+        returns=per_token + 2,
+        extras={"pixels": torch.zeros(1)},
+    )
+
+
+def test_targets_stay_the_same_object_on_the_host_and_move_whole_to_a_device():
+    targets = _targets()
+    assert targets_on(targets, torch.device("cpu")) is targets
+    moved = targets_on(targets, torch.device("meta"))
+    tensor_fields = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "old_values", "advantages", "returns")
+    for name in tensor_fields:
+        assert getattr(moved, name).device.type == "meta"
+        assert getattr(moved, name).dtype == getattr(targets, name).dtype
+    # Extras (packed pixels) stay on the host: model_io moves each micro-batch's rows.
+    assert moved.extras is targets.extras and moved.batch_id == targets.batch_id and moved.prompt_length == 3
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        pytest.param([], id="cpu-run"),
+        pytest.param(["grid.gpus_per_node=1", "grid.policy_gpus=1", "rl.colocated_offload=true"], id="gpu-groups-no-cuda",
+                     marks=NO_CUDA),
+    ],
+)
+def test_park_on_the_host_is_a_no_op_that_adds_no_metrics(placement, tiny_model_dir, tmp_path):
+    from bench.direct_loop import run_direct_with_roles
+
+    config = load_config(
+        TINY_PROFILE,
+        [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.batch_size=8", "rl.minibatch_size=8",
+         "rl.micro_batch_size=8", "rl.epochs=1", "rl.max_steps=1", *placement],
+    )
+    records, roles = run_direct_with_roles(config)  # one actor update: the optimizer has state
+    policy = roles.policy
+    assert not policy.parks and not policy.parked
+    assert policy.ready()["device"] == "cpu"
+    assert not any(key.startswith("perf/policy_park") for key in records[0])
+    assert policy.runtime.optimizer.state  # something that a real park would have to move
+    parameters = {name: (p, p.detach().clone()) for name, p in policy.model.named_parameters()}
+    grads = {name: p.grad for name, p in policy.model.named_parameters()}
+    assert all(g is not None for g in grads.values())  # a real park would drop these
+    state = _state_tensors(policy.runtime.optimizer)
+    state_values = {key: t.clone() for key, t in state.items()}
+
+    assert policy.park() == {}
+
+    assert not policy.parked
+    for name, p in policy.model.named_parameters():
+        original, value = parameters[name]
+        assert p is original and torch.equal(p, value) and p.grad is grads[name]
+    after = _state_tensors(policy.runtime.optimizer)
+    assert after.keys() == state.keys()
+    assert all(after[key] is state[key] and torch.equal(after[key], state_values[key]) for key in state)
