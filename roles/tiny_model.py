@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 from filelock import FileLock
@@ -60,70 +61,76 @@ def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
-    """Write the tiny model and tokenizer to `path` (atomically: built in a sibling
-    temp folder and renamed, so two processes racing on first use both see either
-    nothing or a complete model)."""
+def build_once(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Run `write(staging)` once for the model folder `path`, atomically.
+
+    Built in a sibling temp folder and renamed, so two processes racing on first use
+    both see either nothing or a complete model. Every model-loading actor calls a
+    builder at start-up; with pre-training a build takes a minute, so the others wait
+    on a file lock for the first instead of each building the same model again on
+    the same cores."""
     target = Path(path)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Every model-loading actor calls this at start-up; with pre-training a build
-    # takes a minute, so the others wait for the first instead of each training the
-    # same model again on the same cores.
     with FileLock(str(target.parent / f".{target.name}.lock")):
         if (target / "config.json").exists():
             return target
-        return _build_locked(target, spec)
-
-
-def _build_locked(target: Path, spec: TinyModelSpec) -> Path:
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        tokenizer = build_tokenizer(spec.task_alphabet)
-        config = Qwen3Config(
-            vocab_size=len(tokenizer),
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.num_hidden_layers,
-            num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_key_value_heads,
-            head_dim=spec.hidden_size // spec.num_attention_heads,
-            max_position_embeddings=spec.max_position_embeddings,
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(spec.seed)
-            model = Qwen3ForCausalLM(config)
-        model.generation_config = GenerationConfig(
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
-        if spec.pretrain_task != "none" and spec.pretrain_steps > 0:
-            report = pretrain(
-                model,
-                tokenizer,
-                task=spec.pretrain_task,
-                steps=spec.pretrain_steps,
-                batch_size=spec.pretrain_batch_size,
-                lr=spec.pretrain_lr,
-                max_operand=spec.pretrain_max_operand,
-                seed=spec.seed,
-            )
-            # Provenance beside the weights: what the model was taught before PPO.
-            (staging / "tiny_pretrain.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            write(staging)
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if not (target / "config.json").exists():
+                    raise
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
+    """Write the tiny model and tokenizer to `path` (once; see `build_once`)."""
+    return build_once(path, lambda staging: _write(staging, spec))
+
+
+def _write(staging: Path, spec: TinyModelSpec) -> None:
+    tokenizer = build_tokenizer(spec.task_alphabet)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    if spec.pretrain_task != "none" and spec.pretrain_steps > 0:
+        report = pretrain(
+            model,
+            tokenizer,
+            task=spec.pretrain_task,
+            steps=spec.pretrain_steps,
+            batch_size=spec.pretrain_batch_size,
+            lr=spec.pretrain_lr,
+            max_operand=spec.pretrain_max_operand,
+            seed=spec.seed,
+        )
+        # Provenance beside the weights: what the model was taught before PPO.
+        (staging / "tiny_pretrain.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)

@@ -10,19 +10,15 @@ small pixel budget keep an image to a few dozen patches, so CPU PPO runs stay fa
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from configs.schema import TinyModelSpec
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START
-from roles.tiny_model import build_tokenizer
+from roles.tiny_model import build_once, build_tokenizer
 
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN]
 
@@ -56,29 +52,11 @@ def mrope_section(head_dim: int) -> list[int]:
 
 
 def build_tiny_vlm(path: str | Path, spec: TinyModelSpec) -> Path:
-    """Write the tiny VLM, tokenizer and image processor to `path` (atomically, under
-    a file lock: every role builds on first use and only the first one works)."""
+    """Write the tiny VLM, tokenizer and image processor to `path` (once, atomically:
+    `roles.tiny_model.build_once`)."""
     if spec.vision is None:
         raise ValueError("model.tiny.vision is not set: the tiny model is text-only (roles/tiny_model.py)")
-    target = Path(path)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / f".{target.name}.lock")):
-        if (target / "config.json").exists():
-            return target
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            _write(staging, spec)
-            try:
-                os.rename(staging, target)
-            except OSError:
-                if not (target / "config.json").exists():
-                    raise
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_once(path, lambda staging: _write(staging, spec))
 
 
 def _write(directory: Path, spec: TinyModelSpec) -> None:
