@@ -85,15 +85,12 @@ class RayGetMeter:
 
 
 def stage_function() -> str:
-    """Name of the innermost `*_stage` task function on the stack (the Prefect task
-    the bytes belong to), else the direct caller's name."""
-    frame = sys._getframe(2)
-    caller = frame.f_code.co_name
-    while frame is not None:
-        if frame.f_code.co_name.endswith("_stage"):
-            return frame.f_code.co_name
-        frame = frame.f_back
-    return caller
+    """The stage the bytes belong to: the running Prefect task's name without its
+    iteration (`rollout[iter=3]` -> `rollout`), else the direct caller's name."""
+    from prefect.runtime import task_run
+
+    name = task_run.name
+    return name.split("[", 1)[0] if name else sys._getframe(2).f_code.co_name
 
 
 def sized_overrides(profile: str, batch_size: int, iterations: int, extra: list[str]) -> list[str]:
