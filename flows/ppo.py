@@ -188,7 +188,6 @@ def run_iterations(
             ("critic_predict", critic_predict_stage),
         ):
             record.update(timed(stage, stage_task, calls, iteration))
-        record.pop("batch_id")  # the replay's summary: an identity, not a metric
         batch_id, m = timed("prepare_batch", prepare_batch_stage, calls, iteration)
         record.update(m)
 

@@ -102,9 +102,10 @@ def _await_metrics(stage: str, *calls_awaited: str) -> Callable:
 
     def wait(calls: IterationInFlight, iteration: int) -> dict[str, Any]:
         summaries = ray.get([calls.summaries[name] for name in calls_awaited])
-        metrics = {k: v for summary in summaries for k, v in summary.items()}
-        _log_metrics(metrics)
-        return metrics
+        logged = {k: v for summary in summaries for k, v in summary.items()}
+        _log_metrics(logged)
+        # Identities (the replay's batch id) are logged, not recorded: metrics are numbers.
+        return {k: v for k, v in logged.items() if isinstance(v, (int, float))}
 
     return _stage_task(stage, wait)
 

@@ -20,6 +20,7 @@ from data.packing import ChatTextPacker, MultimodalInputs, as_conversation, buil
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, QwenVLPacker, patchify_video
 from roles.tiny_vlm import build_tiny_vlm, mrope_section
 from tests.conftest import REPO_ROOT, TINY_PROFILE
+from tests.integration.vlm_rows import write_mp4
 
 VLM_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_vlm_cpu.py")
 
@@ -156,7 +157,7 @@ def test_video_frames_with_and_without_fps_and_a_video_file(packer, tmp_path):
         _image((40 * i, 0, 0)).save(frame)
         frames.append(str(frame))
     video_file = tmp_path / "clip.mp4"
-    _write_mp4(video_file, num_frames=8, fps=4)
+    write_mp4(video_file, num_frames=8, fps=4)
     packed = packer.pack_prompts([
         _user({"type": "video", "video": frames, "fps": 1}, {"type": "text", "text": "1"}),
         _user({"type": "video", "video": frames, "fps": None}, {"type": "text", "text": "2"}),
@@ -173,19 +174,6 @@ def test_video_frames_with_and_without_fps_and_a_video_file(packer, tmp_path):
     counts = (packed.input_ids == packer.video_token_id).sum(dim=1).tolist()
     assert counts == [2 * 4 * 6 // 4, 2 * 4 * 6 // 4, 2 * 6 * 8 // 4]
     assert (packed.multimodal.token_types == 2).sum(dim=1).tolist() == counts
-
-
-def _write_mp4(path, num_frames: int, fps: int) -> None:
-    av = pytest.importorskip("av")
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = 32, 24, "yuv420p"
-        for i in range(num_frames):
-            pixels = np.full((24, 32, 3), 30 * i, dtype=np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
 
 
 def test_missing_image_names_the_row_the_key_and_the_path(packer, tmp_path):
