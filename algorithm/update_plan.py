@@ -27,19 +27,27 @@ class UpdatePlan:
         shape would silently change the optimisation, so restore refuses it."""
         return (self.epochs, self.minibatch_size, self.micro_batch_size)
 
-    def minibatches(self, num_samples: int) -> list[list[torch.Tensor]]:
+    def minibatches(self, num_samples: int, rank: int = 0, ranks: int = 1) -> list[list[torch.Tensor]]:
         """Per epoch, the list of minibatch index tensors, each split into
-        micro-batches: `plan[epoch][minibatch] -> list[(m,) index tensor]`."""
+        micro-batches: `plan[epoch][minibatch] -> list[(m,) index tensor]`.
+
+        With data parallelism every rank draws the same shuffle and takes its own
+        contiguous slice of each minibatch (`minibatch_size / ranks` samples); the
+        slices of all ranks together are exactly the one-rank minibatch, so the
+        summed gradients are the one-rank gradient (S-FLOW-5)."""
         if num_samples % self.minibatch_size:
             raise ValueError(
                 f"batch of {num_samples} samples is not a multiple of the minibatch size {self.minibatch_size}"
             )
+        if self.minibatch_size % ranks:
+            raise ValueError(f"minibatch size {self.minibatch_size} does not split into {ranks} equal rank shards")
+        shard = self.minibatch_size // ranks
         schedule: list[list[torch.Tensor]] = []
         for epoch in range(self.epochs):
             generator = torch.Generator().manual_seed(self._epoch_seed(epoch))
             order = torch.randperm(num_samples, generator=generator)
             for start in range(0, num_samples, self.minibatch_size):
-                minibatch = order[start : start + self.minibatch_size]
+                minibatch = order[start : start + self.minibatch_size][rank * shard : (rank + 1) * shard]
                 schedule.append(list(torch.split(minibatch, self.micro_batch_size)))
         return schedule
 

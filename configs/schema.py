@@ -259,6 +259,9 @@ class GridConfig(Section):
     rollout_gpus: int = Field(0, ge=0, description="GPUs of the rollout group when disaggregated.")
     reference_gpus: int = Field(0, ge=0, description="GPUs of the frozen reference group.")
     critic_gpus: int = Field(0, ge=0, description="GPUs of the critic group.")
+    cpu_trainer_ranks: int = Field(
+        1, ge=1, description="Data-parallel ranks (gloo) of a trainer whose group has no GPU; a GPU group has one rank per GPU."
+    )
     ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works).")
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs given to a locally started Ray (None: all of them).")
 

@@ -196,12 +196,12 @@ def run_iterations(
         if not actor_warmup:
             futures.insert(0, train_policy_stage.submit(calls, iteration, wait_for=upstream))
         with naming_failures("train", iteration):
-            receipts = [future.result() for future in futures]
+            receipts = [future.result() for future in futures]  # per role: every rank's receipt
         upstream[:] = futures
         stage_seconds["train"] = time.perf_counter() - t0
-        check_receipts(receipts, batch_id, iteration)
-        for receipt in receipts:
-            record.update(receipt.metrics)
+        for role_receipts in receipts:
+            check_receipts(role_receipts, batch_id, iteration)
+            record.update(role_receipts[0].metrics)
 
         fault_point(iteration, "after_train")
         if not actor_warmup:  # S-CW-5: no weight delta, no transfer during warmup
@@ -284,13 +284,20 @@ def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, fl
 
 
 def check_receipts(receipts, batch_id: str, iteration: int) -> None:
-    """Every rank of every trainable role must name the same whole batch (S-FLOW-5)."""
+    """Every rank of a trainable role must name the same whole batch, the one the
+    controller handed out, and stand at the same optimizer step (S-FLOW-5)."""
     for receipt in receipts:
         if receipt.batch_id != batch_id:
             raise RuntimeError(
                 f"iteration {iteration}: {receipt.role} rank {receipt.rank} trained on batch "
                 f"{receipt.batch_id}, the controller handed out {batch_id}"
             )
+    steps = {receipt.rank: receipt.optimizer_step for receipt in receipts}
+    if len(set(steps.values())) > 1:
+        raise RuntimeError(
+            f"iteration {iteration}: {receipts[0].role} ranks disagree on the optimizer step {steps}; "
+            "their weights are no longer the same"
+        )
 
 
 def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:

@@ -78,13 +78,12 @@ def restore_roles(roles, point: ResumePoint, config: PPOConfig, paths: RunPaths)
     the counters the marker vouches for, and hand the rollout the restored weights.
     Returns the restored policy_version."""
     boundary = point.boundary
-    policy_state, critic_state, _ = ray.get(
-        [
-            roles.policy.load.remote(f"{boundary}/policy"),
-            roles.critic.load.remote(f"{boundary}/critic"),
-            roles.data.load.remote(f"{boundary}/data"),
-        ]
-    )
+    # Every rank of a data-parallel trainer loads the one copy rank 0 saved.
+    policy_loads = [rank.load.remote(f"{boundary}/policy") for rank in roles.ranks("policy")]
+    critic_loads = [rank.load.remote(f"{boundary}/critic") for rank in roles.ranks("critic")]
+    policy_state, *_ = ray.get(policy_loads)
+    critic_state, *_ = ray.get(critic_loads)
+    ray.get(roles.data.load.remote(f"{boundary}/data"))
     observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
     recorded = point.marker.get("role_steps")
     if recorded is None:

@@ -7,7 +7,7 @@ in-process (tests, the overhead benchmark) or as an actor.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import ray
 from configs.schema import PPOConfig
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
-from roles.placement import LoweredPlacement, lower_placement, plan_placement, release_placement
+from roles.placement import TRAINER_ROLES, LoweredPlacement, lower_placement, plan_placement, release_placement
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole
@@ -38,7 +38,8 @@ ROLE_CLASSES: dict[str, type] = {
 
 @dataclass(frozen=True)
 class RoleHandles:
-    """One actor handle per role (S-RUN-5: one actor group per role)."""
+    """One actor group per role (S-RUN-5). The fields are each group's rank 0, the
+    only rank of most roles; a data-parallel trainer's other ranks are in `peers`."""
 
     data: Any
     rollout: Any
@@ -47,9 +48,22 @@ class RoleHandles:
     reference: Any
     critic: Any
     policy: Any
+    peers: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+        """(role, rank-0 handle) for every role."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "peers"]
+
+    def ranks(self, role: str) -> list[Any]:
+        """Every rank of one role, rank 0 first."""
+        return [getattr(self, role), *self.peers.get(role, ())]
+
+    def every_actor(self) -> list[Any]:
+        return [handle for role, _ in self.items() for handle in self.ranks(role)]
+
+
+def actor_name(role: str, rank: int) -> str:
+    return role if rank == 0 else f"{role}-rank{rank}"
 
 
 _live_placements: list[LoweredPlacement] = []  # reserved by start_role_actors, released by stop_role_actors
@@ -100,31 +114,38 @@ def connect_ray(config: PPOConfig) -> bool:
 
 
 def start_role_actors(config: PPOConfig) -> RoleHandles:
-    """Create every role actor and wait until each has loaded its model. A leftover
-    actor of the same run name (a killed run on a standing cluster) is replaced:
-    its state may be ahead of the last commit."""
+    """Create every role actor (every rank of a data-parallel trainer) and wait until
+    each has loaded its model; then form each trainer's process group. A leftover
+    actor of the same run name (a killed run on a standing cluster) is replaced: its
+    state may be ahead of the last commit."""
     namespace = ray_namespace(config)
-    for role in ROLE_CLASSES:
-        try:
-            ray.kill(ray.get_actor(role, namespace=namespace))
-        except ValueError:
-            pass
+    kill_run_actors(config.job.name)
     # Device groups become placement groups on a GPU run, nothing on CPU (S-RUN-4).
-    placement = lower_placement(plan_placement(config), namespace=namespace)
+    plan = plan_placement(config)
+    placement = lower_placement(plan, namespace=namespace)
     _live_placements.append(placement)
-    handles = {}
+    groups: dict[str, list[Any]] = {}
     for role, cls in ROLE_CLASSES.items():
-        handles[role] = (
+        world = plan.ranks(role) if role in TRAINER_ROLES else 1
+        groups[role] = [
             ray.remote(cls)
-            .options(name=role, namespace=namespace, max_restarts=0, **placement.actor_options(role))
-            .remote(config)
-        )
-    ray.get([handle.ready.remote() for handle in handles.values()])
-    return RoleHandles(**handles)
+            .options(name=actor_name(role, rank), namespace=namespace, max_restarts=0, **placement.actor_options(role, rank))
+            .remote(config, *((rank,) if role in TRAINER_ROLES else ()))
+            for rank in range(world)
+        ]
+    ray.get([handle.ready.remote() for ranks in groups.values() for handle in ranks])
+    for role, ranks in groups.items():
+        if len(ranks) > 1:
+            address = ray.get(ranks[0].rendezvous_address.remote())
+            ray.get([handle.join_data_parallel.remote(address, rank, len(ranks)) for rank, handle in enumerate(ranks)])
+    return RoleHandles(
+        **{role: ranks[0] for role, ranks in groups.items()},
+        peers={role: tuple(ranks[1:]) for role, ranks in groups.items() if len(ranks) > 1},
+    )
 
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
-    for _, handle in handles.items() if handles is not None else []:
+    for handle in handles.every_actor() if handles is not None else []:
         try:
             ray.kill(handle)
         except Exception:  # already dead: nothing to release
@@ -135,13 +156,17 @@ def stop_role_actors(handles: RoleHandles | None) -> None:
 
 
 def kill_run_actors(run_name: str) -> list[str]:
-    """Remove leftover actors of a named run from a standing Ray cluster."""
-    killed = []
+    """Remove leftover actors of a named run (every rank) from a Ray cluster."""
+    from ray.util import list_named_actors
+
     namespace = f"ppo-{run_name}"
-    for role in ROLE_CLASSES:
+    killed = []
+    for entry in list_named_actors(all_namespaces=True):
+        if entry.get("namespace") != namespace:
+            continue
         try:
-            ray.kill(ray.get_actor(role, namespace=namespace))
-            killed.append(role)
-        except ValueError:
+            ray.kill(ray.get_actor(entry["name"], namespace=namespace))
+            killed.append(entry["name"])
+        except ValueError:  # gone meanwhile
             continue
     return killed

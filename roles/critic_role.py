@@ -17,6 +17,7 @@ from algorithm.ppo_math import clipped_value_loss
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
 from roles.model_io import ensure_model, load_value_model, response_values
+from roles.data_parallel import rendezvous_address
 from roles.placement import role_device
 from roles.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
@@ -43,7 +44,19 @@ class CriticRole:
             "role": "critic",
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "device": str(self.runtime.device),
+            "rank": self.rank,
+            "ranks": self.runtime.data_parallel.world,
         }
+
+    def rendezvous_address(self) -> str:
+        """Rank 0's listening address for its role's process group."""
+        return rendezvous_address()
+
+    def join_data_parallel(self, address: str, rank: int, world: int) -> dict[str, Any]:
+        """Join the critic's process group (every rank at once) and take rank 0's weights,
+        value head included (each rank drew its own at start-up)."""
+        self.runtime.join_data_parallel(address, rank, world)
+        return self.ready()
 
     @torch.no_grad()
     def predict(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:

@@ -19,9 +19,12 @@ In a GPU run, the reference and critic groups may declare 0 GPUs: they then run 
 the host (a one-GPU workstation); policy and rollout always need a GPU.
 
 Ranks: a group of G GPUs has G bundles, one per data-parallel rank (vLLM tensor
-parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). The flow
-starts rank 0 of each role today; the group still reserves every declared GPU so a
-launch fails at start-up, not mid-run, when the cluster is too small.
+parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). Each
+trainer (policy, critic) gets one actor per rank, joined in one process group
+(roles/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
+rollout and the reference run one actor (rank 0) each; their groups still reserve
+every declared GPU, so a launch fails at start-up, not mid-run, when the cluster is
+too small.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from configs.schema import PPOConfig
 
 if TYPE_CHECKING:  # Ray is imported only when placement is lowered, never by the manifest
     from ray.util.placement_group import PlacementGroup
+
+TRAINER_ROLES = ("policy", "critic")
+"""Roles that train, and so may run as several data-parallel ranks (S-FLOW-5)."""
 
 DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
 """Roles that hold a model on a device; the others (data, reward, replay) stay on the host."""
@@ -64,6 +70,7 @@ class PlacementPlan:
     num_nodes: int
     rollout_tensor_parallel_size: int
     colocated_offload: bool
+    cpu_trainer_ranks: int = 1
 
     @property
     def uses_gpus(self) -> bool:
@@ -90,10 +97,13 @@ class PlacementPlan:
         return None
 
     def ranks(self, role: str) -> int:
-        """Data-parallel ranks a trainable role's group provides (1 on CPU)."""
+        """Data-parallel ranks a role's group provides: one per GPU (per engine for the
+        rollout); a trainer on the host takes `grid.cpu_trainer_ranks`."""
         group = self.group_of(role)
-        if group is None or group.gpus == 0:
+        if group is None:
             return 1
+        if group.gpus == 0:
+            return self.cpu_trainer_ranks if role in TRAINER_ROLES else 1
         if role == "rollout":
             return max(1, group.gpus // self.rollout_tensor_parallel_size)
         return group.gpus
@@ -128,6 +138,7 @@ def plan_placement(config: PPOConfig) -> PlacementPlan:
         num_nodes=grid.num_nodes,
         rollout_tensor_parallel_size=grid.rollout_tensor_parallel_size,
         colocated_offload=config.rl.colocated_offload,
+        cpu_trainer_ranks=grid.cpu_trainer_ranks,
     )
 
 
@@ -147,6 +158,20 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
             ("grid.rollout_gpus", f"is {grid.rollout_gpus} but grid.gpu_placement=colocated puts the rollout on the policy's "
              "GPUs (grid.policy_gpus); set grid.rollout_gpus=0, or grid.gpu_placement=disaggregated")
         )
+    if grid.cpu_trainer_ranks > 1 and all(plan.group_of(role).gpus for role in TRAINER_ROLES):  # type: ignore[union-attr]
+        problems.append(
+            ("grid.cpu_trainer_ranks", f"is {grid.cpu_trainer_ranks} but both trainers have GPUs (one rank per GPU); "
+             "it applies only to a trainer whose group has no GPU")
+        )
+    for role in TRAINER_ROLES:
+        ranks = plan.ranks(role)
+        group = plan.group_of(role)
+        key = group.key if group is not None and group.gpus else "grid.cpu_trainer_ranks"
+        if ranks > 1 and config.rl.minibatch_size % ranks:
+            problems.append(
+                ("rl.minibatch_size", f"is {config.rl.minibatch_size}, not divisible by the {ranks} data-parallel ranks of "
+                 f"the {role} ({key}={ranks}); every rank needs an equal shard")
+            )
     if not plan.uses_gpus:
         for group in plan.groups:
             if group.gpus:
@@ -183,13 +208,6 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
             ("grid.rollout_tensor_parallel_size", f"is {tp}, which does not divide the rollout's {rollout_group.gpus} GPUs "
              f"({rollout_group.key}); each engine takes {tp} GPUs")
         )
-    for role, key in (("policy", "grid.policy_gpus"), ("critic", "grid.critic_gpus")):
-        ranks = plan.ranks(role)
-        if ranks > 1 and config.rl.minibatch_size % ranks:
-            problems.append(
-                ("rl.minibatch_size", f"is {config.rl.minibatch_size}, not divisible by the {ranks} data-parallel ranks of "
-                 f"the {role} ({key}={ranks}); every rank needs an equal shard")
-            )
     return problems
 
 

@@ -35,6 +35,7 @@ from roles.model_io import (
     load_tokenizer,
     response_logprobs,
 )
+from roles.data_parallel import rendezvous_address
 from roles.placement import parks_between_updates, plan_placement, role_device
 from roles.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
@@ -77,7 +78,20 @@ class PolicyRole:
             "device": str(self.runtime.device),
             "parks": self.parks,
             "parked": self.parked,
+            "rank": self.rank,
+            "ranks": self.runtime.data_parallel.world,
         }
+
+    def rendezvous_address(self) -> str:
+        """Rank 0's listening address for its role's process group."""
+        return rendezvous_address()
+
+    def join_data_parallel(self, address: str, rank: int, world: int) -> dict[str, Any]:
+        """Join the policy's process group (every rank at once) and take rank 0's weights."""
+        self._unpark()  # NCCL broadcasts device tensors
+        self.runtime.join_data_parallel(address, rank, world)
+        self.park()
+        return self.ready()
 
     def park(self) -> dict[str, float]:
         """Move weights, optimizer state (and free gradients) to the host and release
@@ -188,17 +202,41 @@ class PolicyRole:
         named["perf/policy_train_seconds"] = time.perf_counter() - started
         return TrainReceipt("policy", batch_id, self.rank, self.runtime.optimizer_step, named)
 
-    def publish_weights(self, after: TrainReceipt | None = None) -> tuple[dict[str, torch.Tensor], int]:
-        """Advance the policy_version clock and hand out the weights that carry it
-        (S-FLOW-6). Only weight_sync calls this, and only after an actor update.
+    def install_targets(self, targets: PPOTargets) -> dict[str, str]:
+        """Ranks 1.. of a data-parallel policy: keep rank 0's frozen targets under their
+        batch id, the key the controller hands back to train_batch (S-FLOW-5)."""
+        if targets.policy_version != self.policy_version:
+            raise StaleSampleError(
+                f"policy rank {self.rank} refuses targets of batch {targets.batch_id}: prepared under policy_version "
+                f"{targets.policy_version}, this rank is at {self.policy_version}"
+            )
+        self.targets = targets
+        return {"batch_id": targets.batch_id}
 
-        The flow queues this call before training has finished and passes the
-        training's receipt reference as `after`: if training failed, Ray fails this
-        call too instead of publishing untrained weights under a new version."""
-        if after is not None and (self.targets is None or after.batch_id != self.targets.batch_id):
-            raise ValueError(f"policy was asked to publish after training on {after.batch_id}, but holds other targets")
+    def publish_weights(self, *after: TrainReceipt) -> tuple[dict[str, torch.Tensor], int]:
+        """Advance the policy_version clock and hand out the weights that carry it
+        (S-FLOW-6). Only weight_sync calls this, on rank 0, and only after an actor update.
+
+        The flow queues this call before training has finished and passes every
+        rank's training receipt reference as `after`: if any rank failed, Ray fails
+        this call too instead of publishing untrained weights under a new version."""
+        held = self.targets.batch_id if self.targets is not None else None
+        for receipt in after:
+            if receipt.batch_id != held:
+                raise ValueError(
+                    f"policy was asked to publish after rank {receipt.rank} trained on {receipt.batch_id}, "
+                    f"but holds targets for {held}"
+                )
         self.policy_version += 1
         return self._host_weights(), self.policy_version
+
+    def follow_version(self, version: int) -> int:
+        """Ranks 1..: take the version rank 0 published; their weights are already the
+        same (identical all-reduced steps), only the clock is rank 0's to advance."""
+        if version != self.policy_version + 1:
+            raise ValueError(f"policy rank {self.rank} is at policy_version {self.policy_version}, asked to follow {version}")
+        self.policy_version = version
+        return version
 
     def current_weights(self) -> tuple[dict[str, torch.Tensor], int]:
         """The weights and version as they stand (after a restore), without

@@ -19,6 +19,7 @@ import torch
 from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
+from roles.data_parallel import SINGLE, DataParallel, join_group
 from roles.trajectory import PPOTargets
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -123,6 +124,14 @@ class UpdateRuntime:
         self.max_grad_norm = optimizer_config.max_grad_norm
         self.optimizer_step = 0
         self.plan_shape: tuple[int, int, int] | None = None
+        self.data_parallel: DataParallel = SINGLE
+
+    def join_data_parallel(self, address: str, rank: int, world: int) -> None:
+        """Form this role's process group with its other ranks and take rank 0's
+        weights. The model must be on its compute device (NCCL needs GPU tensors)."""
+        self.data_parallel = join_group(address, rank, world, self.device)
+        if self.data_parallel.active:
+            self.data_parallel.broadcast_from_rank0(self.model)
 
     def run_plan(self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn) -> dict[str, float]:
         if self.plan_shape is not None and tuple(self.plan_shape) != plan.shape:
@@ -135,21 +144,27 @@ class UpdateRuntime:
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        for minibatch in plan.minibatches(targets.num_samples):
-            minibatch_size = sum(len(micro) for micro in minibatch)
+        dp = self.data_parallel
+        for minibatch in plan.minibatches(targets.num_samples, dp.rank, dp.world):
             self.optimizer.zero_grad(set_to_none=True)
             for micro in minibatch:
                 loss, diagnostics = loss_fn(targets, micro)
-                (loss * (len(micro) / minibatch_size)).backward()
+                # Weighted by the whole minibatch (all ranks' shards), so the sum over
+                # ranks below is the one-rank gradient.
+                (loss * (len(micro) / plan.minibatch_size)).backward()
                 for name, value in diagnostics.items():
                     sums[name] += float(value)
                     counts[name] += 1
+            if dp.active:
+                dp.all_reduce_gradients(self.model.parameters())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer_step += 1
             sums["grad_norm"] += float(grad_norm)
             counts["grad_norm"] += 1
+        if dp.active:
+            dp.all_reduce_sums(sums, counts, self.device)
         metrics = {name: sums[name] / counts[name] for name in sums}
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         return metrics

@@ -36,9 +36,11 @@ class IterationInFlight:
     iteration: int
     summaries: dict[str, ray.ObjectRef] = field(default_factory=dict)  # stage -> its metrics dict
     batch_id: ray.ObjectRef | None = None
-    receipts: dict[str, ray.ObjectRef] = field(default_factory=dict)  # role -> TrainReceipt
+    installs: list[ray.ObjectRef] = field(default_factory=list)  # every trainer rank's {"batch_id": ...} for the targets
+    receipts: dict[str, list[ray.ObjectRef]] = field(default_factory=dict)  # role -> a TrainReceipt per rank
     policy_version: ray.ObjectRef | None = None  # set when the iteration publishes weights
-    park: ray.ObjectRef | None = None  # the policy's park summary (S-RUN-4); awaited before the next rollout
+    follows: list[ray.ObjectRef] = field(default_factory=list)  # policy ranks 1.. taking the published version
+    park: list[ray.ObjectRef] = field(default_factory=list)  # each policy rank's park summary (S-RUN-4)
 
 
 def dispatch_iteration(
@@ -61,26 +63,30 @@ def dispatch_iteration(
     trajectory, s["replay"], calls.batch_id = roles.replay.add.options(num_returns=3).remote(trajectory)
     trajectory, s["reference_score"] = roles.reference.score.options(num_returns=2).remote(trajectory)
     trajectory, s["critic_predict"] = roles.critic.predict.options(num_returns=2).remote(trajectory)
-    # policy.prepare_batch freezes the targets; the critic receives the very same
-    # object by reference (S-FLOW-3).
+    # policy.prepare_batch (rank 0) freezes the targets; every critic rank and the
+    # policy's other ranks receive the very same object by reference (S-FLOW-3).
     targets, s["prepare_batch"] = roles.policy.prepare_batch.options(num_returns=2).remote(trajectory)
-    s["install_targets"] = roles.critic.install_targets.remote(targets)
-    calls.receipts["critic"] = roles.critic.train_batch.remote(plan, calls.batch_id)
+    policy_ranks, critic_ranks = roles.ranks("policy"), roles.ranks("critic")
+    calls.installs = [rank.install_targets.remote(targets) for rank in critic_ranks + policy_ranks[1:]]
+    calls.receipts["critic"] = [rank.train_batch.remote(plan, calls.batch_id) for rank in critic_ranks]
     if not actor_warmup:
-        calls.receipts["policy"] = roles.policy.train_batch.remote(plan, calls.batch_id)
+        calls.receipts["policy"] = [rank.train_batch.remote(plan, calls.batch_id) for rank in policy_ranks]
         weights, calls.policy_version = roles.policy.publish_weights.options(num_returns=2).remote(
-            calls.receipts["policy"]
+            *calls.receipts["policy"]
         )
         s["weight_sync"] = roles.rollout.load_weights.remote(weights, calls.policy_version)
-    calls.park = roles.policy.park.remote()  # after publish_weights: Ray runs one actor's calls in order
+        calls.follows = [rank.follow_version.remote(calls.policy_version) for rank in policy_ranks[1:]]
+    # After publish_weights: Ray runs one actor's calls in order.
+    calls.park = [rank.park.remote() for rank in policy_ranks]
     return calls
 
 
 def await_park(calls: IterationInFlight) -> dict[str, float]:
-    """Block until the policy has parked (S-RUN-4); returns the park's metrics. The
-    flow calls it before the next iteration is dispatched, so the next rollout never
-    generates while the trainer still holds the shared GPU."""
-    return ray.get(calls.park) if calls.park is not None else {}
+    """Block until every policy rank has parked (S-RUN-4); returns rank 0's park
+    metrics. The flow calls it before the next iteration is dispatched, so the next
+    rollout never generates while the trainer still holds the shared GPU."""
+    summaries = ray.get(calls.park)
+    return summaries[0] if summaries else {}
 
 
 def _log_metrics(metrics: dict[str, Any]) -> None:
@@ -117,21 +123,26 @@ critic_predict_stage = _await_metrics("critic_predict", "critic_predict")
 
 
 def _prepare_batch(calls: IterationInFlight, iteration: int) -> tuple[str, dict[str, Any]]:
-    """Done when the targets are frozen and the critic holds them; returns the batch id
-    both trainers will quote in their receipts (S-FLOW-5)."""
-    metrics, installed = ray.get([calls.summaries["prepare_batch"], calls.summaries["install_targets"]])
+    """Done when the targets are frozen and every trainer rank holds them. Returns the
+    batch id all ranks agree on, which they will quote in their receipts (S-FLOW-5)."""
+    metrics, *installed = ray.get([calls.summaries["prepare_batch"], *calls.installs])
+    batch_ids = {summary["batch_id"] for summary in installed}
+    if len(batch_ids) != 1:
+        raise RuntimeError(f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)} (S-FLOW-5)")
     _log_metrics(metrics)
-    return installed["batch_id"], metrics
+    return batch_ids.pop(), metrics
 
 
 prepare_batch_stage = _stage_task("prepare_batch", _prepare_batch)
 
 
 def _await_receipt(role: str) -> Callable:
-    def wait(calls: IterationInFlight, iteration: int) -> TrainReceipt:
-        receipt = ray.get(calls.receipts[role])
-        _log_metrics(receipt.metrics)
-        return receipt
+    def wait(calls: IterationInFlight, iteration: int) -> list[TrainReceipt]:
+        """Every rank's receipt, rank 0 first; the metrics logged are rank 0's, which
+        (summed over all ranks' shards) describe the whole update."""
+        receipts = ray.get(calls.receipts[role])
+        _log_metrics(receipts[0].metrics)
+        return receipts
 
     return _stage_task(f"train_{role}", wait)
 
@@ -142,9 +153,9 @@ train_critic_stage = _await_receipt("critic")
 
 def _weight_sync(calls: IterationInFlight, iteration: int) -> tuple[int, dict[str, float]]:
     """The policy's new weights go to the rollout engine actor to actor through the
-    object store, never through this process (S-FLOW-6). Done once the policy has
-    also parked after publishing them (S-RUN-4)."""
-    metrics, policy_version = ray.get([calls.summaries["weight_sync"], calls.policy_version])
+    object store, never through this process (S-FLOW-6). Done once the policy's
+    other ranks have taken the new version and every rank has parked (S-RUN-4)."""
+    metrics, policy_version, *_ = ray.get([calls.summaries["weight_sync"], calls.policy_version, *calls.follows])
     metrics = {**metrics, **await_park(calls)}
     _log_metrics(metrics)
     return policy_version, metrics

@@ -48,7 +48,7 @@ def test_a_good_iteration_ends_with_the_rollout_on_the_published_version(roles):
 
     config, handles = roles
     calls = dispatch_iteration(handles, 1, config.rl.batch_size, 0, _plan(config, config.rl.minibatch_size), False)
-    receipts = ray.get([calls.receipts["policy"], calls.receipts["critic"]])
+    receipts = ray.get(calls.receipts["policy"] + calls.receipts["critic"])
     assert len({receipt.batch_id for receipt in receipts}) == 1
     assert ray.get(calls.policy_version) == 1
     ray.get(calls.summaries["weight_sync"])

@@ -1,0 +1,103 @@
+"""Data-parallel trainers (S-FLOW-5): two ranks per trainer on the host (gloo), as
+real Ray actors in one process group per role.
+
+What a user relies on: two ranks train exactly as one rank would on the same batch,
+every rank holds the same weights afterwards, the controller checks every rank's
+receipt, and a run with two ranks commits and resumes like any other.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from tests.conftest import TINY_PROFILE
+from tests.integration.helpers import metric_records
+
+pytestmark = [pytest.mark.ray]
+
+# Each rank's shard (minibatch 8 / 2 ranks) is exactly one one-rank micro-batch, so
+# both layouts sum the very same micro-batch gradients.
+SHARD_ALIGNED = ["rl.minibatch_size=8", "rl.micro_batch_size=4"]
+
+
+def _start(tiny_overrides, *extra: str):
+    from configs.loading import load_config
+    from roles.actors import start_role_actors
+
+    config = load_config(TINY_PROFILE, tiny_overrides + SHARD_ALIGNED + list(extra))
+    return config, start_role_actors(config)
+
+
+def _one_iteration(config, handles):
+    from algorithm.update_plan import UpdatePlan
+    from tasks.stages import dispatch_iteration
+
+    rl = config.rl
+    plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, 1)
+    calls = dispatch_iteration(handles, 1, rl.batch_size, 0, plan, actor_warmup=False)
+    receipts = {role: ray.get(refs) for role, refs in calls.receipts.items()}
+    ray.get([calls.summaries["weight_sync"], *calls.follows, *calls.park])
+    return receipts, ray.get(calls.batch_id)
+
+
+def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_overrides):
+    from roles.actors import stop_role_actors
+
+    one_config, one = _start(tiny_overrides, "job.name=dp-one")
+    two_config, two = _start(tiny_overrides, "job.name=dp-two", "grid.cpu_trainer_ranks=2")
+    try:
+        assert [ray.get(h.ready.remote())["ranks"] for h in two.ranks("policy")] == [2, 2]
+        assert [ray.get(h.ready.remote())["rank"] for h in two.ranks("critic")] == [0, 1]
+        one_receipts, one_batch = _one_iteration(one_config, one)
+        two_receipts, two_batch = _one_iteration(two_config, two)
+        assert one_batch == two_batch  # same seed, same initial weights: the same rollout
+
+        for role in ("policy", "critic"):
+            assert [r.rank for r in two_receipts[role]] == [0, 1]
+            assert {r.batch_id for r in two_receipts[role]} == {two_batch}
+            # Both ranks report the whole update (diagnostics summed over the shards)...
+            assert two_receipts[role][0].metrics.keys() == two_receipts[role][1].metrics.keys()
+            for key, value in one_receipts[role][0].metrics.items():
+                if not key.startswith("perf/"):
+                    # ...and it is the one-rank update (loss, clip fraction, grad norm, lr, step).
+                    assert two_receipts[role][0].metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+        one_weights, one_version = ray.get(one.policy.current_weights.remote())
+        rank0_weights, rank0_version = ray.get(two.policy.current_weights.remote())
+        rank1_weights, rank1_version = ray.get(two.peers["policy"][0].current_weights.remote())
+        assert one_version == rank0_version == rank1_version == 1
+        for name, tensor in one_weights.items():
+            assert torch.equal(rank0_weights[name], rank1_weights[name]), name  # the ranks never drift apart
+            torch.testing.assert_close(rank0_weights[name], tensor, rtol=1e-5, atol=1e-7)
+    finally:
+        stop_role_actors(one)
+        stop_role_actors(two)
+
+
+def test_the_controller_refuses_ranks_that_disagree_on_the_step():
+    from flows.ppo import check_receipts
+    from roles.trajectory import TrainReceipt
+
+    batch = "iter000003-aaaaaaaaaaaaaaaa"
+    check_receipts([TrainReceipt("policy", batch, 0, 4, {}), TrainReceipt("policy", batch, 1, 4, {})], batch, 3)
+    with pytest.raises(RuntimeError, match=r"policy ranks disagree on the optimizer step \{0: 4, 1: 3\}"):
+        check_receipts([TrainReceipt("policy", batch, 0, 4, {}), TrainReceipt("policy", batch, 1, 3, {})], batch, 3)
+
+
+@pytest.mark.prefect
+def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, tiny_overrides, tmp_path):
+    from flows.ppo import ppo
+
+    overrides = tiny_overrides + SHARD_ALIGNED + ["grid.cpu_trainer_ranks=2", "job.name=dp-run", "rl.save_every=2"]
+    first = ppo(profile=TINY_PROFILE, overrides=overrides + ["rl.max_steps=2"], critic_warmup_iterations=1)
+    assert first["policy_version"] == 1
+    # Resume loads the boundary into both ranks of each trainer; the restored versions
+    # and optimizer steps must agree or the receipts check fails the next iteration.
+    second = ppo(profile=TINY_PROFILE, overrides=overrides + ["rl.max_steps=3"], critic_warmup_iterations=1)
+    assert second["resumed_from"].endswith("iter_000002") and second["policy_version"] == 2
+    records = metric_records(tmp_path / "outputs" / "dp-run")
+    assert [r["iteration"] for r in records] == [1, 2, 3]
+    assert [r["train/actor_warmup"] for r in records] == [1.0, 0.0, 0.0]
+    assert records[-1]["optim/policy_optimizer_step"] == 4.0 and records[-1]["optim/critic_optimizer_step"] == 6.0
