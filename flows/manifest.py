@@ -34,7 +34,7 @@ from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatc
 from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
-from roles.placement import PlacementPlan, placement_problems, plan_placement
+from roles.placement import TRAINER_ROLES, PlacementPlan, placement_problems, plan_placement
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the manifest names problems
@@ -132,6 +132,12 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
     if plan.mode == "colocated" and plan.uses_gpus:
         offload = f"; colocated offload {'on' if plan.offload_active else 'off (rl.colocated_offload=false)'}"
     report.summary.append(f"placement: {plan.describe()} on {devices}{offload}")
+    ranks = {role: plan.ranks(role) for role in TRAINER_ROLES}
+    if max(ranks.values()) > 1:
+        report.summary.append(
+            "data parallel: " + ", ".join(f"{role} {n} rank{'s' if n != 1 else ''}" for role, n in ranks.items())
+            + " (one actor each; gradients all-reduced every optimizer step)"
+        )
     if plan.uses_gpus:
         for group in plan.groups:
             if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):

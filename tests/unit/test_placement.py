@@ -91,3 +91,25 @@ def test_planning_imports_no_ray():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_a_cpu_run_takes_its_trainer_ranks_from_cpu_trainer_ranks():
+    config = load_config(TINY_PROFILE, ["grid.cpu_trainer_ranks=2"])
+    plan = plan_placement(config)
+    assert (plan.ranks("policy"), plan.ranks("critic"), plan.ranks("rollout"), plan.ranks("reference")) == (2, 2, 1, 1)
+    assert placement_problems(plan, config) == []
+
+
+@pytest.mark.parametrize(
+    "profile, overrides, message",
+    [
+        # Minibatch 8 cannot be cut into 3 equal rank shards.
+        (TINY_PROFILE, ["grid.cpu_trainer_ranks=3", "rl.minibatch_size=8", "rl.micro_batch_size=4"], "not divisible by the 3 data-parallel ranks"),
+        # Every trainer has GPUs: host ranks would be silently ignored.
+        (PUBLIC_PROFILE, ["grid.cpu_trainer_ranks=2"], "applies only to a trainer whose group has no GPU"),
+    ],
+)
+def test_rank_layouts_that_cannot_work_are_refused(profile, overrides, message):
+    config = load_config(profile, overrides)
+    problems = placement_problems(plan_placement(config), config)
+    assert any(message in text for _, text in problems), problems

@@ -41,3 +41,20 @@ def test_warmup_predicate_is_exactly_iterations_1_to_n(iteration, warmup, expect
 
 def test_expected_policy_version_stands_still_during_warmup():
     assert [expected_policy_version(i, 2) for i in range(0, 5)] == [0, 0, 0, 1, 2]
+
+
+def test_rank_shards_partition_each_minibatch_in_the_one_rank_order():
+    # S-FLOW-5: the ranks' slices, side by side, are the one-rank minibatch, micro-batch
+    # for micro-batch when a shard is a whole number of micro-batches.
+    plan = UpdatePlan(epochs=2, minibatch_size=8, micro_batch_size=2, seed=3, outer_iteration=4)
+    whole = plan.minibatches(16)
+    shards = [plan.minibatches(16, rank, 2) for rank in range(2)]
+    for step, minibatch in enumerate(whole):
+        joined = shards[0][step] + shards[1][step]
+        assert [m.tolist() for m in joined] == [m.tolist() for m in minibatch]
+        assert not set(torch.cat(shards[0][step]).tolist()) & set(torch.cat(shards[1][step]).tolist())
+
+
+def test_a_minibatch_that_does_not_split_over_the_ranks_is_refused():
+    with pytest.raises(ValueError, match="minibatch size 8 does not split into 3 equal rank shards"):
+        UpdatePlan(1, 8, 4, 0, 1).minibatches(16, 0, 3)
