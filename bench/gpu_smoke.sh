@@ -3,7 +3,10 @@
 # PPO iterations of the tiny profile with GPU placement and the HF rollout engine, then
 # the per-stage times and the policy's park cost (S-RUN-4). One command, under 5 minutes:
 #
-#   bench/gpu_smoke.sh [ITERATIONS]        (default 5; PY=/path/to/python to choose the interpreter)
+#   bench/gpu_smoke.sh [ITERATIONS] [-- key=value ...]   (default 5; PY=/path/to/python to choose the interpreter)
+#
+# Overrides after `--` are added last, e.g. `-- grid.cpu_trainer_ranks=2` gives the
+# host-side critic two data-parallel ranks on a one- or two-GPU node.
 #
 # Needs a CUDA GPU visible to torch and the project installed (make setup, or
 # requirements.lock on the node). Placement follows S-RUN-4: with 3+ GPUs the real
@@ -15,7 +18,10 @@ cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-ITERATIONS=${1:-5}
+ITERATIONS=5
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then ITERATIONS=$1; shift; fi
+[ "${1:-}" = "--" ] && shift
+EXTRA=("$@")
 BUDGET_S=${GPU_SMOKE_BUDGET_S:-220}  # the flow's share; the device probe gets at most 70 s more
 
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
@@ -34,7 +40,7 @@ fi
 OUT=$(mktemp -d /tmp/ppo-gpu-smoke.XXXXXX)
 export PREFECT_HOME="$OUT/prefect" RAY_TMPDIR="${RAY_TMPDIR:-/tmp/ray}"
 OVERRIDES=(job.output_root="$OUT" job.name=gpu-smoke rl.max_steps="$ITERATIONS" rl.save_every=0 rl.save_final=false
-           grid.ray_num_cpus=null "${PLACEMENT[@]}")
+           grid.ray_num_cpus=null "${PLACEMENT[@]}" "${EXTRA[@]}")
 
 echo "gpu_smoke: placement ${PLACEMENT[*]}"
 "$PY" -m flows.manifest --config configs/ppo_tiny_cpu.py -- "${OVERRIDES[@]}"
@@ -54,8 +60,9 @@ started, roles = connect_ray(config), None
 try:
     roles = start_role_actors(config)
     print("gpu_smoke: role devices")
-    for name, handle in roles.items():
-        print(f"  {name:<10} {ray.get(handle.ready.remote())}")
+    for name, _ in roles.items():
+        for rank, handle in enumerate(roles.ranks(name)):  # data-parallel trainers: every rank
+            print(f"  {name + (f' #{rank}' if rank else ''):<12} {ray.get(handle.ready.remote())}")
 finally:
     stop_role_actors(roles)
     if started:

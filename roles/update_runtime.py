@@ -20,6 +20,7 @@ from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
 from roles.data_parallel import SINGLE, DataParallel, join_group
+from roles.pinned_park import PinnedHostCopies, move_state
 from roles.trajectory import PPOTargets
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -125,6 +126,10 @@ class UpdateRuntime:
         self.optimizer_step = 0
         self.plan_shape: tuple[int, int, int] | None = None
         self.data_parallel: DataParallel = SINGLE
+        # Host <-> GPU moves (the colocated park) go through reused pinned buffers;
+        # False takes the plain `Module.to` path (bench/park_bench.py compares them).
+        self.pin_host_copies = True
+        self._host_copies = PinnedHostCopies()
 
     def join_data_parallel(self, address: str, rank: int, world: int) -> None:
         """Form this role's process group with its other ranks and take rank 0's
@@ -180,6 +185,10 @@ class UpdateRuntime:
         copies: refused instead.
         """
         device = resolve_device(device)
+        current = next(self.model.parameters()).device
+        if self.pin_host_copies and {current.type, device.type} == {"cpu", "cuda"}:
+            move_state(self.model, self.optimizer, device, self._host_copies)
+            return module_bytes(self.model) + move_optimizer_state(self.optimizer, device)
         before = list(self.model.parameters())
         self.model.to(device)
         if any(old is not new for old, new in zip(before, self.model.parameters())):

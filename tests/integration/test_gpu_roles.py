@@ -61,6 +61,17 @@ def test_colocated_policy_parks_between_updates_and_trains_again(tiny_model_dir,
     # Weights and both AdamW moments leave the GPU (the rollout engine keeps its own).
     assert resident - parked >= 0.9 * summary["perf/policy_parked_bytes"], (resident, parked, summary)
 
+    # The park went into page-locked buffers, the same ones at every park (roles/pinned_park.py),
+    # and the optimizer still holds the model's own parameter objects.
+    parameters = list(policy.model.parameters())
+    assert all(p.data.is_pinned() for p in parameters)
+    first_buffers = [p.data.data_ptr() for p in parameters]
+    policy._unpark()
+    policy.park()
+    assert [p.data.data_ptr() for p in policy.model.parameters()] == first_buffers
+    assert all(a is b for a, b in zip(policy.model.parameters(), policy.runtime.optimizer.param_groups[0]["params"]))
+    assert all(v.is_pinned() for s in policy.runtime.optimizer.state.values() for k, v in s.items() if k != "step")
+
     step = policy.runtime.optimizer_step
     before = {k: v.clone() for k, v in model_tensors(policy.model).items()}
     second = run_direct(config, 2, roles=roles, start=2)[0]

@@ -1,0 +1,78 @@
+"""Moving a trainer's whole state between its GPU and page-locked host buffers
+(S-RUN-4: the colocated policy parks on the host while the rollout generates).
+
+Why not `Module.to("cpu")`: it copies into freshly allocated pageable memory, which
+the driver must stage through a pinned bounce buffer, and allocates that memory anew
+at every park. Here each tensor has one pinned host buffer, allocated at the first
+park and reused at every later one, and all copies are queued without waiting,
+then synchronised once. `bench/park_bench.py` measures both ways.
+
+The tensors change device by assigning `.data`, so every `Parameter` object stays
+the one the optimizer holds (the same guarantee `UpdateRuntime.place` checks on the
+`Module.to` path). The cost is host memory: a second copy of the weights and the
+optimizer state stays pinned for the life of the actor.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+
+
+class PinnedHostCopies:
+    def __init__(self) -> None:
+        self._buffers: dict[Hashable, torch.Tensor] = {}
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def to_host(self, slot: Hashable, tensor: torch.Tensor) -> torch.Tensor:
+        """Queue a device-to-host copy of `tensor` into this slot's pinned buffer."""
+        buffer = self._buffers.get(slot)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self._buffers[slot] = buffer
+        buffer.copy_(tensor, non_blocking=True)
+        return buffer
+
+
+def move_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    host: PinnedHostCopies,
+) -> int:
+    """Move parameters, buffers, gradients and optimizer state between the GPU and
+    `host`'s pinned buffers; returns the bytes moved. Host to GPU reads the pinned
+    buffers asynchronously (stream-ordered before any kernel that uses the result);
+    GPU to host waits for its copies before returning, since host code reads them."""
+    to_host = device.type == "cpu"
+    moved = 0
+
+    def move(slot: Hashable, tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal moved
+        if tensor.device == device:
+            return tensor
+        moved += tensor.numel() * tensor.element_size()
+        return host.to_host(slot, tensor) if to_host else tensor.to(device, non_blocking=True)
+
+    for name, param in model.named_parameters():  # a tied weight is listed (and moved) once
+        param.data = move(("param", name), param.data)
+        if param.grad is not None:
+            param.grad = param.grad.to(device)  # rare: a park drops gradients first
+    for module_name, module in model.named_modules():
+        for buffer_name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[buffer_name] = move(("buffer", module_name, buffer_name), buffer)
+    for group_index, group in enumerate(optimizer.param_groups):
+        step_on_host = not (group.get("fused") or group.get("capturable"))  # see move_optimizer_state
+        for param_index, param in enumerate(group["params"]):
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and not (key == "step" and step_on_host):
+                    state[key] = move(("optimizer", group_index, param_index, key), value)
+    if to_host and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return moved
