@@ -213,3 +213,4 @@ def test_park_on_the_host_is_a_no_op_that_adds_no_metrics(placement, tiny_model_
     after = _state_tensors(policy.runtime.optimizer)
     assert after.keys() == state.keys()
     assert all(after[key] is state[key] and torch.equal(after[key], state_values[key]) for key in state)
+
