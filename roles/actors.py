@@ -169,4 +169,4 @@ def kill_run_actors(run_name: str) -> list[str]:
             killed.append(entry["name"])
         except ValueError:  # gone meanwhile
             continue
-    return killed
+    return sorted(killed)  # the cluster lists them in no fixed order
