@@ -262,6 +262,9 @@ class GridConfig(Section):
     cpu_trainer_ranks: int = Field(
         1, ge=1, description="Data-parallel ranks (gloo) of a trainer whose group has no GPU; a GPU group has one rank per GPU."
     )
+    cpu_rollout_engines: int = Field(
+        1, ge=1, description="Rollout engines (actors, each a shard of every batch) of a rollout group with no GPU; a GPU group has one per grid.rollout_tensor_parallel_size GPUs."
+    )
     ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works).")
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs given to a locally started Ray (None: all of them).")
 

@@ -12,6 +12,8 @@ Notation: b = batch, p = padded prompt length, s = full sequence length (p + r).
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -86,6 +88,18 @@ class MultimodalInputs:
             raise ValueError(f"sequence_length {sequence_length} is shorter than the prompt ({token_types.shape[1]})")
         kwargs[self.token_types_key] = torch.nn.functional.pad(token_types, (0, extra), value=0)
         return kwargs
+
+
+def concat_multimodal(parts: Sequence[MultimodalInputs], prompt_length: int) -> MultimodalInputs:
+    """The multimodal inputs of several rollout shards as one batch, in shard order;
+    token types are left-padded (with 0, text) to the merged prompt length, as the
+    prompt ids are."""
+    token_types = torch.cat(
+        [torch.nn.functional.pad(part.token_types, (prompt_length - part.token_types.shape[1], 0), value=0) for part in parts]
+    )
+    return dataclasses.replace(
+        parts[0], token_types=token_types, per_sample=tuple(row for part in parts for row in part.per_sample)
+    )
 
 
 @dataclass(frozen=True)

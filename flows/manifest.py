@@ -133,10 +133,12 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
         offload = f"; colocated offload {'on' if plan.offload_active else 'off (rl.colocated_offload=false)'}"
     report.summary.append(f"placement: {plan.describe()} on {devices}{offload}")
     ranks = {role: plan.ranks(role) for role in TRAINER_ROLES}
-    if max(ranks.values()) > 1:
+    engines = plan.ranks("rollout")
+    if max(ranks.values()) > 1 or engines > 1:
         report.summary.append(
             "data parallel: " + ", ".join(f"{role} {n} rank{'s' if n != 1 else ''}" for role, n in ranks.items())
-            + " (one actor each; gradients all-reduced every optimizer step)"
+            + f", rollout {engines} engine{'s' if engines != 1 else ''} (one actor each; gradients all-reduced every "
+            "optimizer step; each engine generates a shard of every batch)"
         )
     if plan.uses_gpus:
         for group in plan.groups:

@@ -113,7 +113,7 @@ def restore_roles(roles, point: ResumePoint, config: PPOConfig, paths: RunPaths)
             f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected} (S-CW-9)"
         )
     weights_ref, version_ref = roles.policy.current_weights.options(num_returns=2).remote()
-    ray.get(roles.rollout.load_weights.remote(weights_ref, version_ref))
+    ray.get([engine.load_weights.remote(weights_ref, version_ref) for engine in roles.ranks("rollout")])
     truncate_metrics(paths.metrics, point.iteration)
     _logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
     return policy_version

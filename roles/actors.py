@@ -39,7 +39,8 @@ ROLE_CLASSES: dict[str, type] = {
 @dataclass(frozen=True)
 class RoleHandles:
     """One actor group per role (S-RUN-5). The fields are each group's rank 0, the
-    only rank of most roles; a data-parallel trainer's other ranks are in `peers`."""
+    only rank of most roles; a data-parallel trainer's other ranks and the rollout's
+    other engines are in `peers`."""
 
     data: Any
     rollout: Any
@@ -65,6 +66,10 @@ class RoleHandles:
 def actor_name(role: str, rank: int) -> str:
     return role if rank == 0 else f"{role}-rank{rank}"
 
+
+RANKED_ROLES = (*TRAINER_ROLES, "rollout")
+"""Roles that may run as several actors: the trainers' data-parallel ranks (one
+process group each) and the rollout's engines (independent, one shard each)."""
 
 _live_placements: list[LoweredPlacement] = []  # reserved by start_role_actors, released by stop_role_actors
 
@@ -126,16 +131,16 @@ def start_role_actors(config: PPOConfig) -> RoleHandles:
     _live_placements.append(placement)
     groups: dict[str, list[Any]] = {}
     for role, cls in ROLE_CLASSES.items():
-        world = plan.ranks(role) if role in TRAINER_ROLES else 1
+        ranked = role in RANKED_ROLES
         groups[role] = [
             ray.remote(cls)
             .options(name=actor_name(role, rank), namespace=namespace, max_restarts=0, **placement.actor_options(role, rank))
-            .remote(config, *((rank,) if role in TRAINER_ROLES else ()))
-            for rank in range(world)
+            .remote(config, *((rank,) if ranked else ()))
+            for rank in range(plan.ranks(role) if ranked else 1)
         ]
     ray.get([handle.ready.remote() for ranks in groups.values() for handle in ranks])
     for role, ranks in groups.items():
-        if len(ranks) > 1:
+        if role in TRAINER_ROLES and len(ranks) > 1:
             address = ray.get(ranks[0].rendezvous_address.remote())
             ray.get([handle.join_data_parallel.remote(address, rank, len(ranks)) for rank, handle in enumerate(ranks)])
     return RoleHandles(

@@ -22,9 +22,10 @@ Ranks: a group of G GPUs has G bundles, one per data-parallel rank (vLLM tensor
 parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). Each
 trainer (policy, critic) gets one actor per rank, joined in one process group
 (roles/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
-rollout and the reference run one actor (rank 0) each; their groups still reserve
-every declared GPU, so a launch fails at start-up, not mid-run, when the cluster is
-too small.
+rollout gets one actor per engine, each generating a shard of every batch
+(`grid.cpu_rollout_engines` on the host); colocated, engine i shares bundle i with
+policy rank i. The reference runs one actor; its group still reserves every declared
+GPU, so a launch fails at start-up, not mid-run, when the cluster is too small.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class PlacementPlan:
     rollout_tensor_parallel_size: int
     colocated_offload: bool
     cpu_trainer_ranks: int = 1
+    cpu_rollout_engines: int = 1
 
     @property
     def uses_gpus(self) -> bool:
@@ -97,12 +99,15 @@ class PlacementPlan:
         return None
 
     def ranks(self, role: str) -> int:
-        """Data-parallel ranks a role's group provides: one per GPU (per engine for the
-        rollout); a trainer on the host takes `grid.cpu_trainer_ranks`."""
+        """Data-parallel ranks a role's group provides: one per GPU (one engine per
+        `grid.rollout_tensor_parallel_size` GPUs for the rollout); on the host, a trainer
+        takes `grid.cpu_trainer_ranks` and the rollout `grid.cpu_rollout_engines`."""
         group = self.group_of(role)
         if group is None:
             return 1
         if group.gpus == 0:
+            if role == "rollout":
+                return self.cpu_rollout_engines
             return self.cpu_trainer_ranks if role in TRAINER_ROLES else 1
         if role == "rollout":
             return max(1, group.gpus // self.rollout_tensor_parallel_size)
@@ -139,6 +144,7 @@ def plan_placement(config: PPOConfig) -> PlacementPlan:
         rollout_tensor_parallel_size=grid.rollout_tensor_parallel_size,
         colocated_offload=config.rl.colocated_offload,
         cpu_trainer_ranks=grid.cpu_trainer_ranks,
+        cpu_rollout_engines=grid.cpu_rollout_engines,
     )
 
 
@@ -162,6 +168,19 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
         problems.append(
             ("grid.cpu_trainer_ranks", f"is {grid.cpu_trainer_ranks} but both trainers have GPUs (one rank per GPU); "
              "it applies only to a trainer whose group has no GPU")
+        )
+    rollout_group = plan.group_of("rollout")
+    if grid.cpu_rollout_engines > 1 and rollout_group is not None and rollout_group.gpus:
+        problems.append(
+            ("grid.cpu_rollout_engines", f"is {grid.cpu_rollout_engines} but the rollout has GPUs ({rollout_group.key}="
+             f"{rollout_group.gpus}: one engine per grid.rollout_tensor_parallel_size GPUs); it applies only on the host")
+        )
+    engines = plan.ranks("rollout")
+    if engines > 1 and config.rl.batch_size % engines:
+        key = rollout_group.key if rollout_group is not None and rollout_group.gpus else "grid.cpu_rollout_engines"
+        problems.append(
+            ("rl.batch_size", f"is {config.rl.batch_size}, not divisible by the {engines} rollout engines ({key}); "
+             "every engine generates an equal shard")
         )
     for role in TRAINER_ROLES:
         ranks = plan.ranks(role)

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from configs.schema import PPOConfig
-from data.packing import MULTIMODAL_EXTRA, build_packer
+from data.packing import MULTIMODAL_EXTRA, build_packer, concat_multimodal
 from roles.model_io import ensure_model, load_tokenizer
 from roles.placement import plan_placement, role_device
 from roles.rollout.engine import RolloutEngine
@@ -43,10 +43,50 @@ def build_engine(config: PPOConfig, model_path: str, tokenizer) -> RolloutEngine
     raise NotImplementedError(f"rl.rollout.engine={engine!r}: accepted engines are hf and vllm")
 
 
+def merge_shards(parts: list[Trajectory], pad_token_id: int) -> Trajectory:
+    """One batch from the shards the rollout engines generated, in shard order, laid
+    out as one engine would have: prompts left-padded to the longest prompt of the
+    batch, responses right-padded to the longest response."""
+    if len(parts) == 1:
+        return parts[0]
+    versions = {part.policy_version for part in parts}
+    if len(versions) != 1:
+        raise RuntimeError(f"rollout engines sampled iteration {parts[0].iteration} with different policy_versions {sorted(versions)}")
+    p = max(part.prompt_length for part in parts)
+    r = max(part.response_ids.shape[1] for part in parts)
+
+    def left(tensor: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(tensor, (p - tensor.shape[1], 0), value=value)
+
+    def right(tensor: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(tensor, (0, r - tensor.shape[1]), value=value)
+
+    extras = {}
+    if MULTIMODAL_EXTRA in parts[0].extras:
+        extras[MULTIMODAL_EXTRA] = concat_multimodal([part.extras[MULTIMODAL_EXTRA] for part in parts], p)
+    return Trajectory(
+        iteration=parts[0].iteration,
+        policy_version=parts[0].policy_version,
+        prompts=PromptBatch.concat([part.prompts for part in parts]),
+        prompt_ids=torch.cat([left(part.prompt_ids, pad_token_id) for part in parts]),
+        prompt_mask=torch.cat([left(part.prompt_mask, 0) for part in parts]),
+        response_ids=torch.cat([right(part.response_ids, pad_token_id) for part in parts]),
+        response_mask=torch.cat([right(part.response_mask, 0.0) for part in parts]),
+        rollout_logprobs=torch.cat([right(part.rollout_logprobs, 0.0) for part in parts]),
+        completions=[c for part in parts for c in part.completions],
+        extras=extras,
+    )
+
+
 class RolloutRole:
-    def __init__(self, config: PPOConfig):
+    """One rollout engine. With several engines (one per GPU, or per
+    `grid.rollout_tensor_parallel_size` GPUs; `grid.cpu_rollout_engines` on the host),
+    engine `i` generates shard `i` of each batch and engine 0 gathers the shards."""
+
+    def __init__(self, config: PPOConfig, rank: int = 0):
         configure_torch_threads(config.rl.threads_per_role)
         self.config = config
+        self.rank = rank
         model_path = ensure_model(config.model)
         self.tokenizer = load_tokenizer(model_path)
         # S-RUN-6: the packer alone turns prompts into model inputs; a configured
@@ -61,9 +101,14 @@ class RolloutRole:
     def ready(self) -> dict[str, Any]:
         # vLLM places itself (its own workers inside the actor's GPU bundle).
         device = str(getattr(self.engine, "device", "managed by the engine"))
-        return {"role": "rollout", "policy_version": self.policy_version, "device": device}
+        return {"role": "rollout", "policy_version": self.policy_version, "device": device, "rank": self.rank}
 
-    def generate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
+    def generate(
+        self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1
+    ) -> tuple[Trajectory, dict[str, float]]:
+        """One completion per prompt of shard `shard` of `shards` of the batch."""
+        if shards > 1:
+            prompts = prompts.shard(shard, shards)
         if required_version != self.policy_version:
             # Equality, not "at least": a newer engine is as wrong as an older one.
             raise StalePolicyError(
@@ -83,7 +128,9 @@ class RolloutRole:
             packed,
             max_new_tokens=rollout.max_new_tokens,
             temperature=rollout.temperature,
-            seed=self.config.job.seed * 1_000_003 + prompts.iteration,
+            # Per iteration and shard: a resumed run samples what the uninterrupted one
+            # did, and no two engines draw the same stream.
+            seed=self.config.job.seed * 1_000_003 + prompts.iteration + 7_919 * shard,
         )
         if self.sleep_between_rollouts:
             self.engine.sleep()
@@ -108,6 +155,20 @@ class RolloutRole:
             "rollout/generate_seconds": time.perf_counter() - started,
             "rollout/policy_version": float(self.policy_version),
             "perf/rollout_weight_loads": float(self.weight_loads),
+        }
+
+    def gather(self, shards: int, *parts_and_summaries) -> tuple[Trajectory, dict[str, float]]:
+        """Engine 0, after its own shard: the whole batch from every engine's shard
+        (`shards` trajectories, then their `shards` summaries). The summary is the
+        batch's: lengths averaged over all rows, the slowest engine's time."""
+        parts, summaries = list(parts_and_summaries[:shards]), list(parts_and_summaries[shards:])
+        trajectory = merge_shards(parts, self.tokenizer.pad_token_id)
+        lengths = trajectory.response_mask.sum(dim=1)
+        return trajectory, {
+            **summaries[0],
+            "rollout/response_length_mean": float(lengths.mean()),
+            "rollout/generate_seconds": max(s["rollout/generate_seconds"] for s in summaries),
+            "rollout/engines": float(shards),
         }
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], policy_version: int) -> dict[str, float]:

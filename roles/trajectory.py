@@ -25,6 +25,27 @@ class PromptBatch:
     row_ids: list[int]
     sources: list[str] = field(default_factory=list)  # where each row came from, for error messages
 
+    def shard(self, index: int, count: int) -> "PromptBatch":
+        """Rows `index * b / count` up to the next shard's first: what rollout engine
+        `index` of `count` generates (the batch size divides evenly, checked at config)."""
+        size = len(self.prompts) // count
+        rows = slice(index * size, (index + 1) * size)
+        return PromptBatch(
+            self.iteration, self.prompts[rows], self.references[rows], self.metadata[rows], self.row_ids[rows],
+            self.sources[rows],
+        )
+
+    @staticmethod
+    def concat(parts: list["PromptBatch"]) -> "PromptBatch":
+        return PromptBatch(
+            parts[0].iteration,
+            [p for part in parts for p in part.prompts],
+            [r for part in parts for r in part.references],
+            [m for part in parts for m in part.metadata],
+            [i for part in parts for i in part.row_ids],
+            [s for part in parts for s in part.sources],
+        )
+
 
 @dataclass(frozen=True)
 class Trajectory:

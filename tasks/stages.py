@@ -39,7 +39,7 @@ class IterationInFlight:
     installs: list[ray.ObjectRef] = field(default_factory=list)  # every trainer rank's {"batch_id": ...} for the targets
     receipts: dict[str, list[ray.ObjectRef]] = field(default_factory=dict)  # role -> a TrainReceipt per rank
     policy_version: ray.ObjectRef | None = None  # set when the iteration publishes weights
-    follows: list[ray.ObjectRef] = field(default_factory=list)  # policy ranks 1.. taking the published version
+    follows: list[ray.ObjectRef] = field(default_factory=list)  # rollout engines 1.. and policy ranks 1.. taking the new version
     park: list[ray.ObjectRef] = field(default_factory=list)  # each policy rank's park summary (S-RUN-4)
 
 
@@ -58,7 +58,18 @@ def dispatch_iteration(
     calls = IterationInFlight(iteration)
     s = calls.summaries
     prompts, s["data"] = roles.data.next_batch.options(num_returns=2).remote(iteration, batch_size)
-    trajectory, s["rollout"] = roles.rollout.generate.options(num_returns=2).remote(prompts, required_version)
+    engines = roles.ranks("rollout")
+    if len(engines) == 1:
+        trajectory, s["rollout"] = roles.rollout.generate.options(num_returns=2).remote(prompts, required_version)
+    else:
+        # Each engine generates its shard; engine 0 gathers them into one batch.
+        shards = [
+            engine.generate.options(num_returns=2).remote(prompts, required_version, index, len(engines))
+            for index, engine in enumerate(engines)
+        ]
+        trajectory, s["rollout"] = roles.rollout.gather.options(num_returns=2).remote(
+            len(engines), *(part for part, _ in shards), *(summary for _, summary in shards)
+        )
     trajectory, s["reward"] = roles.reward.score.options(num_returns=2).remote(trajectory)
     trajectory, s["replay"], calls.batch_id = roles.replay.add.options(num_returns=3).remote(trajectory)
     trajectory, s["reference_score"] = roles.reference.score.options(num_returns=2).remote(trajectory)
@@ -75,7 +86,8 @@ def dispatch_iteration(
             *calls.receipts["policy"]
         )
         s["weight_sync"] = roles.rollout.load_weights.remote(weights, calls.policy_version)
-        calls.follows = [rank.follow_version.remote(calls.policy_version) for rank in policy_ranks[1:]]
+        calls.follows += [engine.load_weights.remote(weights, calls.policy_version) for engine in engines[1:]]
+        calls.follows += [rank.follow_version.remote(calls.policy_version) for rank in policy_ranks[1:]]
     # After publish_weights: Ray runs one actor's calls in order.
     calls.park = [rank.park.remote() for rank in policy_ranks]
     return calls
@@ -153,8 +165,9 @@ train_critic_stage = _await_receipt("critic")
 
 def _weight_sync(calls: IterationInFlight, iteration: int) -> tuple[int, dict[str, float]]:
     """The policy's new weights go to the rollout engine actor to actor through the
-    object store, never through this process (S-FLOW-6). Done once the policy's
-    other ranks have taken the new version and every rank has parked (S-RUN-4)."""
+    object store, never through this process (S-FLOW-6); every rollout engine loads
+    them. Done once every engine and every policy rank holds the new version and
+    every policy rank has parked (S-RUN-4)."""
     metrics, policy_version, *_ = ray.get([calls.summaries["weight_sync"], calls.policy_version, *calls.follows])
     metrics = {**metrics, **await_park(calls)}
     _log_metrics(metrics)

@@ -1,5 +1,6 @@
 """Data-parallel trainers (S-FLOW-5): two ranks per trainer on the host (gloo), as
-real Ray actors in one process group per role.
+real Ray actors in one process group per role; and two rollout engines, one shard of
+every batch each.
 
 What a user relies on: two ranks train exactly as one rank would on the same batch,
 every rank holds the same weights afterwards, the controller checks every rank's
@@ -90,14 +91,19 @@ def test_the_controller_refuses_ranks_that_disagree_on_the_step():
 def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, tiny_overrides, tmp_path):
     from flows.ppo import ppo
 
-    overrides = tiny_overrides + SHARD_ALIGNED + ["grid.cpu_trainer_ranks=2", "job.name=dp-run", "rl.save_every=2"]
+    # Two ranks per trainer and two rollout engines, each generating half of every batch.
+    overrides = tiny_overrides + SHARD_ALIGNED + [
+        "grid.cpu_trainer_ranks=2", "grid.cpu_rollout_engines=2", "job.name=dp-run", "rl.save_every=2",
+    ]
     first = ppo(profile=TINY_PROFILE, overrides=overrides + ["rl.max_steps=2"], critic_warmup_iterations=1)
     assert first["policy_version"] == 1
-    # Resume loads the boundary into both ranks of each trainer; the restored versions
-    # and optimizer steps must agree or the receipts check fails the next iteration.
+    # Resume loads the boundary into both ranks of each trainer and the weights into both
+    # engines; a rank or an engine left behind fails the next iteration (receipts, or
+    # the rollout's version check).
     second = ppo(profile=TINY_PROFILE, overrides=overrides + ["rl.max_steps=3"], critic_warmup_iterations=1)
     assert second["resumed_from"].endswith("iter_000002") and second["policy_version"] == 2
     records = metric_records(tmp_path / "outputs" / "dp-run")
     assert [r["iteration"] for r in records] == [1, 2, 3]
     assert [r["train/actor_warmup"] for r in records] == [1.0, 0.0, 0.0]
+    assert all(r["rollout/engines"] == 2.0 for r in records) and records[-1]["rollout/policy_version"] == 1.0
     assert records[-1]["optim/policy_optimizer_step"] == 4.0 and records[-1]["optim/critic_optimizer_step"] == 6.0

@@ -55,7 +55,7 @@ def test_public_profile_validates_on_cpu(public_overrides):
     assert code == 0, err
     assert out.rstrip().endswith("bind_check: ok")
     assert "colocated [policy+rollout: 2 GPUs; reference: 1 GPU; critic: 1 GPU] on 4 GPU(s)" in out
-    assert "data parallel: policy 2 ranks, critic 1 rank" in out  # S-FLOW-5: the second policy GPU trains too
+    assert "data parallel: policy 2 ranks, critic 1 rank, rollout 2 engines" in out  # the second policy GPU trains and generates too
     assert "engine vllm" in out
     # Qwen/Qwen3-0.6B is a hub id with no local copy: skipped with a note, never downloaded.
     assert "not in the local Hugging Face cache" in out

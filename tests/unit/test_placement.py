@@ -98,6 +98,18 @@ def test_a_cpu_run_takes_its_trainer_ranks_from_cpu_trainer_ranks():
     plan = plan_placement(config)
     assert (plan.ranks("policy"), plan.ranks("critic"), plan.ranks("rollout"), plan.ranks("reference")) == (2, 2, 1, 1)
     assert placement_problems(plan, config) == []
+    engines = plan_placement(load_config(TINY_PROFILE, ["grid.cpu_rollout_engines=2"]))
+    assert (engines.ranks("rollout"), engines.ranks("policy")) == (2, 1)
+
+
+def test_the_public_profile_runs_one_engine_per_policy_gpu_beside_its_rank():
+    lowered = LoweredPlacement(plan_placement(load_config(PUBLIC_PROFILE)), {"actor": object()})
+    for rank in range(2):
+        # Colocated: engine i and policy rank i take half of bundle i each.
+        rollout = lowered.actor_options("rollout", rank)
+        policy = lowered.actor_options("policy", rank)
+        assert rollout["num_gpus"] == policy["num_gpus"] == 0.5
+        assert rollout["scheduling_strategy"].placement_group_bundle_index == policy["scheduling_strategy"].placement_group_bundle_index == rank
 
 
 @pytest.mark.parametrize(
@@ -107,6 +119,10 @@ def test_a_cpu_run_takes_its_trainer_ranks_from_cpu_trainer_ranks():
         (TINY_PROFILE, ["grid.cpu_trainer_ranks=3", "rl.minibatch_size=8", "rl.micro_batch_size=4"], "not divisible by the 3 data-parallel ranks"),
         # Every trainer has GPUs: host ranks would be silently ignored.
         (PUBLIC_PROFILE, ["grid.cpu_trainer_ranks=2"], "applies only to a trainer whose group has no GPU"),
+        # A batch of 16 does not split over 3 engines.
+        (TINY_PROFILE, ["grid.cpu_rollout_engines=3", "rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8"],
+         "not divisible by the 3 rollout engines"),
+        (PUBLIC_PROFILE, ["grid.cpu_rollout_engines=2"], "it applies only on the host"),
     ],
 )
 def test_rank_layouts_that_cannot_work_are_refused(profile, overrides, message):
