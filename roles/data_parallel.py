@@ -27,6 +27,10 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+BUCKET_BYTES = 256 * 2**20
+"""Largest flat gradient buffer one all-reduce sends: big enough that a small model
+needs one collective per step, small enough that the copy costs little memory."""
+
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 """How long a rank waits in a collective for a peer that stopped answering before it
 fails (a rank whose actor died makes the flow fail first, through its own call)."""
@@ -56,22 +60,32 @@ class DataParallel:
     def active(self) -> bool:
         return self.world > 1
 
-    def all_reduce_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Sum every gradient over the ranks, in place: one flat collective per dtype.
+    def all_reduce_gradients(self, parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES) -> None:
+        """Sum every gradient over the ranks, in place: one flat collective per bucket
+        of same-dtype gradients (a bucket holds at most `bucket_bytes`, so the flat
+        copy never doubles a large model's gradient memory).
 
         A parameter that got no gradient on this rank (a vision tower when this rank's
         shard had no image) contributes zeros, so every rank sends the same layout."""
-        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        buckets: dict[torch.dtype, list[list[torch.nn.Parameter]]] = {}
+        filled: dict[torch.dtype, int] = {}
         for param in parameters:
-            if param.requires_grad:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                by_dtype.setdefault(param.grad.dtype, []).append(param)
-        for params in by_dtype.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            if not param.requires_grad:
+                continue
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            size = param.grad.numel() * param.grad.element_size()
+            dtype = param.grad.dtype
+            if dtype not in buckets or (filled[dtype] and filled[dtype] + size > bucket_bytes):
+                buckets.setdefault(dtype, []).append([])
+                filled[dtype] = 0
+            buckets[dtype][-1].append(param)
+            filled[dtype] += size
+        for bucket in (b for per_dtype in buckets.values() for b in per_dtype):
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             offset = 0
-            for p in params:
+            for p in bucket:
                 count = p.grad.numel()
                 p.grad.copy_(flat[offset : offset + count].view_as(p.grad))
                 offset += count
