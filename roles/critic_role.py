@@ -96,6 +96,8 @@ class CriticRole:
             "optim/critic_optimizer_step": float(self.runtime.optimizer_step),
             "perf/critic_train_seconds": time.perf_counter() - started,
         }
+        if self.runtime.last_allreduce_seconds is not None:  # only with data-parallel ranks
+            named["perf/critic_allreduce_seconds"] = self.runtime.last_allreduce_seconds
         return TrainReceipt("critic", batch_id, self.rank, self.runtime.optimizer_step, named)
 
     def save(self, directory: str, plan: str = "full"):

@@ -200,6 +200,8 @@ class PolicyRole:
         named["optim/policy_lr"] = metrics["lr"]
         named["optim/policy_optimizer_step"] = float(self.runtime.optimizer_step)
         named["perf/policy_train_seconds"] = time.perf_counter() - started
+        if self.runtime.last_allreduce_seconds is not None:  # only with data-parallel ranks
+            named["perf/policy_allreduce_seconds"] = self.runtime.last_allreduce_seconds
         return TrainReceipt("policy", batch_id, self.rank, self.runtime.optimizer_step, named)
 
     def install_targets(self, targets: PPOTargets) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -126,6 +127,7 @@ class UpdateRuntime:
         self.optimizer_step = 0
         self.plan_shape: tuple[int, int, int] | None = None
         self.data_parallel: DataParallel = SINGLE
+        self.last_allreduce_seconds: float | None = None
         # Host <-> GPU moves (the colocated park) go through reused pinned buffers;
         # False takes the plain `Module.to` path (bench/park_bench.py compares them).
         self.pin_host_copies = True
@@ -150,6 +152,7 @@ class UpdateRuntime:
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         dp = self.data_parallel
+        reduce_seconds = 0.0
         for minibatch in plan.minibatches(targets.num_samples, dp.rank, dp.world):
             self.optimizer.zero_grad(set_to_none=True)
             for micro in minibatch:
@@ -161,7 +164,9 @@ class UpdateRuntime:
                     sums[name] += float(value)
                     counts[name] += 1
             if dp.active:
+                reduce_started = time.perf_counter()
                 dp.all_reduce_gradients(self.model.parameters())
+                reduce_seconds += time.perf_counter() - reduce_started
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self.scheduler.step()
@@ -172,6 +177,9 @@ class UpdateRuntime:
             dp.all_reduce_sums(sums, counts, self.device)
         metrics = {name: sums[name] / counts[name] for name in sums}
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        # Seconds this rank spent in the gradient collectives (waiting for the slowest
+        # rank included): what data parallelism costs, for the role's perf/ metrics.
+        self.last_allreduce_seconds = reduce_seconds if dp.active else None
         return metrics
 
     def place(self, device: str | torch.device) -> int:

@@ -58,6 +58,9 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
         for role in ("policy", "critic"):
             assert [r.rank for r in two_receipts[role]] == [0, 1]
             assert {r.batch_id for r in two_receipts[role]} == {two_batch}
+            # What the collectives cost is reported only where there are collectives.
+            assert f"perf/{role}_allreduce_seconds" not in one_receipts[role][0].metrics
+            assert all(r.metrics[f"perf/{role}_allreduce_seconds"] >= 0 for r in two_receipts[role])
             # Both ranks report the whole update (diagnostics summed over the shards)...
             assert two_receipts[role][0].metrics.keys() == two_receipts[role][1].metrics.keys()
             for key, value in one_receipts[role][0].metrics.items():
