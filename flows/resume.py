@@ -81,9 +81,8 @@ def restore_roles(roles, point: ResumePoint, config: PPOConfig, paths: RunPaths)
     # Every rank of a data-parallel trainer loads the one copy rank 0 saved.
     policy_loads = [rank.load.remote(f"{boundary}/policy") for rank in roles.ranks("policy")]
     critic_loads = [rank.load.remote(f"{boundary}/critic") for rank in roles.ranks("critic")]
-    policy_state, *_ = ray.get(policy_loads)
-    critic_state, *_ = ray.get(critic_loads)
-    ray.get(roles.data.load.remote(f"{boundary}/data"))
+    states = ray.get([*policy_loads, *critic_loads, roles.data.load.remote(f"{boundary}/data")])
+    policy_state, critic_state = states[0], states[len(policy_loads)]
     observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
     recorded = point.marker.get("role_steps")
     if recorded is None:

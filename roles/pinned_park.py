@@ -15,7 +15,7 @@ optimizer state stays pinned for the life of the actor.
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Hashable, Iterator
 
 import torch
 
@@ -23,10 +23,6 @@ import torch
 class PinnedHostCopies:
     def __init__(self) -> None:
         self._buffers: dict[Hashable, torch.Tensor] = {}
-
-    @property
-    def pinned_bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
     def to_host(self, slot: Hashable, tensor: torch.Tensor) -> torch.Tensor:
         """Queue a device-to-host copy of `tensor` into this slot's pinned buffer."""
@@ -38,6 +34,21 @@ class PinnedHostCopies:
         return buffer
 
 
+def optimizer_state_slots(optimizer: torch.optim.Optimizer) -> Iterator[tuple[Hashable, dict, str]]:
+    """(slot, state, key) for every optimizer state tensor that moves with the model.
+
+    A per-parameter `step` that torch keeps on the host (AdamW neither fused nor
+    capturable: reading it on the device would sync every step) stays on the host:
+    the same placement rule `Optimizer.load_state_dict` applies."""
+    for group_index, group in enumerate(optimizer.param_groups):
+        step_on_host = not (group.get("fused") or group.get("capturable"))
+        for param_index, param in enumerate(group["params"]):
+            state = optimizer.state.get(param, {})  # .get: never create state for an unstepped parameter
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and not (key == "step" and step_on_host):
+                    yield ("optimizer", group_index, param_index, key), state, key
+
+
 def move_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -45,17 +56,18 @@ def move_state(
     host: PinnedHostCopies,
 ) -> int:
     """Move parameters, buffers, gradients and optimizer state between the GPU and
-    `host`'s pinned buffers; returns the bytes moved. Host to GPU reads the pinned
-    buffers asynchronously (stream-ordered before any kernel that uses the result);
-    GPU to host waits for its copies before returning, since host code reads them."""
+    `host`'s pinned buffers; returns the bytes of the state now on `device`. Host to
+    GPU reads the pinned buffers asynchronously (stream-ordered before any kernel that
+    uses the result); GPU to host waits for its copies before returning, since host
+    code reads them."""
     to_host = device.type == "cpu"
-    moved = 0
+    placed = 0
 
     def move(slot: Hashable, tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal moved
+        nonlocal placed
+        placed += tensor.numel() * tensor.element_size()
         if tensor.device == device:
             return tensor
-        moved += tensor.numel() * tensor.element_size()
         return host.to_host(slot, tensor) if to_host else tensor.to(device, non_blocking=True)
 
     for name, param in model.named_parameters():  # a tied weight is listed (and moved) once
@@ -66,13 +78,8 @@ def move_state(
         for buffer_name, buffer in module._buffers.items():
             if buffer is not None:
                 module._buffers[buffer_name] = move(("buffer", module_name, buffer_name), buffer)
-    for group_index, group in enumerate(optimizer.param_groups):
-        step_on_host = not (group.get("fused") or group.get("capturable"))  # see move_optimizer_state
-        for param_index, param in enumerate(group["params"]):
-            state = optimizer.state.get(param, {})
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and not (key == "step" and step_on_host):
-                    state[key] = move(("optimizer", group_index, param_index, key), value)
+    for slot, state, key in optimizer_state_slots(optimizer):
+        state[key] = move(slot, state[key])
     if to_host and torch.cuda.is_available():
         torch.cuda.synchronize()
-    return moved
+    return placed

@@ -170,14 +170,15 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
              "it applies only to a trainer whose group has no GPU")
         )
     rollout_group = plan.group_of("rollout")
-    if grid.cpu_rollout_engines > 1 and rollout_group is not None and rollout_group.gpus:
+    assert rollout_group is not None  # both placements give the rollout a group
+    if grid.cpu_rollout_engines > 1 and rollout_group.gpus:
         problems.append(
             ("grid.cpu_rollout_engines", f"is {grid.cpu_rollout_engines} but the rollout has GPUs ({rollout_group.key}="
              f"{rollout_group.gpus}: one engine per grid.rollout_tensor_parallel_size GPUs); it applies only on the host")
         )
     engines = plan.ranks("rollout")
     if engines > 1 and config.rl.batch_size % engines:
-        key = rollout_group.key if rollout_group is not None and rollout_group.gpus else "grid.cpu_rollout_engines"
+        key = rollout_group.key if rollout_group.gpus else "grid.cpu_rollout_engines"
         problems.append(
             ("rl.batch_size", f"is {config.rl.batch_size}, not divisible by the {engines} rollout engines ({key}); "
              "every engine generates an equal shard")
@@ -215,8 +216,6 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
              f"{plan.total_gpus} GPUs, but grid.gpus_per_node={plan.gpus_per_node} x grid.num_nodes={plan.num_nodes} "
              f"= {plan.available_gpus}")
         )
-    rollout_group = plan.group_of("rollout")
-    assert rollout_group is not None
     if tp > plan.gpus_per_node:
         problems.append(
             ("grid.rollout_tensor_parallel_size", f"is {tp} but one node has only grid.gpus_per_node={plan.gpus_per_node} GPUs; "

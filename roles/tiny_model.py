@@ -95,21 +95,29 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
     return build_once(path, lambda staging: _write(staging, spec))
 
 
-def _write(staging: Path, spec: TinyModelSpec) -> None:
-    tokenizer = build_tokenizer(spec.task_alphabet)
-    config = Qwen3Config(
+def text_model_kwargs(spec: TinyModelSpec, tokenizer) -> dict:
+    """The language model's dimensions and special tokens, shared by the text model's
+    config and a tiny VLM's `text_config`."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.hidden_size // spec.num_attention_heads,
         max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
+    )
+
+
+def _write(staging: Path, spec: TinyModelSpec) -> None:
+    tokenizer = build_tokenizer(spec.task_alphabet)
+    config = Qwen3Config(
+        **text_model_kwargs(spec, tokenizer),
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        tie_word_embeddings=True,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)

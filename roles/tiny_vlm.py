@@ -18,7 +18,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from configs.schema import TinyModelSpec
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START
-from roles.tiny_model import build_once, build_tokenizer
+from roles.tiny_model import build_once, build_tokenizer, text_model_kwargs
 
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN]
 
@@ -76,17 +76,8 @@ def _write(directory: Path, spec: TinyModelSpec) -> None:
     head_dim = spec.hidden_size // spec.num_attention_heads
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.num_hidden_layers,
-            num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_key_value_heads,
-            max_position_embeddings=spec.max_position_embeddings,
+            **text_model_kwargs(spec, tokenizer),
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section(head_dim)},
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
         ),
         vision_config=dict(
             depth=vision.depth,

@@ -21,7 +21,7 @@ from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
 from roles.data_parallel import SINGLE, DataParallel, join_group
-from roles.pinned_park import PinnedHostCopies, move_state
+from roles.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
 from roles.trajectory import PPOTargets
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -51,21 +51,13 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.d
 
     In place, because the optimizer must go on stepping the same parameter objects
     after a park/unpark cycle (S-RUN-4); a state_dict round trip would rebuild it.
-    A per-parameter `step` that torch keeps on the host (AdamW neither fused nor
-    capturable: reading it on the device would sync every step) stays on the host:
-    the same placement rule `Optimizer.load_state_dict` applies.
+    Which tensors move is `optimizer_state_slots`' rule (a host-side `step` stays).
     """
     device = torch.device(device)
     moved = 0
-    for group in optimizer.param_groups:
-        step_on_host = not (group.get("fused") or group.get("capturable"))
-        for param in group["params"]:
-            state = optimizer.state.get(param, {})  # .get: never create state for an unstepped parameter
-            for key, value in state.items():
-                if not isinstance(value, torch.Tensor) or (key == "step" and step_on_host):
-                    continue
-                state[key] = value.to(device)
-                moved += tensor_bytes(value)
+    for _, state, key in optimizer_state_slots(optimizer):
+        moved += tensor_bytes(state[key])
+        state[key] = state[key].to(device)
     return moved
 
 
@@ -195,8 +187,7 @@ class UpdateRuntime:
         device = resolve_device(device)
         current = next(self.model.parameters()).device
         if self.pin_host_copies and {current.type, device.type} == {"cpu", "cuda"}:
-            move_state(self.model, self.optimizer, device, self._host_copies)
-            return module_bytes(self.model) + move_optimizer_state(self.optimizer, device)
+            return move_state(self.model, self.optimizer, device, self._host_copies)
         before = list(self.model.parameters())
         self.model.to(device)
         if any(old is not new for old, new in zip(before, self.model.parameters())):
