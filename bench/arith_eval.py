@@ -13,7 +13,7 @@ with (`arithmetic_exact_match`).
 `--run` evaluates the profile's pre-trained model (building it first if needed), runs
 the `ppo` flow for the profile, evaluates the exported `final_model/policy`, and prints
 both accuracies and the gain; `--run --direct` runs the same iterations through
-`bench.direct_loop` instead (no Prefect/Ray start-up; same computation).
+`flows.in_process` instead (no Prefect/Ray start-up; same computation).
 """
 
 from __future__ import annotations
@@ -94,17 +94,16 @@ def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
 
     started = time.perf_counter()
     if direct:
-        from bench.direct_loop import build_roles, run_direct
+        from flows.in_process import run_in_process
 
-        roles = build_roles(config)
-        records = run_direct(config, roles=roles)
+        records, roles = run_in_process(config)
         after = exact_match_accuracy(roles.policy.model, roles.policy.tokenizer, heldout_sums(max_operand), max_new_tokens)
         where, way = "policy after the direct loop", "direct loop"
         rewards = [r["train/reward_mean"] for r in records]
         window = min(10, len(rewards))
         first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
     else:
-        from flows.ppo import ppo
+        from flows.training import ppo
 
         summary = ppo(profile=profile, overrides=overrides, resume=False)
         if not summary.get("final_model"):
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.arith_eval", description=__doc__.strip().splitlines()[0])
     parser.add_argument("model_dirs", nargs="*", help="Hugging Face model folders to evaluate")
     parser.add_argument("--run", action="store_true", help="evaluate the profile's start model, run PPO, evaluate the result")
-    parser.add_argument("--direct", action="store_true", help="with --run: PPO through bench.direct_loop instead of the flow")
+    parser.add_argument("--direct", action="store_true", help="with --run: PPO through flows.in_process instead of the flow")
     parser.add_argument("--profile", default=ARITH_PROFILE, help=f"profile for --run (default {ARITH_PROFILE})")
     parser.add_argument("--max-operand", type=int, default=99, help="operand range of the held-out sums (model dirs)")
     argv = sys.argv[1:] if argv is None else argv

@@ -52,7 +52,7 @@ import sys
 
 import ray
 
-from flows.ppo import resolve_config
+from flows.training import resolve_config
 from roles.actors import connect_ray, start_role_actors, stop_role_actors
 
 config = resolve_config("configs/ppo_tiny_cpu.py", sys.argv[1:] + ["job.name=gpu-smoke-probe"], None, None)

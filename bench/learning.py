@@ -4,7 +4,7 @@ Writes `reward_curve.png` (mean reward per iteration with the min–max spread o
 seeds; critic-warmup iterations shaded), `reward_curve.csv` (one row per seed and
 iteration) and prints the first-10 and last-10 mean reward of every seed.
 
-By default the iterations run through `bench.direct_loop` (the role bodies in one
+By default the iterations run through `flows.in_process` (the role bodies in one
 process: the same computation as the flow, metric for metric, and faster on a small
 machine); `--flow` runs the real `ppo` flow over Ray actors instead.
 
@@ -33,22 +33,22 @@ CSV_KEYS = ("train/reward_mean", "train/kl", "train/value_loss", "train/explaine
 def run_seed(profile: str, seed: int, iterations: int | None, overrides: list[str], use_flow: bool, output_root: str) -> list[dict[str, Any]]:
     seeded = [*overrides, f"job.seed={seed}"] + ([f"rl.max_steps={iterations}"] if iterations else [])
     if use_flow:
-        from flows.ppo import ppo
+        from flows.training import ppo
         from flows.run_outputs import read_metrics
 
         name = f"learning-seed{seed}-{os.getpid()}"
         ppo(profile=profile, overrides=[*seeded, f"job.output_root={output_root}", "rl.save_every=0", "rl.save_final=false"],
             run_name=name, resume=False)
         return read_metrics(f"{output_root}/{name}/metrics.jsonl")
-    from bench.direct_loop import run_direct
+    from flows.in_process import run_in_process
     from configs.loading import load_config
 
     config = load_config(profile, seeded)
-    return run_direct(
+    return run_in_process(
         config,
         on_iteration=lambda r: print(f"    iter {r['iteration']:>4}  reward {r['train/reward_mean']:.3f}", flush=True)
         if r["iteration"] % 10 == 0 else None,
-    )
+    )[0]
 
 
 def first_last(rewards: list[float], window: int = WINDOW) -> tuple[float, float]:
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         from roles.actors import init_ray
 
         init_ray(num_cpus=config.grid.ray_num_cpus)  # once for all seeds
-    way = "ppo flow (Prefect + Ray actors)" if args.flow else "direct loop (bench.direct_loop, no Prefect/Ray)"
+    way = "ppo flow (Prefect + Ray actors)" if args.flow else "direct loop (flows.in_process, no Prefect/Ray)"
     print(f"learning: {args.profile}, {iterations} iterations x seeds {seeds}, through the {way}", flush=True)
     runs: dict[int, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="ppo-learning-") as output_root:

@@ -1,7 +1,7 @@
 """What the orchestration costs: the same PPO iterations run two ways in one process.
 
-(a) `bench.direct_loop`: the role bodies called in a plain Python loop, no Prefect,
-    no Ray (one process, one torch thread, trainers one after the other);
+(a) `flows.in_process`: the same iteration program on the role bodies in this process,
+    no Prefect, no Ray (one process, one torch thread, trainers one after the other);
 (b) the real `ppo` flow: Prefect tasks over long-lived Ray actors (trainers in
     parallel, each actor on one torch thread).
 
@@ -41,11 +41,11 @@ from typing import Any, Iterator
 
 from bench.cpu_accounting import CpuSampler
 from flows.environment import apply_default_environment
+from tasks.stage_names import SAVE_ARTIFACT_TASK, TIMED_STAGES
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
-# The flow's stage tasks in order (bench.direct_loop.STAGES; not imported here, since
-# that pulls in torch before the environment defaults are applied).
-STAGES = ("rollout", "reward", "reference_score", "critic_predict", "prepare_batch", "train", "weight_sync")
+# The timed stages of an iteration (commits are off here).
+STAGES = tuple(stage for stage in TIMED_STAGES if stage not in ("commit", SAVE_ARTIFACT_TASK))
 
 
 @dataclass
@@ -115,14 +115,14 @@ def sized_overrides(profile: str, batch_size: int, iterations: int, extra: list[
 
 def run_direct_once(profile: str, overrides: list[str]) -> tuple[list[dict[str, Any]], list[float]]:
     """Records, and the monotonic time at which each iteration ended."""
-    from bench.direct_loop import build_roles, run_direct
+    from flows.in_process import build_roles, run_in_process
     from configs.loading import load_config
 
     config = load_config(profile, overrides)
     roles = build_roles(config)
     ended: list[float] = []
     try:
-        return run_direct(config, roles=roles, on_iteration=lambda _: ended.append(time.monotonic())), ended
+        return run_in_process(config, roles=roles, on_iteration=lambda _: ended.append(time.monotonic()))[0], ended
     finally:
         del roles
         gc.collect()
@@ -161,7 +161,7 @@ def watch_lines(path: str) -> Iterator[list[float]]:
 def run_flow_once(
     profile: str, overrides: list[str], output_root: str, name: str
 ) -> tuple[list[dict[str, Any]], RayGetMeter, list[float]]:
-    from flows.ppo import ppo
+    from flows.training import ppo
     from flows.run_outputs import read_metrics
 
     meter = RayGetMeter()
@@ -308,7 +308,7 @@ def probe_unit_costs(profile: str, samples: int = 40) -> dict[str, float]:
     import ray
     from prefect import flow, get_run_logger, task
 
-    from bench.direct_loop import build_roles
+    from flows.in_process import build_roles
     from configs.loading import load_config
     from tasks.stages import STAGE_TASK
 

@@ -46,6 +46,7 @@ from prefect.logging import get_logger
 
 from flows.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
 from flows.run_outputs import RunPaths, read_metrics
+from tasks.stage_names import TIMED_STAGES
 
 # Table column -> metrics.jsonl key. Short column names keep the UI table narrow; the
 # full metric names are documented with metrics.jsonl.
@@ -56,19 +57,7 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("value_loss", "train/value_loss"),
 )
 # Stage-time columns appear in the order an iteration runs them; unknown stages follow.
-STAGE_ORDER = (
-    "rollout",
-    "reward",
-    "reference_score",
-    "critic_predict",
-    "prepare_batch",
-    "train",
-    "train_policy",
-    "train_critic",
-    "weight_sync",
-    "commit",
-    "iteration",
-)
+STAGE_ORDER = (*TIMED_STAGES, "iteration")
 INLINE_CURVE_MAX_BYTES = 300_000
 _TIME_KEY = re.compile(r"^time/(?P<stage>.+)_seconds$")
 

@@ -34,22 +34,14 @@ from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatc
 from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
-from roles.placement import TRAINER_ROLES, PlacementPlan, placement_problems, plan_placement
+from flows.preflight import Problem, config_problems, joins_cluster, machine_problems
+from roles.placement import TRAINER_ROLES, PlacementPlan, plan_placement
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the manifest names problems
 EXIT_CONFIG = 2  # the config itself does not type-check (same code as the CLI's)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class Problem:
-    key: str  # dotted config key path the user should change
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.message}"
 
 
 @dataclass
@@ -123,8 +115,12 @@ def validate_manifest(profile: str, overrides: list[str], *, out: TextIO | None 
 
 
 def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestReport, env) -> None:
-    for key, message in placement_problems(plan, config):
-        report.problem(key, message)
+    # The same cross-field rules the run path refuses with (flows/preflight.py).
+    report.problems.extend(config_problems(config, plan))
+    for problem in machine_problems(config, plan, environ=env):
+        # A manifest checks a launch meant for another machine too (a 4-GPU node,
+        # from a laptop): here it is a note; `python -m flows.ppo` refuses it.
+        report.notes.append(f"{problem} (a launch on this machine would be refused)")
     devices = (
         f"{plan.gpus_per_node} GPU(s) x {plan.num_nodes} node(s)" if plan.uses_gpus else "CPU only (grid.gpus_per_node=0)"
     )
@@ -144,7 +140,7 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
         for group in plan.groups:
             if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):
                 report.notes.append(f"{group.key}=0: the {'+'.join(group.roles)} runs on the host in this GPU run")
-    address = config.grid.ray_address or env.get("RAY_ADDRESS")
+    address = joins_cluster(config, env)
     if address:
         source = "grid.ray_address" if config.grid.ray_address else "RAY_ADDRESS"
         report.summary.append(f"ray: joins the cluster at {address} ({source}; not contacted by this check)")
@@ -422,12 +418,6 @@ def _check_checkpoints(config: PPOConfig, report: ManifestReport) -> None:
 
 def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
     rl = config.rl
-    if rl.batch_size % rl.minibatch_size:
-        report.problem(
-            "rl.minibatch_size",
-            f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
-            "whole minibatches",
-        )
     if rl.rollout.engine == "vllm" and not plan.uses_gpus:
         report.notes.append(
             "rl.rollout.engine=vllm on a CPU run (grid.gpus_per_node=0) needs vLLM's CPU build in the environment "
@@ -452,8 +442,7 @@ if __name__ == "__main__":
     # `python -m flows.manifest --config FILE [-- key=value ...]`: the same check as
     # `python -m flows.ppo --validate-manifest`, without importing the flow module
     # (whose Prefect, Ray and torch imports cost seconds before the check starts).
-    from flows.cli import main
+    from flows.arguments import parse_args, warmup_override
 
-    argv = sys.argv[1:]
-    split = argv.index("--") if "--" in argv else len(argv)
-    sys.exit(main([*argv[:split], "--validate-manifest", *argv[split:]]))
+    arguments, extra = parse_args(sys.argv[1:], prog="python -m flows.manifest")
+    sys.exit(validate_manifest(arguments.config, extra + warmup_override(arguments)))

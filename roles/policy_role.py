@@ -264,3 +264,8 @@ class PolicyRole:
         self.policy_version = int(state["policy_version"])
         self.targets = None
         return state
+
+    def update_counts(self) -> dict[str, int]:
+        """Published versions and optimizer steps as this role holds them: the run's
+        summary reports whether the actor was updated from these, not from config."""
+        return {"policy_version": self.policy_version, "optimizer_step": self.runtime.optimizer_step}

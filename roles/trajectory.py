@@ -27,7 +27,10 @@ class PromptBatch:
 
     def shard(self, index: int, count: int) -> "PromptBatch":
         """Rows `index * b / count` up to the next shard's first: what rollout engine
-        `index` of `count` generates (the batch size divides evenly, checked at config)."""
+        `index` of `count` generates. The config check refuses uneven batches; this
+        refuses them again rather than drop the remainder rows silently."""
+        if len(self.prompts) % count:
+            raise ValueError(f"a batch of {len(self.prompts)} prompts cannot be cut into {count} equal shards")
         size = len(self.prompts) // count
         rows = slice(index * size, (index + 1) * size)
         return PromptBatch(

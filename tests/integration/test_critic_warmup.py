@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 @pytest.fixture(scope="module")
 def warmup_run(prefect_api, ray_cluster, tiny_model_dir, tmp_path_factory):
     """N=2, 4 iterations, a boundary after every iteration so each state can be read."""
-    from flows.ppo import ppo
+    from flows.training import ppo
 
     root = tmp_path_factory.mktemp("warmup")
     overrides = [
@@ -119,7 +119,7 @@ def test_task_history_shows_no_policy_training_or_weight_sync_during_warmup(warm
 
 
 def test_warmup_covering_the_whole_run_leaves_the_actor_untouched(prefect_api, ray_cluster, tiny_overrides, tiny_model_dir, tmp_path):
-    from flows.ppo import ppo
+    from flows.training import ppo
 
     summary = ppo(profile=TINY_PROFILE, overrides=tiny_overrides + ["rl.max_steps=2"],
                   critic_warmup_iterations=3, run_name="allwarmup")

@@ -30,7 +30,7 @@ def _conversation_file(path) -> str:
 
 
 def test_conversation_jsonl_with_arithmetic_reward_trains_two_iterations(prefect_api, ray_cluster, tiny_overrides, tmp_path):
-    from flows.ppo import ppo
+    from flows.training import ppo
 
     data_file = _conversation_file(tmp_path / "chats.jsonl")
     ppo(profile=TINY_PROFILE, run_name="chats",

@@ -18,7 +18,7 @@ def _records(run_dir: Path) -> list[dict]:
 def test_two_iterations_write_metrics_commit_a_boundary_and_advance_policy_version(
     prefect_api, ray_cluster, tiny_overrides, tmp_path
 ):
-    from flows.ppo import ppo
+    from flows.training import ppo
 
     summary = ppo(profile=TINY_PROFILE, overrides=tiny_overrides + ["rl.max_steps=2", "rl.save_every=2"],
                   run_name="skeleton")

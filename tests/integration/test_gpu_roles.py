@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.direct_loop import build_roles, run_direct
+from flows.in_process import build_roles, run_in_process
 from checkpoint.role_state import OPTIMIZER_FILE, model_tensors
 from configs.loading import load_config
 from tests.conftest import TINY_PROFILE
@@ -47,7 +47,7 @@ def test_colocated_policy_parks_between_updates_and_trains_again(tiny_model_dir,
     assert policy.parks and policy.parked  # parked from the start: the first rollout comes first
     assert policy.ready()["device"] == "cuda:0" and _devices(policy.model.parameters()) == {"cpu"}
 
-    first = run_direct(config, 1, roles=roles)[0]
+    first = run_in_process(config, 1, roles=roles)[0][0]
     assert first["perf/policy_parked_bytes"] > 0 and first["perf/policy_park_seconds"] >= 0
     assert policy.parked and _devices(policy.model.parameters()) == {"cpu"}
     assert _optimizer_devices(policy.runtime.optimizer) == {"cpu"}
@@ -74,7 +74,7 @@ def test_colocated_policy_parks_between_updates_and_trains_again(tiny_model_dir,
 
     step = policy.runtime.optimizer_step
     before = {k: v.clone() for k, v in model_tensors(policy.model).items()}
-    second = run_direct(config, 2, roles=roles, start=2)[0]
+    second = run_in_process(config, 2, roles=roles, start=2)[0][0]
     assert policy.runtime.optimizer_step > step and second["train/policy_version"] == 2.0
     assert any(not torch.equal(before[k], v) for k, v in model_tensors(policy.model).items())  # it trained
     assert policy.parked and torch.isfinite(torch.tensor(second["train/policy_loss"]))
@@ -114,7 +114,7 @@ def test_a_checkpoint_written_on_the_gpu_loads_on_the_host_and_back(tiny_model_d
 
     gpu_config = _config(tiny_model_dir, tmp_path, *ONE_GPU, "rl.colocated_offload=true")
     roles = build_roles(gpu_config)
-    run_direct(gpu_config, 1, roles=roles)
+    run_in_process(gpu_config, 1, roles=roles)
     policy = roles.policy
     parked_report = policy.save(str(tmp_path / "parked"))  # written from the host copy
     policy._unpark()
@@ -142,7 +142,7 @@ def test_a_checkpoint_written_on_the_gpu_loads_on_the_host_and_back(tiny_model_d
 @pytest.mark.ray
 @pytest.mark.prefect
 def test_flow_parks_the_policy_every_iteration_on_one_gpu(prefect_api, ray_cluster, tiny_overrides, tmp_path):
-    from flows.ppo import ppo
+    from flows.training import ppo
     from tests.integration.helpers import metric_records
 
     ppo(profile=TINY_PROFILE, overrides=tiny_overrides + ONE_GPU + ["rl.max_steps=3", "job.name=gpu-park"],

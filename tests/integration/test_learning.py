@@ -2,7 +2,7 @@
 
 A run that completes without errors but never improves the policy (a sign flip, a
 detached loss, weights that never reach the rollout) passes every structural test;
-this one catches it. It drives the role bodies through `bench.direct_loop` (the same
+this one catches it. It drives the role bodies through `flows.in_process` (the same
 calls as the flow, without Prefect and Ray start-up) so it stays well under a minute.
 
 Measured on the 2-core reference machine, seed 0: reward 0.075 over iterations 1-5,
@@ -25,11 +25,11 @@ MIN_RISE = 0.2
 
 
 def _rewards(tiny_model_dir: str, extra: list[str]) -> list[float]:
-    from bench.direct_loop import run_direct
+    from flows.in_process import run_in_process
     from configs.loading import load_config
 
     config = load_config(TINY_PROFILE, [f"model.path={tiny_model_dir}", "job.seed=0", f"rl.max_steps={ITERATIONS}", *extra])
-    return [record["train/reward_mean"] for record in run_direct(config)]
+    return [record["train/reward_mean"] for record in run_in_process(config)[0]]
 
 
 def _rise(rewards: list[float]) -> float:

@@ -34,7 +34,7 @@ def _overrides(root: Path, model_dir: str, *extra: str) -> list[str]:
 
 
 def _run(root: Path, model_dir: str, name: str, *extra: str, warmup: int | None = None, resume: bool = True) -> dict:
-    from flows.ppo import ppo
+    from flows.training import ppo
 
     return ppo(profile=TINY_PROFILE, overrides=_overrides(root, model_dir, *extra),
                critic_warmup_iterations=warmup, run_name=name, resume=resume)

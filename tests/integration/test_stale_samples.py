@@ -116,7 +116,7 @@ def test_rollout_refuses_to_sample_for_a_version_it_does_not_hold(roles):
 
 
 def test_receipt_for_another_batch_is_a_mismatch():
-    from flows.ppo import check_receipts
+    from tasks.stages import check_receipts
 
     agreed = "iter000005-aaaaaaaaaaaaaaaa"
     receipts = [TrainReceipt("policy", agreed, 0, 3, {}), TrainReceipt("critic", agreed, 0, 3, {})]

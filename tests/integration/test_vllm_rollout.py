@@ -68,7 +68,7 @@ def test_engine_logprobs_match_the_trainer_and_weights_load(vllm_model_dir):
 
 
 def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_model_dir, tmp_path):
-    from flows.ppo import ppo
+    from flows.training import ppo
 
     overrides = [
         f"job.output_root={tmp_path / 'outputs'}",

@@ -185,14 +185,14 @@ def test_targets_stay_the_same_object_on_the_host_and_move_whole_to_a_device():
     ],
 )
 def test_park_on_the_host_is_a_no_op_that_adds_no_metrics(placement, tiny_model_dir, tmp_path):
-    from bench.direct_loop import run_direct_with_roles
+    from flows.in_process import run_in_process
 
     config = load_config(
         TINY_PROFILE,
         [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.batch_size=8", "rl.minibatch_size=8",
          "rl.micro_batch_size=8", "rl.epochs=1", "rl.max_steps=1", *placement],
     )
-    records, roles = run_direct_with_roles(config)  # one actor update: the optimizer has state
+    records, roles = run_in_process(config)  # one actor update: the optimizer has state
     policy = roles.policy
     assert not policy.parks and not policy.parked
     assert policy.ready()["device"] == "cpu"

@@ -79,3 +79,13 @@ def test_shards_sampled_under_different_versions_are_refused(packer):
     stale = Trajectory(**{**parts[1].__dict__, "policy_version": 2})
     with pytest.raises(RuntimeError, match=r"different policy_versions \[2, 3\]"):
         merge_shards([parts[0], stale], PAD)
+
+
+def test_a_batch_that_does_not_split_evenly_is_refused_not_cut():
+    from roles.trajectory import PromptBatch
+
+    rows = list(range(10))
+    batch = PromptBatch(1, [f"p{i}" for i in rows], [str(i) for i in rows], [{} for _ in rows], rows, ["s"] * 10)
+    assert [b.row_ids for b in (batch.shard(0, 2), batch.shard(1, 2))] == [rows[:5], rows[5:]]
+    with pytest.raises(ValueError, match="10 prompts cannot be cut into 4 equal shards"):
+        batch.shard(3, 4)  # rows 8 and 9 would belong to no engine

@@ -1,0 +1,26 @@
+"""The command line's arguments, shared by `python -m flows.ppo` and
+`python -m flows.manifest` (which must not import the flow to start fast)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def parse_args(argv: list[str], prog: str = "python -m flows.ppo") -> tuple[argparse.Namespace, list[str]]:
+    """Options, then `key=value` overrides after `--` (S-RUN-2)."""
+    if "--" in argv:
+        split = argv.index("--")
+        argv, overrides = argv[:split], argv[split + 1 :]
+    else:
+        overrides = []
+    parser = argparse.ArgumentParser(prog=prog, description="Run PPO as a Prefect flow over Ray role actors.")
+    parser.add_argument("--config", required=True, help="profile file, e.g. configs/ppo_tiny_cpu.py")
+    parser.add_argument("--validate-manifest", action="store_true", help="check the whole run without starting workers, then exit")
+    parser.add_argument("--fresh", action="store_true", help="start a new run instead of resuming (refused if the run has a committed boundary)")
+    parser.add_argument("--critic-warmup-iterations", type=int, default=None, help="override rl.critic_warmup_iterations")
+    return parser.parse_args(argv), overrides
+
+
+def warmup_override(args: argparse.Namespace) -> list[str]:
+    warmup = args.critic_warmup_iterations
+    return [] if warmup is None else [f"rl.critic_warmup_iterations={warmup}"]

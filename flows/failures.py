@@ -1,0 +1,43 @@
+"""How a failed stage is named: `<stage>[iter=N] failed: <Type>: <message>`.
+
+The name is the task run's own name in the Prefect UI, so the flow run's state, the
+CLI's last line and the summary artifact all point at the task that broke. Kept
+apart from the flow module so the CLI catches the very class the flow raises, however
+the flow module was imported.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class StageFailed(RuntimeError):
+    """A stage of an iteration raised; the original error is chained."""
+
+
+def stage_run_name(stage: str, iteration: int) -> str:
+    return f"{stage}[iter={iteration}]"
+
+
+@contextmanager
+def naming_failures(stage: str, iteration: int) -> Iterator[None]:
+    try:
+        yield
+    except StageFailed:
+        raise
+    except Exception as error:
+        cause = _actor_cause(error)
+        raise StageFailed(f"{stage_run_name(stage, iteration)} failed: {type(cause).__name__}: {cause}") from error
+
+
+def _actor_cause(error: Exception) -> BaseException:
+    """An actor's exception arrives wrapped in Ray's RayTaskError; the user wants the
+    original (`ZeroDivisionError: ...`), not the wrapper's traceback dump."""
+    try:
+        from ray.exceptions import RayTaskError
+    except ImportError:  # in-process runs need no Ray
+        return error
+    if isinstance(error, RayTaskError) and error.cause is not None:
+        return error.cause
+    return error

@@ -1,0 +1,102 @@
+"""The PPO iteration on role objects in this process: no Prefect, no Ray.
+
+The same iteration program as the flow (flows/iteration.py) under the in-process
+runner (flows/runners.py), so there is no second copy of the loop to keep in step.
+Why it exists: it is the baseline the orchestration is measured against
+(`bench.overhead`), a fast way to run a learning curve (`bench.learning`, the learning
+test), and the other half of an equivalence check: the flow must give the same
+metrics and weights as this run, because every role is an ordinary class (DESIGN.md,
+"A role body is an ordinary class you can construct and test in-process").
+
+    from flows.in_process import run_in_process
+    records, roles = run_in_process(config)   # roles.policy.model holds the final weights
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from configs.schema import PPOConfig
+from flows.iteration import run_iterations
+from flows.run_outputs import RunPaths
+from flows.runners import InProcessRunner
+from roles.critic_role import CriticRole
+from roles.data_role import DataRole
+from roles.policy_role import PolicyRole
+from roles.reference_role import ReferenceRole
+from roles.replay_role import ReplayRole
+from roles.reward_role import RewardRole
+from roles.rollout_role import RolloutRole
+
+
+@dataclass
+class InProcessRoles:
+    """The role objects themselves (not actor handles), so a caller can read the
+    final weights and state after a run: `roles.policy.model.state_dict()`. One of
+    each role: data-parallel ranks and several engines need their own processes."""
+
+    data: DataRole
+    rollout: RolloutRole
+    reward: RewardRole
+    replay: ReplayRole
+    reference: ReferenceRole
+    critic: CriticRole
+    policy: PolicyRole
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+    def ranks(self, role: str) -> list[Any]:
+        return [getattr(self, role)]
+
+
+def build_roles(config: PPOConfig) -> InProcessRoles:
+    """Every role in this process, constructed in `roles.actors.ROLE_CLASSES` order
+    (the tiny model is built on first use, as in the flow)."""
+    return InProcessRoles(
+        data=DataRole(config),
+        rollout=RolloutRole(config),
+        reward=RewardRole(config),
+        replay=ReplayRole(config),
+        reference=ReferenceRole(config),
+        critic=CriticRole(config),
+        policy=PolicyRole(config),
+    )
+
+
+def run_in_process(
+    config: PPOConfig,
+    max_steps: int | None = None,
+    *,
+    roles: InProcessRoles | None = None,
+    start: int = 1,
+    paths: RunPaths | None = None,
+    on_iteration: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[list[dict[str, Any]], InProcessRoles]:
+    """Run iterations `start..max_steps` (default `rl.max_steps`); return one metric
+    record per iteration, with the keys the flow writes to metrics.jsonl, and the roles.
+
+    Args:
+        config: the run configuration (the same object the flow would resolve).
+        max_steps: last outer iteration to run; None means `config.rl.max_steps`.
+        roles: role objects to drive; built from `config` when None. Pass your own
+            to continue them or inspect them afterwards (weights, optimizer, cursor).
+        start: first outer iteration (1 for a fresh run).
+        paths: commit boundaries there on the save cadence, as the flow does; None
+            commits nothing.
+        on_iteration: called with each record as soon as it is complete.
+    """
+    roles = build_roles(config) if roles is None else roles
+    records: list[dict[str, Any]] = []
+
+    def keep(record: dict[str, Any]) -> None:
+        records.append(record)
+        if on_iteration is not None:
+            on_iteration(record)
+
+    if paths is not None:
+        paths.ensure()
+    last = config.rl.max_steps if max_steps is None else max_steps
+    run_iterations(InProcessRunner(), roles, config, start, last, roles.policy.policy_version, paths, keep)
+    return records, roles

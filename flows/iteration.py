@@ -1,0 +1,182 @@
+"""One PPO iteration (S-FLOW-1), written once and run two ways (flows/runners.py):
+over Ray actors with one Prefect task per stage, or in process on plain role objects.
+
+`ppo_iteration` first queues every role call of the iteration in stage order (each
+call takes the previous stage's output, so the bulk moves role to role and never
+through the controller, S-FLOW-2), then waits stage by stage. The same shape as
+OpenRLHF's train_step: the verbs in order, queued first, then gathered.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from algorithm.update_plan import UpdatePlan
+from algorithm.warmup import is_critic_warmup
+from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path
+from configs.schema import PPOConfig
+from flows.run_outputs import RunPaths
+from tasks import commit as commit_tasks
+from tasks import stages
+from tasks.faults import fault_point
+from roles.placement import TRAINER_ROLES
+from tasks.stage_names import TRAIN, time_key
+
+
+class Runner(Protocol):
+    seconds: dict[str, float]
+
+    def start_iteration(self) -> None: ...
+    def call(self, method: Any, *args: Any, returns: int = 1) -> Any: ...
+    def stage(self, stage_task: Any, iteration: int, *args: Any) -> Any: ...
+    def concurrent_stages(self, label: str, iteration: int, *stages: tuple[Any, tuple[Any, ...]]) -> list[Any]: ...
+    def get(self, pending: Any) -> Any: ...
+
+
+class Roles(Protocol):
+    """Actor handles (roles/actors.py) or role objects (flows/in_process.py)."""
+
+    data: Any
+    rollout: Any
+    reward: Any
+    replay: Any
+    reference: Any
+    critic: Any
+    policy: Any
+
+    def ranks(self, role: str) -> list[Any]: ...
+
+
+@dataclass
+class IterationResult:
+    record: dict[str, Any]  # one metrics.jsonl row, less the iteration's total time
+    policy_version: int
+    committed: CommittedBoundary | None
+
+
+def run_iterations(
+    run: Runner,
+    roles: Roles,
+    config: PPOConfig,
+    start: int,
+    last: int,
+    policy_version: int,
+    paths: RunPaths | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[int, CommittedBoundary | None]:
+    """Iterations `start..last`; each record goes to `on_record` as soon as it is
+    complete. Returns the policy_version reached and the last boundary committed."""
+    last_commit = None
+    for iteration in range(start, last + 1):
+        started = time.perf_counter()
+        result = ppo_iteration(run, roles, config, iteration, policy_version, paths)
+        result.record["time/iteration_seconds"] = time.perf_counter() - started
+        policy_version, last_commit = result.policy_version, result.committed or last_commit
+        if on_record is not None:
+            on_record(result.record)
+    return policy_version, last_commit
+
+
+def ppo_iteration(
+    run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None = None
+) -> IterationResult:
+    rl = config.rl
+    run.start_iteration()
+    plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
+    actor_warmup = is_critic_warmup(iteration, rl.critic_warmup_iterations)
+    policy_ranks, critic_ranks = roles.ranks("policy"), roles.ranks("critic")
+
+    # Queue: generate, score, reference, values, targets, updates, weight sync, park.
+    prompts, data_summary = run.call(roles.data.next_batch, iteration, rl.batch_size, returns=2)
+    trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
+    trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
+    trajectory, replay_summary, batch_id = run.call(roles.replay.add, trajectory, returns=3)
+    trajectory, reference_summary = run.call(roles.reference.score, trajectory, returns=2)
+    trajectory, critic_summary = run.call(roles.critic.predict, trajectory, returns=2)
+    # Rank 0 of the policy freezes the targets; every other trainer rank receives
+    # that very object (S-FLOW-3).
+    targets, prepare_summary = run.call(roles.policy.prepare_batch, trajectory, returns=2)
+    installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
+    critic_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in critic_ranks]
+    policy_receipts, loaded, new_version, follows = [], [], None, []
+    if not actor_warmup:  # S-CW-2/5: during warmup nothing touches the actor, no weights move
+        policy_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in policy_ranks]
+        # Takes every rank's receipt: a failed update publishes nothing (S-FLOW-6).
+        weights, new_version = run.call(roles.policy.publish_weights, *policy_receipts, returns=2)
+        loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.ranks("rollout")]
+        follows = [run.call(rank.follow_version, new_version) for rank in policy_ranks[1:]]
+    # The policy's last call: park on the host so the next rollout has the GPU (S-RUN-4).
+    parks = [run.call(rank.park) for rank in policy_ranks]
+
+    # Gather: one task per stage, in order.
+    record: dict[str, Any] = {"iteration": iteration}
+    record |= run.stage(stages.rollout, iteration, data_summary, rollout_summary)
+    record |= run.stage(stages.reward, iteration, reward_summary, replay_summary)
+    record |= run.stage(stages.reference_score, iteration, reference_summary)
+    record |= run.stage(stages.critic_predict, iteration, critic_summary)
+    agreed_batch, prepared = run.stage(stages.prepare_batch, iteration, prepare_summary, installs)
+    record |= prepared
+    trainers = [(stages.train_critic, (critic_receipts, agreed_batch, parks if actor_warmup else []))]
+    if not actor_warmup:
+        trainers.insert(0, (stages.train_policy, (policy_receipts, agreed_batch)))
+    for metrics in run.concurrent_stages(TRAIN, iteration, *trainers):
+        record |= metrics
+    fault_point(iteration, "after_train")
+    if not actor_warmup:
+        policy_version, synced = run.stage(stages.weight_sync, iteration, loaded, new_version, follows, parks)
+        record |= synced
+    record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
+    record["train/policy_version"] = float(policy_version)
+
+    fault_point(iteration, "before_commit")
+    committed = save_on_cadence(run, roles, config, iteration, policy_version, paths)
+    record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
+    return IterationResult(record, policy_version, committed)
+
+
+def generate(run: Runner, roles: Roles, prompts: Any, policy_version: int) -> tuple[Any, Any]:
+    """One completion per prompt (S-FLOW-7). Several engines each generate a shard of
+    the batch; engine 0 gathers the shards into one trajectory."""
+    engines = roles.ranks("rollout")
+    if len(engines) == 1:
+        return run.call(engines[0].generate, prompts, policy_version, returns=2)
+    shards = [
+        run.call(engine.generate, prompts, policy_version, index, len(engines), returns=2)
+        for index, engine in enumerate(engines)
+    ]
+    parts, summaries = [part for part, _ in shards], [summary for _, summary in shards]
+    return run.call(roles.rollout.gather, len(engines), *parts, *summaries, returns=2)
+
+
+def save_kind(config: PPOConfig, iteration: int) -> str | None:
+    """"full" (a committed, resumable boundary), "model" (a weights-only artifact) or
+    None. The final save is always full so a finished run can be extended (S-CKPT-5)."""
+    rl = config.rl
+    if rl.save_final and iteration == rl.max_steps:
+        return "full"
+    if rl.save_every and iteration % rl.save_every == 0:
+        return rl.save_plan
+    return None
+
+
+def save_on_cadence(
+    run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None
+) -> CommittedBoundary | None:
+    """Queued only after every stage succeeded, so a failed iteration writes nothing
+    into its boundary. Rank 0 of each trainer saves; every rank loads on resume."""
+    kind = save_kind(config, iteration) if paths is not None else None
+    if kind == "full":
+        boundary = boundary_path(paths.checkpoints, iteration)
+        saves = {role: run.call(getattr(roles, role).save, f"{boundary}/{role}") for role in (*TRAINER_ROLES, "data")}
+        loop_state = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4, S-CW-9
+        return run.stage(
+            commit_tasks.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
+            config.rl.keep_optim_last,
+        )
+    if kind == "model":
+        folder = f"{paths.artifacts}/{boundary_name(iteration)}"
+        saves = {role: run.call(getattr(roles, role).save, f"{folder}/{role}", "model") for role in TRAINER_ROLES}
+        run.stage(commit_tasks.save_artifact, iteration, saves, folder)
+    return None

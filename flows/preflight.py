@@ -1,0 +1,92 @@
+"""The config-only checks every launch path makes, in one place (S-RUN-3).
+
+`python -m flows.ppo`, a deployment's flow run and `--validate-manifest` all call
+`config_problems`, so they refuse the same configs with the same `key: message`
+lines; the CLI does so before it starts the Prefect API or Ray. Checks that read
+files (data rows, model config, checkpoint pointer) stay in flows/manifest.py.
+Single-section rules (value ranges, a minibatch of whole micro-batches) are the
+schema's own validators and run wherever a config is loaded.
+
+Nothing here imports Prefect, Ray or torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from configs.loading import ConfigError
+from configs.schema import PPOConfig
+from roles.placement import PlacementPlan, placement_problems, plan_placement
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str  # the dotted config key the user should change
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> list[Problem]:
+    """Every cross-field rule of a config, whatever machine checks it: placement vs.
+    the declared devices (S-RUN-4, S-RUN-5), shards that split evenly, the update plan."""
+    plan = plan_placement(config) if plan is None else plan
+    problems = [Problem(key, message) for key, message in placement_problems(plan, config)]
+    rl = config.rl
+    if rl.batch_size % rl.minibatch_size:
+        problems.append(Problem(
+            "rl.minibatch_size",
+            f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
+            "whole minibatches",
+        ))
+    return problems
+
+
+def joins_cluster(config: PPOConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The Ray address a launch would join, or None when it starts its own Ray here."""
+    env = os.environ if environ is None else environ
+    return config.grid.ray_address or env.get("RAY_ADDRESS") or None
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, driver_dir: str = "/proc/driver/nvidia/gpus") -> int:
+    """GPUs a Ray started on this machine would see, without importing torch or Ray:
+    CUDA_VISIBLE_DEVICES when set (as Ray honours it), else the NVIDIA driver's list."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return len([d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip() and d.strip() != "-1"])
+    directory = Path(driver_dir)
+    return len(list(directory.iterdir())) if directory.is_dir() else 0
+
+
+def machine_problems(
+    config: PPOConfig, plan: PlacementPlan | None = None, *, environ: Mapping[str, str] | None = None,
+    gpus: int | None = None,
+) -> list[Problem]:
+    """A placement that cannot fit the machine a local launch would start Ray on.
+    Joining a cluster is checked when its placement groups are reserved instead."""
+    if joins_cluster(config, environ):
+        return []
+    plan = plan_placement(config) if plan is None else plan
+    if not plan.uses_gpus:
+        return []
+    here = visible_gpus(environ) if gpus is None else gpus
+    if here >= plan.total_gpus:
+        return []
+    return [Problem(
+        "grid.gpus_per_node",
+        f"is {plan.gpus_per_node}: the {plan.mode} placement needs {plan.total_gpus} GPUs, but this machine has {here} "
+        "and no Ray cluster is named (RAY_ADDRESS or grid.ray_address); join a cluster with enough GPUs, or run the "
+        "CPU profile (configs/ppo_tiny_cpu.py)",
+    )]
+
+
+def require_runnable(config: PPOConfig, *, environ: Mapping[str, str] | None = None) -> None:
+    """Raise ConfigError naming every problem that would stop this launch."""
+    plan = plan_placement(config)
+    problems = config_problems(config, plan) + machine_problems(config, plan, environ=environ)
+    if problems:
+        raise ConfigError([str(problem) for problem in problems])

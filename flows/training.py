@@ -1,0 +1,172 @@
+"""The `ppo` flow: one Prefect flow run is one training run.
+
+Set-up (config, resume point, Ray, role actors), then the iterations (flows/iteration.py,
+one Prefect task per stage), then the final export and the run's summary. Parameters
+are flat so the Prefect UI form and `prefect deployment run --params` can set them.
+The command line (`python -m flows.ppo`) is flows/cli.py.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from configs.loading import load_config
+from configs.schema import PPOConfig
+from flows.history import RunHistory
+from flows.iteration import run_iterations
+from flows.preflight import require_runnable
+from flows.resume import find_resume_point, restore_roles
+from flows.run_outputs import RunPaths, append_metrics, read_metrics
+from flows.runners import FlowRunner
+from roles.actors import RoleHandles, connect_ray, start_role_actors, stop_role_actors
+from tasks import commit as commit_tasks
+
+DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
+
+
+def resolve_config(
+    profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, run_name: str | None
+) -> PPOConfig:
+    """Profile, then overrides, then the flow's own parameters (which win, so the
+    Prefect form's fields mean what they say). Paths become absolute because actors
+    do not share this process's working directory."""
+    extra = list(overrides or [])
+    if critic_warmup_iterations is not None:
+        extra.append(f"rl.critic_warmup_iterations={critic_warmup_iterations}")
+    if run_name:
+        extra.append(f"job.name={run_name}")
+    config = load_config(profile, extra)
+    updates: dict[str, Any] = {}
+    if "://" not in config.job.output_root:
+        updates["job"] = config.job.model_copy(update={"output_root": os.path.abspath(config.job.output_root)})
+    if config.model.tiny is not None and "://" not in config.model.path:
+        updates["model"] = config.model.model_copy(update={"path": os.path.abspath(config.model.path)})
+    if config.rl.data.path and "://" not in config.rl.data.path:
+        data = config.rl.data.model_copy(update={"path": os.path.abspath(config.rl.data.path)})
+        updates["rl"] = config.rl.model_copy(update={"data": data})
+    return config.model_copy(update=updates)
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters
+    if parameters.get("run_name"):
+        return str(parameters["run_name"])
+    try:
+        return resolve_config(
+            parameters.get("profile", DEFAULT_PROFILE), parameters.get("overrides"), None, None
+        ).job.name
+    except Exception:  # the flow body reports config errors properly
+        return "ppo-invalid-config"
+
+
+@flow(name="ppo", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
+def ppo(
+    profile: str = DEFAULT_PROFILE,
+    overrides: list[str] | None = None,
+    critic_warmup_iterations: int | None = None,
+    resume: bool = True,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """One PPO training run.
+
+    Args:
+        profile: Python config file defining CONFIG (e.g. configs/ppo_tiny_cpu.py).
+        overrides: `key=value` overrides, same syntax as the CLI (`rl.max_steps=5`).
+        critic_warmup_iterations: if set, overrides rl.critic_warmup_iterations.
+        resume: continue from the run's last committed boundary (default); False
+            starts fresh and refuses to overwrite a run that has one.
+        run_name: if set, overrides job.name.
+    """
+    logger = get_run_logger()
+    config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
+    require_runnable(config)  # the CLI's own check, again for deployment runs
+    paths = RunPaths.for_config(config)
+    resume_point = find_resume_point(config, paths, resume=resume)
+    paths.ensure()
+    started_ray = connect_ray(config)
+    roles = None
+    history = None
+    try:
+        roles = start_role_actors(config)
+        policy_version = restore_roles(roles, resume_point, config, paths) if resume_point else 0
+        start = resume_point.iteration + 1 if resume_point else 1
+        logger.info(
+            f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
+            f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
+        )
+        history = RunHistory.start(config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start)
+
+        def record_iteration(record: dict[str, Any]) -> None:
+            append_metrics(paths.metrics, record)
+            history.add_iteration(record)
+            line = progress_line(config, record)
+            print(line, flush=True)
+            logger.info(line)
+
+        runner = FlowRunner()
+        policy_version, last_commit = run_iterations(
+            runner, roles, config, start, config.rl.max_steps, policy_version, paths, record_iteration
+        )
+        exported = None
+        if last_commit is not None and last_commit.iteration == config.rl.max_steps:
+            exported = commit_tasks.export(config.rl.max_steps, last_commit.path, paths.final_model)
+        summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
+        summary["resumed_from"] = resume_point.boundary if resume_point else None
+        history.finish(summary)
+        return summary
+    except Exception as error:
+        if history is not None:
+            history.fail(error)
+        raise
+    finally:
+        stop_role_actors(roles)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def run_summary(
+    config: PPOConfig, paths: RunPaths, roles: RoleHandles, runner: FlowRunner, policy_version: int, last_commit, exported
+) -> dict[str, Any]:
+    updates = runner.get(roles.policy.update_counts.remote())
+    return {
+        "run_name": config.job.name,
+        "run_dir": paths.run_dir,
+        "iterations": config.rl.max_steps,
+        "policy_version": policy_version,
+        "last_boundary": last_commit.path if last_commit else None,
+        "final_model": exported,
+        # Observed from the policy itself: no optimizer step and no published version.
+        "actor_untouched": updates["optimizer_step"] == 0 and updates["policy_version"] == 0,
+        **reward_rise(read_metrics(paths.metrics)),
+    }
+
+
+def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, float | None]:
+    """First-`window` vs last-`window` mean reward over the whole run (resumed parts
+    included): the one number that says whether the policy learned."""
+    rewards = [r["train/reward_mean"] for r in sorted(records, key=lambda r: r["iteration"])]
+    if not rewards:
+        return {"first_reward_mean": None, "last_reward_mean": None, "reward_window": window}
+    # Disjoint windows when the run is short, so "rise" compares different iterations.
+    window = max(1, min(window, len(rewards) // 2))
+    first = sum(rewards[:window]) / window
+    last = sum(rewards[-window:]) / window
+    return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": window}
+
+
+def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:
+    policy_loss = record.get("train/policy_loss")
+    phase = "critic-warmup" if record["train/actor_warmup"] else f"pv={int(record['train/policy_version'])}"
+    return (
+        f"iter {record['iteration']:>4}/{config.rl.max_steps}  reward {record['train/reward_mean']:.3f}  "
+        f"policy_loss {'   -   ' if policy_loss is None else f'{policy_loss:+.4f}'}  "
+        f"value_loss {record['train/value_loss']:.4f}  kl {record['train/kl']:+.4f}  {phase}  "
+        f"{record['time/iteration_seconds']:.2f}s"
+    )

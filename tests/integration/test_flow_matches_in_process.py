@@ -1,0 +1,39 @@
+"""S-CW-3 and the architecture's promise: the flow over Ray actors computes exactly
+what the role bodies compute in process. The iteration program is one
+(flows/iteration.py), run by two runners; with N=0 (the flow's warmup code path
+present but inactive) metrics and final weights are equal, and so are the boundaries
+both commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint.digest import state_digest
+from checkpoint.role_state import model_tensors
+from flows.in_process import run_in_process
+from flows.run_outputs import RunPaths
+from flows.training import resolve_config
+from tests.conftest import TINY_PROFILE
+from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+
+pytestmark = [pytest.mark.ray, pytest.mark.prefect]
+
+
+def test_flow_with_zero_warmup_equals_the_in_process_run(prefect_api, ray_cluster, tiny_overrides, tmp_path):
+    from flows.training import ppo
+
+    overrides = tiny_overrides + ["rl.max_steps=3", "job.name=golden"]
+    ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=0)
+    run_dir = tmp_path / "outputs" / "golden"
+
+    config = resolve_config(TINY_PROFILE, overrides + ["job.name=golden-in-process"], 0, None)
+    in_process, roles = run_in_process(config, paths=RunPaths.for_config(config))
+
+    assert [without_timings(r) for r in metric_records(run_dir)] == [without_timings(r) for r in in_process]
+    assert [sorted(r) for r in metric_records(run_dir)] == [sorted(r) for r in in_process]  # time/* keys too
+    final = boundary(run_dir, 3)
+    assert weights_digest(final / "policy") == state_digest(model_tensors(roles.policy.model))
+    assert weights_digest(final / "critic") == state_digest(model_tensors(roles.critic.model))
+    in_process_final = boundary(tmp_path / "outputs" / "golden-in-process", 3)
+    assert weights_digest(in_process_final / "policy") == weights_digest(final / "policy")
+    assert (in_process_final / "_SUCCESS").is_file()

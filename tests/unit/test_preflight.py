@@ -1,0 +1,100 @@
+"""One validation on every launch path (issue 15): `python -m flows.ppo`, a deployment's
+flow run and `--validate-manifest` refuse the same configs with the same `key: message`
+lines, and the CLI refuses before it starts Prefect or Ray (S-RUN-3)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs.loading import ConfigError, load_config
+from flows.manifest import check_manifest, validate_manifest
+from flows.preflight import config_problems, machine_problems, require_runnable, visible_gpus
+from tests.conftest import REPO_ROOT, TINY_PROFILE
+
+PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
+UNEVEN_ENGINES = ["rl.batch_size=10", "rl.minibatch_size=2", "rl.micro_batch_size=2", "grid.cpu_rollout_engines=4"]
+
+
+def _keys(problems) -> list[str]:
+    return [problem.key for problem in problems]
+
+
+def test_a_batch_the_rollout_engines_cannot_split_is_refused_naming_both_keys():
+    problems = config_problems(load_config(TINY_PROFILE, UNEVEN_ENGINES))
+    assert _keys(problems) == ["rl.batch_size"]
+    assert "grid.cpu_rollout_engines" in problems[0].message and "4 rollout engines" in problems[0].message
+
+
+def test_a_minibatch_that_does_not_divide_the_batch_is_refused_at_config():
+    problems = config_problems(load_config(TINY_PROFILE, ["rl.batch_size=12", "rl.minibatch_size=8", "rl.micro_batch_size=8"]))
+    assert _keys(problems) == ["rl.minibatch_size"] and "does not divide rl.batch_size 12" in problems[0].message
+
+
+def test_the_local_backend_does_nothing_and_is_refused():
+    problems = config_problems(load_config(TINY_PROFILE, ["grid.backend=local"]))
+    assert _keys(problems) == ["grid.backend"] and "S-RUN-5" in problems[0].message
+
+
+def test_a_gpu_placement_must_fit_the_machine_it_starts_on():
+    config = load_config(PUBLIC_PROFILE)
+    assert config_problems(config) == []  # the config itself is fine: it declares 4 GPUs
+    (problem,) = machine_problems(config, environ={}, gpus=0)
+    assert problem.key == "grid.gpus_per_node" and "needs 4 GPUs, but this machine has 0" in problem.message
+    assert machine_problems(config, environ={}, gpus=4) == []
+    assert machine_problems(config, environ={"RAY_ADDRESS": "10.0.0.1:6379"}, gpus=0) == []  # checked on the cluster
+    assert machine_problems(load_config(TINY_PROFILE), environ={}, gpus=0) == []
+    with pytest.raises(ConfigError, match="grid.gpus_per_node"):
+        require_runnable(config, environ={"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_visible_gpus_follows_cuda_visible_devices_then_the_driver(tmp_path):
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,3"}) == 2
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+    for index in range(3):
+        (tmp_path / f"0000:0{index}:00.0").mkdir()
+    assert visible_gpus({}, driver_dir=str(tmp_path)) == 3
+    assert visible_gpus({}, driver_dir=str(tmp_path / "absent")) == 0
+
+
+def test_the_manifest_reports_the_run_paths_lines_and_notes_the_machine():
+    config = load_config(TINY_PROFILE, UNEVEN_ENGINES)
+    assert [str(p) for p in check_manifest(config).problems][:1] == [str(p) for p in config_problems(config)]
+    err = io.StringIO()
+    assert validate_manifest(TINY_PROFILE, UNEVEN_ENGINES, out=io.StringIO(), err=err) == 1
+    assert f"error: {config_problems(config)[0]}" in err.getvalue().splitlines()
+    # A 4-GPU launch checked from a machine without GPUs: the plan is fine, the machine is noted.
+    report = check_manifest(load_config(PUBLIC_PROFILE), environ={"CUDA_VISIBLE_DEVICES": ""})
+    assert report.ok and any("a launch on this machine would be refused" in note for note in report.notes)
+
+
+def _cli(*args: str, cwd) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.ppo", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""},
+    )
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    ("profile", "overrides", "line"),
+    [
+        (TINY_PROFILE, UNEVEN_ENGINES,
+         "error: rl.batch_size: is 10, not divisible by the 4 rollout engines (grid.cpu_rollout_engines); "
+         "every engine generates an equal shard"),
+        (PUBLIC_PROFILE, [], "error: grid.gpus_per_node: is 4: the colocated placement needs 4 GPUs, but this machine has 0"),
+    ],
+)
+def test_the_cli_refuses_in_seconds_before_starting_anything_and_writes_nothing(profile, overrides, line, tmp_path):
+    result, seconds = _cli("--config", profile, "--", f"job.output_root={tmp_path / 'outputs'}", *overrides, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0].startswith(line) and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stdout == ""  # not even the run's opening line: nothing started
+    assert list(tmp_path.iterdir()) == []  # no run folder, no Prefect home, no model
+    assert seconds < 30  # a config check and the imports it needs, not the 20 s+ of the embedded API
