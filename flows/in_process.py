@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from configs.schema import PPOConfig
 from flows.iteration import run_iterations
-from flows.run_outputs import RunPaths
+from flows.resume import find_resume_point, restore_roles
+from flows.run_outputs import RunPaths, append_metrics
 from flows.runners import InProcessRunner
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
@@ -72,6 +73,7 @@ def run_in_process(
     roles: InProcessRoles | None = None,
     start: int = 1,
     paths: RunPaths | None = None,
+    resume: bool = False,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], InProcessRoles]:
     """Run iterations `start..max_steps` (default `rl.max_steps`); return one metric
@@ -83,8 +85,10 @@ def run_in_process(
         roles: role objects to drive; built from `config` when None. Pass your own
             to continue them or inspect them afterwards (weights, optimizer, cursor).
         start: first outer iteration (1 for a fresh run).
-        paths: commit boundaries there on the save cadence, as the flow does; None
-            commits nothing.
+        paths: write the run there as the flow does (boundaries on the save cadence,
+            metrics.jsonl); None writes nothing.
+        resume: with `paths`, continue from the run's last committed boundary exactly
+            as the flow does (flows/resume.py); `start` is then the iteration after it.
         on_iteration: called with each record as soon as it is complete.
     """
     roles = build_roles(config) if roles is None else roles
@@ -92,11 +96,19 @@ def run_in_process(
 
     def keep(record: dict[str, Any]) -> None:
         records.append(record)
+        if paths is not None:
+            append_metrics(paths.metrics, record)
         if on_iteration is not None:
             on_iteration(record)
 
+    runner = InProcessRunner()
+    policy_version = roles.policy.policy_version
     if paths is not None:
+        point = find_resume_point(config, paths, resume=resume)
         paths.ensure()
+        if point is not None:
+            policy_version = restore_roles(runner, roles, point, config, paths)
+            start = point.iteration + 1
     last = config.rl.max_steps if max_steps is None else max_steps
-    run_iterations(InProcessRunner(), roles, config, start, last, roles.policy.policy_version, paths, keep)
+    run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
     return records, roles

@@ -8,8 +8,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-import ray
 
 from algorithm.warmup import expected_policy_version
 from checkpoint.boundary import CheckpointError, atomic_write_text, read_latest, read_marker
@@ -73,15 +71,17 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
         )
 
 
-def restore_roles(roles, point: ResumePoint, config: PPOConfig, paths: RunPaths) -> int:
-    """Load every role from the boundary into the (possibly fresh) actors, verify
-    the counters the marker vouches for, and hand the rollout the restored weights.
-    Returns the restored policy_version."""
+def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunPaths) -> int:
+    """Load every role from the boundary into the (possibly fresh) actors or role
+    objects (`run` is a runner of flows/runners.py), verify the counters the marker
+    vouches for, and hand the rollout the restored weights. Returns the restored
+    policy_version."""
     boundary = point.boundary
-    # Every rank of a data-parallel trainer loads the one copy rank 0 saved.
-    policy_loads = [rank.load.remote(f"{boundary}/policy") for rank in roles.ranks("policy")]
-    critic_loads = [rank.load.remote(f"{boundary}/critic") for rank in roles.ranks("critic")]
-    states = ray.get([*policy_loads, *critic_loads, roles.data.load.remote(f"{boundary}/data")])
+    # Every rank of a data-parallel trainer loads the one copy rank 0 saved; all
+    # loads are submitted before any is awaited.
+    policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.ranks("policy")]
+    critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.ranks("critic")]
+    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data")])
     policy_state, critic_state = states[0], states[len(policy_loads)]
     observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
     recorded = point.marker.get("role_steps")
@@ -111,8 +111,8 @@ def restore_roles(roles, point: ResumePoint, config: PPOConfig, paths: RunPaths)
             f"{boundary}: restored policy_version {policy_version} but iteration {point.iteration} with "
             f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected} (S-CW-9)"
         )
-    weights_ref, version_ref = roles.policy.current_weights.options(num_returns=2).remote()
-    ray.get([engine.load_weights.remote(weights_ref, version_ref) for engine in roles.ranks("rollout")])
+    weights, version = run.call(roles.policy.current_weights, returns=2)
+    run.get([run.call(engine.load_weights, weights, version) for engine in roles.ranks("rollout")])
     truncate_metrics(paths.metrics, point.iteration)
     _logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
     return policy_version

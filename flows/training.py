@@ -93,7 +93,8 @@ def ppo(
     history = None
     try:
         roles = start_role_actors(config)
-        policy_version = restore_roles(roles, resume_point, config, paths) if resume_point else 0
+        runner = FlowRunner()
+        policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         start = resume_point.iteration + 1 if resume_point else 1
         logger.info(
             f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
@@ -108,7 +109,6 @@ def ppo(
             print(line, flush=True)
             logger.info(line)
 
-        runner = FlowRunner()
         policy_version, last_commit = run_iterations(
             runner, roles, config, start, config.rl.max_steps, policy_version, paths, record_iteration
         )
