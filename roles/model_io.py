@@ -22,6 +22,7 @@ from transformers import (
 from transformers.modeling_outputs import TokenClassifierOutput
 
 from configs.schema import ModelConfig
+from algorithm.ppo_math import token_entropy
 from data.packing import MULTIMODAL_EXTRA, MultimodalInputs, load_chat_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -162,6 +163,24 @@ def _model_output(
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask))
 
 
+def _response_log_distribution(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float,
+    extras: Mapping[str, Any] | None,
+    rows: Sequence[int] | torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-distribution (b, r, V) over the vocabulary at each response position, the
+    response tokens (b, r)), on the model's device."""
+    input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
+    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
+    multimodal = _multimodal(extras)
+    excluded = () if multimodal is None else multimodal.never_generate
+    return log_distribution(logits[:, prompt_length - 1 : -1], temperature, excluded), input_ids[:, prompt_length:]
+
+
 def response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -184,11 +203,47 @@ def response_logprobs(
     Returns log-probs on the model's device: callers that hand them to another role
     bring them to the host.
     """
-    input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
-    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
-    multimodal = _multimodal(extras)
-    excluded = () if multimodal is None else multimodal.never_generate
-    return logprobs_from_logits(logits[:, prompt_length - 1 : -1], input_ids[:, prompt_length:], temperature, excluded)
+    log_probs, tokens = _response_log_distribution(
+        model, input_ids, attention_mask, prompt_length, temperature, extras, rows
+    )
+    return _sampled(log_probs, tokens)
+
+
+def response_logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float = 1.0,
+    extras: Mapping[str, Any] | None = None,
+    rows: Sequence[int] | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`response_logprobs` (b, r, with grad) and the policy's per-token entropy (b, r,
+    no grad) from the same forward: the loss's diagnostics cost no second pass, and
+    the entropy never reaches the gradient. Arguments as for `response_logprobs`."""
+    log_probs, tokens = _response_log_distribution(
+        model, input_ids, attention_mask, prompt_length, temperature, extras, rows
+    )
+    with torch.no_grad():
+        entropy = token_entropy(log_probs.detach())
+    return _sampled(log_probs, tokens), entropy
+
+
+def _sampled(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log-probs (b, r, V), tokens (b, r) -> the tokens' log-probs (b, r)."""
+    return torch.gather(log_probs, 2, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def log_distribution(
+    logits: torch.Tensor, temperature: float = 1.0, excluded_token_ids: Sequence[int] = ()
+) -> torch.Tensor:
+    """logits (b, r, V) -> log-probs (b, r, V) at `temperature`, with
+    `excluded_token_ids` (never sampled) outside the distribution (-inf)."""
+    logits = logits.float() / temperature
+    if excluded_token_ids:
+        excluded = torch.tensor(list(excluded_token_ids), device=logits.device)
+        logits = logits.index_fill(-1, excluded, float("-inf"))
+    return logits.log_softmax(-1)
 
 
 def logprobs_from_logits(
@@ -196,11 +251,8 @@ def logprobs_from_logits(
 ) -> torch.Tensor:
     """logits (b, r, V) predicting tokens (b, r) -> log-probs (b, r), with
     `excluded_token_ids` (never sampled) outside the distribution."""
-    logits = logits.float() / temperature
-    if excluded_token_ids:
-        excluded = torch.tensor(list(excluded_token_ids), device=logits.device)
-        logits = logits.index_fill(-1, excluded, float("-inf"))
-    return torch.gather(logits.log_softmax(-1), 2, tokens.unsqueeze(-1)).squeeze(-1)
+    log_probs = log_distribution(logits, temperature, excluded_token_ids)
+    return _sampled(log_probs, tokens)
 
 
 def response_values(
