@@ -165,20 +165,18 @@ def uncatalogued(records: Iterable[Mapping[str, object]]) -> list[str]:
 
 def render() -> str:
     """docs/reference/metrics.md, from METRICS."""
-    rows = [f"| `{m.key}` | {m.meaning} | {m.unit} | {'; '.join(m.conditions)} | `{m.source}` |" for m in METRICS]
-    lines = [
-        "# Metrics reference",
-        "",
-        "Generated from `algorithm/metrics_catalogue.py` by `python -m algorithm.metrics_catalogue`; do not edit",
-        "by hand. Each line of a run's `metrics.jsonl` is one iteration's record; these are its keys. A key",
-        "that does not apply to an iteration is absent from its record, never written as zero.",
-        "",
-        "| key | meaning | unit | in the record | written by |",
-        "| --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-    ]
-    return "\n".join(lines)
+    from configs.reference_doc import reference_page  # pydantic, for the doc only
+
+    return reference_page(
+        "Metrics reference",
+        [
+            "Generated from `algorithm/metrics_catalogue.py` by `python -m algorithm.metrics_catalogue`; do not edit",
+            "by hand. Each line of a run's `metrics.jsonl` is one iteration's record; these are its keys. A key",
+            "that does not apply to an iteration is absent from its record, never written as zero.",
+        ],
+        ["key", "meaning", "unit", "in the record", "written by"],
+        [f"| `{m.key}` | {m.meaning} | {m.unit} | {'; '.join(m.conditions)} | `{m.source}` |" for m in METRICS],
+    )
 
 
 if __name__ == "__main__":

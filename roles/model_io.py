@@ -163,24 +163,6 @@ def _model_output(
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask))
 
 
-def _response_log_distribution(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_length: int,
-    temperature: float,
-    extras: Mapping[str, Any] | None,
-    rows: Sequence[int] | torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-distribution (b, r, V) over the vocabulary at each response position, the
-    response tokens (b, r)), on the model's device."""
-    input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
-    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
-    multimodal = _multimodal(extras)
-    excluded = () if multimodal is None else multimodal.never_generate
-    return log_distribution(logits[:, prompt_length - 1 : -1], temperature, excluded), input_ids[:, prompt_length:]
-
-
 def response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -189,7 +171,9 @@ def response_logprobs(
     temperature: float = 1.0,
     extras: Mapping[str, Any] | None = None,
     rows: Sequence[int] | torch.Tensor | None = None,
-) -> torch.Tensor:
+    *,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (b, r) of the response tokens under `model` at `temperature`.
 
     Args:
@@ -199,34 +183,23 @@ def response_logprobs(
             rows' pixels and grids to the forward and masks the tokens the engine
             never samples (S-RUN-6). None or empty for text.
         rows: which rows of the trajectory these b rows are (None: all, in order).
+        with_entropy: also return the per-token entropy (b, r, no grad) of the same
+            distribution, so the loss's diagnostics cost no second forward and never
+            reach the gradient.
 
-    Returns log-probs on the model's device: callers that hand them to another role
-    bring them to the host.
+    Returns log-probs (and the entropy) on the model's device: callers that hand them
+    to another role bring them to the host.
     """
-    log_probs, tokens = _response_log_distribution(
-        model, input_ids, attention_mask, prompt_length, temperature, extras, rows
-    )
-    return _sampled(log_probs, tokens)
-
-
-def response_logprobs_and_entropy(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_length: int,
-    temperature: float = 1.0,
-    extras: Mapping[str, Any] | None = None,
-    rows: Sequence[int] | torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`response_logprobs` (b, r, with grad) and the policy's per-token entropy (b, r,
-    no grad) from the same forward: the loss's diagnostics cost no second pass, and
-    the entropy never reaches the gradient. Arguments as for `response_logprobs`."""
-    log_probs, tokens = _response_log_distribution(
-        model, input_ids, attention_mask, prompt_length, temperature, extras, rows
-    )
+    input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
+    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
+    multimodal = _multimodal(extras)
+    excluded = () if multimodal is None else multimodal.never_generate
+    log_probs = log_distribution(logits[:, prompt_length - 1 : -1], temperature, excluded)  # (b, r, V)
+    logprobs = _sampled(log_probs, input_ids[:, prompt_length:])
+    if not with_entropy:
+        return logprobs
     with torch.no_grad():
-        entropy = token_entropy(log_probs.detach())
-    return _sampled(log_probs, tokens), entropy
+        return logprobs, token_entropy(log_probs.detach())
 
 
 def _sampled(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

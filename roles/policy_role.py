@@ -34,7 +34,6 @@ from roles.model_io import (
     load_image_processor,
     load_tokenizer,
     response_logprobs,
-    response_logprobs_and_entropy,
 )
 from roles.data_parallel import rendezvous_address
 from roles.placement import parks_between_updates, plan_placement, role_device
@@ -169,9 +168,9 @@ class PolicyRole:
         }
 
     def _loss(self, targets: PPOTargets, index: torch.Tensor):
-        logprobs, entropy = response_logprobs_and_entropy(
+        logprobs, entropy = response_logprobs(
             self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length,
-            self.rl.rollout.temperature, targets.extras, index,
+            self.rl.rollout.temperature, targets.extras, index, with_entropy=True,
         )
         output = clipped_policy_loss(
             logprobs, targets.old_logprobs[index], targets.advantages[index], targets.response_mask[index],

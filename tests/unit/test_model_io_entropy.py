@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from roles.model_io import response_logprobs, response_logprobs_and_entropy
+from roles.model_io import response_logprobs
 
 
 class FixedLogits(torch.nn.Module):
@@ -28,7 +28,7 @@ def test_entropy_at_the_rollout_temperature_beside_identical_logprobs():
     model = FixedLogits()
     input_ids = torch.tensor([[0, 1, 1, 0]])  # p = 2, r = 2
     attention_mask = torch.ones_like(input_ids)
-    logprobs, entropy = response_logprobs_and_entropy(model, input_ids, attention_mask, 2, temperature=2.0)
+    logprobs, entropy = response_logprobs(model, input_ids, attention_mask, 2, temperature=2.0, with_entropy=True)
     # At T = 2 the logits are [0, ln 3]: π = [1/4, 3/4], H = ln 4 − ¾·ln 3 ≈ 0.5623.
     expected = math.log(4) - 0.75 * math.log(3)
     torch.testing.assert_close(entropy, torch.full((1, 2), expected))
