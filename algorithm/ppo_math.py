@@ -104,12 +104,28 @@ def generalized_advantage_estimate(
     return advantages * mask, returns
 
 
+def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy H = −Σ_v π(v)·log π(v) of each position's next-token distribution.
+
+    Args:
+        log_probs: (b, r, V) normalised log-probs over the vocabulary (V tokens), at
+            the sampling temperature; −inf on tokens the engine never samples.
+
+    Returns:
+        (b, r) entropy in nats; a uniform distribution over V tokens gives log V.
+    """
+    probs = log_probs.exp()
+    # A token of probability 0 contributes 0 (the limit of p·log p), not 0·(−inf) = NaN.
+    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(dim=-1)
+
+
 @dataclass(frozen=True)
 class PolicyLossOutput:
     loss: torch.Tensor
     clip_fraction: torch.Tensor
     approx_kl: torch.Tensor
     ratio_mean: torch.Tensor
+    entropy: torch.Tensor | None = None  # mean per-token entropy over the mask, when given
 
 
 def clipped_policy_loss(
@@ -118,6 +134,7 @@ def clipped_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_ratio: float,
+    entropy: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO-clip surrogate (Schulman et al. 2017, eq. 7), negated for minimisation.
 
@@ -126,6 +143,8 @@ def clipped_policy_loss(
         old_logprobs: (b, r) log π_old, frozen at prepare_batch.
         advantages: (b, r) frozen advantages.
         mask: (b, r) response mask.
+        entropy: optional (b, r) per-token entropy of π_θ (`token_entropy`, no grad):
+            reported as a diagnostic only, never part of the loss.
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
@@ -137,7 +156,8 @@ def clipped_policy_loss(
         # k3 estimator of KL(old || new) (Schulman's "Approximating KL" note): >= 0, low variance.
         approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
         ratio_mean = masked_mean(ratio, mask)
-    return PolicyLossOutput(loss, clip_fraction, approx_kl, ratio_mean)
+        entropy_mean = None if entropy is None else masked_mean(entropy, mask)
+    return PolicyLossOutput(loss, clip_fraction, approx_kl, ratio_mean, entropy_mean)
 
 
 @dataclass(frozen=True)

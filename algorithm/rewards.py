@@ -14,10 +14,9 @@ strings, and should not pay torch's import (seconds) for it.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from algorithm.reward_rules import (
@@ -28,6 +27,7 @@ from algorithm.reward_rules import (
     RewardContext,
     TerminalMatcher,
 )
+from configs.callables import import_callable
 
 if TYPE_CHECKING:
     import torch
@@ -59,31 +59,8 @@ class RewardConfigError(ValueError):
 # --- terminal rule resolution -------------------------------------------------------
 
 
-def _load_callable(path: str) -> Callable[..., Any]:
-    """Import `package.module:callable` (the attribute may be dotted: `mod:Class.method`)."""
-    key = "rl.reward.terminal_callable"
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name.strip() or not attribute.strip():
-        raise RewardConfigError(
-            f"{key}={path!r} is not a 'package.module:callable' path (e.g. 'my_rewards.math:score')"
-        )
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as error:  # any import-time failure of user code is a config error
-        raise RewardConfigError(
-            f"{key}={path!r}: cannot import module {module_name!r} ({type(error).__name__}: {error})"
-        ) from error
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise RewardConfigError(f"{key}={path!r}: {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise RewardConfigError(f"{key}={path!r} resolves to a {type(target).__name__}, not a callable")
-    return target
-
-
 def _callable_matcher(path: str) -> TerminalMatcher:
-    fn = _load_callable(path)
+    fn = import_callable(path, key="rl.reward.terminal_callable", error=RewardConfigError)
     # S-REW-2: a callable needs the reference unless it says otherwise, because
     # guessing "no" would hand it None where it expected the ground truth.
     needs_reference = getattr(fn, "needs_reference", True)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import fsspec
 
 from checkpoint.boundary import read_marker
-from checkpoint.role_state import OPTIMIZER_FILE
+from checkpoint.role_state import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE
 
-PRUNED_NOTE = "OPTIMIZER_PRUNED"
 TRAINABLE_ROLES = ("policy", "critic")
 
 
@@ -38,7 +37,8 @@ def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None) ->
             fs, role_dir = fsspec.core.url_to_fs(f"{boundary}/{role}")
             optimizer_path = f"{role_dir}/{OPTIMIZER_FILE}"
             if fs.exists(optimizer_path):
-                fs.pipe_file(f"{role_dir}/{PRUNED_NOTE}", b"optimizer state removed by retention (rl.keep_optim_last)\n")
+                note = b"optimizer state removed by retention (rl.keep_optim_last)\n"
+                fs.pipe_file(f"{role_dir}/{OPTIMIZER_PRUNED_NOTE}", note)
                 fs.rm(optimizer_path)
                 pruned.append(f"{boundary}/{role}")
     return pruned

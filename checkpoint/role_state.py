@@ -33,6 +33,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
+# Written by retention (S-CKPT-6) beside a role whose OPTIMIZER_FILE it removed; a resume refuses it.
+OPTIMIZER_PRUNED_NOTE = "OPTIMIZER_PRUNED"
 
 
 class RoleCheckpointError(RuntimeError):
@@ -206,7 +208,7 @@ def load_trainable_role(
     # target through set_optimizer_state_dict would materialise state (S-CW-8).
     state = read_trainer_state(directory)
     fs, local = fsspec.core.url_to_fs(directory)
-    if fs.exists(f"{local}/OPTIMIZER_PRUNED"):
+    if fs.exists(f"{local}/{OPTIMIZER_PRUNED_NOTE}"):
         raise RoleCheckpointError(
             f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
             "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"

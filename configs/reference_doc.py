@@ -44,22 +44,27 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     return rows
 
 
+def reference_page(title: str, intro: list[str], columns: list[str], rows: list[str]) -> str:
+    """A generated reference page: title, intro lines, one markdown table. Shared with
+    docs/reference/metrics.md (`algorithm.metrics_catalogue`) so both read alike."""
+    return "\n".join([
+        f"# {title}", "", *intro, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns), *rows, "",
+    ])
+
+
 def render() -> str:
-    lines = [
-        "# Config reference",
-        "",
-        "Generated from `configs/schema.py` by `python -m configs.reference_doc`; do not edit by hand.",
-        "Set any key from the command line after `--` (`rl.max_steps=5`), or in the `overrides`",
-        "list of the `ppo` flow. Values are parsed as JSON when they parse (numbers, `true`,",
-        "`null`), else taken as strings. Setting one of `rl.data.path`, `rl.data.name`,",
-        "`rl.data.factory` on the command line replaces the profile's data source.",
-        "",
-        "| key | type | default | meaning |",
-        "| --- | --- | --- | --- |",
-        *_rows(PPOConfig, ""),
-        "",
-    ]
-    return "\n".join(lines)
+    return reference_page(
+        "Config reference",
+        [
+            "Generated from `configs/schema.py` by `python -m configs.reference_doc`; do not edit by hand.",
+            "Set any key from the command line after `--` (`rl.max_steps=5`), or in the `overrides`",
+            "list of the `ppo` flow. Values are parsed as JSON when they parse (numbers, `true`,",
+            "`null`), else taken as strings. Setting one of `rl.data.path`, `rl.data.name`,",
+            "`rl.data.factory` on the command line replaces the profile's data source.",
+        ],
+        ["key", "type", "default", "meaning"],
+        _rows(PPOConfig, ""),
+    )
 
 
 if __name__ == "__main__":

@@ -9,14 +9,11 @@ because a user editing an override on the Prefect form should not need the sourc
 
 from __future__ import annotations
 
-import importlib.util
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-_DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+from configs.callables import check_callable_module
 
 
 class Section(BaseModel):
@@ -130,16 +127,7 @@ class DataPackerConfig(Section):
         # the attribute itself is looked up when the rollout role builds the packer.
         if value is None:
             return value
-        module_name, sep, attribute = value.partition(":")
-        if not sep or not _DOTTED_NAME.match(module_name) or not _DOTTED_NAME.match(attribute):
-            raise ValueError(f"data_packer.factory: {value!r} is not of the form package.module:callable")
-        try:
-            found = importlib.util.find_spec(module_name)
-        except (ImportError, ValueError) as error:
-            raise ValueError(f"data_packer.factory: cannot find module {module_name!r} ({error})") from None
-        if found is None:
-            raise ValueError(f"data_packer.factory: no module named {module_name!r} (from {value!r})")
-        return value
+        return check_callable_module(value, key="data_packer.factory")
 
 
 class JobConfig(Section):

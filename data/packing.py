@@ -219,7 +219,7 @@ def build_packer(model_path: str, factory: str | None = None, factory_kwargs: Ma
     """
     kwargs = dict(factory_kwargs or {})
     if factory:
-        from data.sources import import_callable
+        from configs.callables import import_callable
 
         build = import_callable(factory, key="data_packer.factory")
         try:

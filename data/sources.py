@@ -3,10 +3,10 @@ human-readable position so any refusal can say where the row came from."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
+from configs.callables import import_callable
 from configs.schema import DataConfig
 
 
@@ -14,25 +14,6 @@ from configs.schema import DataConfig
 class SourcedRow:
     value: dict[str, Any]
     where: str  # e.g. "prompts.jsonl row 3 (line 7, column 1)" or "factory data.synthetic:copy_digit row 3"
-
-
-def import_callable(path: str, *, key: str) -> Callable[..., Any]:
-    """Resolve `package.module:callable`, naming the config key on failure."""
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"{key}: {path!r} is not of the form package.module:callable")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"{key}: cannot import module {module_name!r} ({error})") from None
-    target = module
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"{key}: module {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"{key}: {path!r} is not callable")
-    return target
 
 
 def iter_source_rows(data: DataConfig) -> Iterator[SourcedRow]:

@@ -22,6 +22,7 @@ from transformers import (
 from transformers.modeling_outputs import TokenClassifierOutput
 
 from configs.schema import ModelConfig
+from algorithm.ppo_math import token_entropy
 from data.packing import MULTIMODAL_EXTRA, MultimodalInputs, load_chat_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -170,7 +171,9 @@ def response_logprobs(
     temperature: float = 1.0,
     extras: Mapping[str, Any] | None = None,
     rows: Sequence[int] | torch.Tensor | None = None,
-) -> torch.Tensor:
+    *,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (b, r) of the response tokens under `model` at `temperature`.
 
     Args:
@@ -180,15 +183,40 @@ def response_logprobs(
             rows' pixels and grids to the forward and masks the tokens the engine
             never samples (S-RUN-6). None or empty for text.
         rows: which rows of the trajectory these b rows are (None: all, in order).
+        with_entropy: also return the per-token entropy (b, r, no grad) of the same
+            distribution, so the loss's diagnostics cost no second forward and never
+            reach the gradient.
 
-    Returns log-probs on the model's device: callers that hand them to another role
-    bring them to the host.
+    Returns log-probs (and the entropy) on the model's device: callers that hand them
+    to another role bring them to the host.
     """
     input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
     logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
     multimodal = _multimodal(extras)
     excluded = () if multimodal is None else multimodal.never_generate
-    return logprobs_from_logits(logits[:, prompt_length - 1 : -1], input_ids[:, prompt_length:], temperature, excluded)
+    log_probs = log_distribution(logits[:, prompt_length - 1 : -1], temperature, excluded)  # (b, r, V)
+    logprobs = _sampled(log_probs, input_ids[:, prompt_length:])
+    if not with_entropy:
+        return logprobs
+    with torch.no_grad():
+        return logprobs, token_entropy(log_probs.detach())
+
+
+def _sampled(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log-probs (b, r, V), tokens (b, r) -> the tokens' log-probs (b, r)."""
+    return torch.gather(log_probs, 2, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def log_distribution(
+    logits: torch.Tensor, temperature: float = 1.0, excluded_token_ids: Sequence[int] = ()
+) -> torch.Tensor:
+    """logits (b, r, V) -> log-probs (b, r, V) at `temperature`, with
+    `excluded_token_ids` (never sampled) outside the distribution (-inf)."""
+    logits = logits.float() / temperature
+    if excluded_token_ids:
+        excluded = torch.tensor(list(excluded_token_ids), device=logits.device)
+        logits = logits.index_fill(-1, excluded, float("-inf"))
+    return logits.log_softmax(-1)
 
 
 def logprobs_from_logits(
@@ -196,11 +224,8 @@ def logprobs_from_logits(
 ) -> torch.Tensor:
     """logits (b, r, V) predicting tokens (b, r) -> log-probs (b, r), with
     `excluded_token_ids` (never sampled) outside the distribution."""
-    logits = logits.float() / temperature
-    if excluded_token_ids:
-        excluded = torch.tensor(list(excluded_token_ids), device=logits.device)
-        logits = logits.index_fill(-1, excluded, float("-inf"))
-    return torch.gather(logits.log_softmax(-1), 2, tokens.unsqueeze(-1)).squeeze(-1)
+    log_probs = log_distribution(logits, temperature, excluded_token_ids)
+    return _sampled(log_probs, tokens)
 
 
 def response_values(

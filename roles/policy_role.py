@@ -168,18 +168,20 @@ class PolicyRole:
         }
 
     def _loss(self, targets: PPOTargets, index: torch.Tensor):
-        logprobs = response_logprobs(
+        logprobs, entropy = response_logprobs(
             self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length,
-            self.rl.rollout.temperature, targets.extras, index,
+            self.rl.rollout.temperature, targets.extras, index, with_entropy=True,
         )
         output = clipped_policy_loss(
-            logprobs, targets.old_logprobs[index], targets.advantages[index], targets.response_mask[index], self.rl.clip_ratio
+            logprobs, targets.old_logprobs[index], targets.advantages[index], targets.response_mask[index],
+            self.rl.clip_ratio, entropy,
         )
         return output.loss, {
             "loss": output.loss.detach(),
             "clip_fraction": output.clip_fraction,
             "approx_kl": output.approx_kl,
             "ratio_mean": output.ratio_mean,
+            "entropy": output.entropy,
         }
 
     def train_batch(self, plan: UpdatePlan, batch_id: str) -> TrainReceipt:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from algorithm.rewards import RewardContext, process_reward, resolve_terminal, terminal_reward
+from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resolve_terminal, terminal_score
 from configs.schema import PPOConfig
 from roles.trajectory import Trajectory
 
@@ -28,26 +28,27 @@ class RewardRole:
             batch.prompts, trajectory.completions, batch.references, batch.metadata
         ):
             context = RewardContext(prompt=prompt, completion=completion, reference=reference, metadata=metadata)
-            value = terminal_reward(
-                self.matcher,
-                context,
-                correct_reward=self.reward.correct_reward,
-                incorrect_reward=self.reward.incorrect_reward,
-            )
-            scores.append(value)
-            correct.append(1.0 if value == self.reward.correct_reward and self.matcher is not None else 0.0)
+            score = terminal_score(self.matcher, context)  # the user's callable runs once per completion
+            scores.append(on_ppo_scale(
+                score, correct_reward=self.reward.correct_reward, incorrect_reward=self.reward.incorrect_reward
+            ))
+            # The matcher's verdict, not a reward comparison: equal correct and incorrect
+            # rewards must not make every sample "correct"; a partial score is not correct.
+            correct.append(1.0 if score == 1.0 else 0.0)
         score_tensor = torch.tensor(scores, dtype=torch.float32)
         process = process_reward(self.reward.process, trajectory.response_mask)
         scored = dataclasses.replace(
             trajectory,
             scores=score_tensor,
             process_rewards=process,
-            correct=torch.tensor(correct, dtype=torch.float32),
+            correct=torch.tensor(correct, dtype=torch.float32) if self.matcher is not None else None,
         )
         process_per_sequence = process.sum(dim=1)
-        return scored, {
+        metrics = {
             "train/reward_mean": float(score_tensor.mean()),
             "reward/terminal_mean": float(score_tensor.mean()),
             "reward/process_mean": float(process_per_sequence.mean()),
-            "reward/fraction_correct": float(sum(correct) / len(correct)),
         }
+        if self.matcher is not None:  # terminal "none" gives no verdict, so no fraction to report
+            metrics["reward/fraction_correct"] = float(sum(correct) / len(correct))
+        return scored, metrics

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from algorithm.metrics_catalogue import uncatalogued
 from checkpoint.digest import state_digest
 from checkpoint.role_state import model_tensors
 from flows.in_process import run_in_process
@@ -29,8 +30,11 @@ def test_flow_with_zero_warmup_equals_the_in_process_run(prefect_api, ray_cluste
     config = resolve_config(TINY_PROFILE, overrides + ["job.name=golden-in-process"], 0, None)
     in_process, roles = run_in_process(config, paths=RunPaths.for_config(config))
 
-    assert [without_timings(r) for r in metric_records(run_dir)] == [without_timings(r) for r in in_process]
-    assert [sorted(r) for r in metric_records(run_dir)] == [sorted(r) for r in in_process]  # time/* keys too
+    records = metric_records(run_dir)
+    assert [without_timings(r) for r in records] == [without_timings(r) for r in in_process]
+    assert [sorted(r) for r in records] == [sorted(r) for r in in_process]  # time/* keys too
+    # The flow's own keys (commit timing included) are all in the metrics catalogue.
+    assert uncatalogued(records) == [] and "time/commit_seconds" in records[-1]
     final = boundary(run_dir, 3)
     assert weights_digest(final / "policy") == state_digest(model_tensors(roles.policy.model))
     assert weights_digest(final / "critic") == state_digest(model_tensors(roles.critic.model))

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 
 from checkpoint.boundary import boundary_path, update_latest, write_marker
 from checkpoint.export import export_boundary, main as export_main
-from checkpoint.retention import PRUNED_NOTE, prune_optimizer_state
-from checkpoint.role_state import RoleCheckpointError
+from checkpoint.retention import prune_optimizer_state
+from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE, RoleCheckpointError
 from configs.loading import load_config
 from flows.resume import ResumeError, check_loop_state
 from roles.critic_role import CriticRole
@@ -66,7 +66,7 @@ def test_retention_keeps_optimizer_state_of_the_newest_only_and_resume_from_olde
     pruned = prune_optimizer_state(copy, None)  # unset: newest only
     assert sorted(pruned) == sorted(f"{boundary_path(copy, i)}/{r}" for i in (1, 2) for r in ("policy", "critic"))
     assert (tmp_path / "checkpoints" / "iter_000003" / "policy" / "optimizer.pt").exists()
-    assert (tmp_path / "checkpoints" / "iter_000001" / "policy" / PRUNED_NOTE).exists()
+    assert (tmp_path / "checkpoints" / "iter_000001" / "policy" / OPTIMIZER_PRUNED_NOTE).exists()
     with pytest.raises(RoleCheckpointError, match="removed by retention"):
         PolicyRole(config).load(f"{boundary_path(copy, 1)}/policy")
     PolicyRole(config).load(f"{boundary_path(copy, 3)}/policy")

@@ -11,6 +11,7 @@ from algorithm.ppo_math import (
     clipped_value_loss,
     generalized_advantage_estimate,
     kl_penalised_rewards,
+    token_entropy,
     whiten,
 )
 
@@ -60,6 +61,27 @@ def test_clipped_policy_loss_by_hand():
     assert out.clip_fraction.item() == pytest.approx(0.5)
     # k3: ratio − 1 − log ratio = e − 2
     assert out.approx_kl.item() == pytest.approx(math.e - 2, abs=1e-5)
+
+
+def test_token_entropy_by_hand():
+    log_probs = torch.stack([
+        torch.full((4,), -math.log(4)),  # uniform over V = 4: H = log 4
+        torch.tensor([0.0, -math.inf, -math.inf, -math.inf]),  # certain: H = 0, not NaN
+        torch.tensor([-math.log(2), -math.log(2), -math.inf, -math.inf]),  # two excluded tokens: H = log 2
+    ]).unsqueeze(0)  # (b=1, r=3, V=4)
+    torch.testing.assert_close(token_entropy(log_probs), torch.tensor([[math.log(4), 0.0, math.log(2)]]))
+
+
+def test_policy_loss_reports_entropy_beside_an_unchanged_loss():
+    old = torch.zeros(1, 3)
+    new = torch.tensor([[0.1, -0.2, 0.3]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    entropy = torch.tensor([[1.0, 2.0, 9.0]])  # 9.0 sits on padding
+    with_entropy = clipped_policy_loss(new, old, torch.ones(1, 3), mask, clip_ratio=0.2, entropy=entropy)
+    without = clipped_policy_loss(new, old, torch.ones(1, 3), mask, clip_ratio=0.2)
+    assert with_entropy.entropy.item() == pytest.approx(1.5)  # (1 + 2) / 2
+    assert without.entropy is None
+    assert torch.equal(with_entropy.loss, without.loss)
 
 
 def test_policy_loss_gradient_flows_only_through_unclipped_tokens():

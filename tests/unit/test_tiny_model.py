@@ -30,8 +30,11 @@ def test_same_seed_same_bytes_and_loads_with_from_pretrained(tmp_path):
     text = tokenizer.apply_chat_template([{"role": "user", "content": "4+2="}], add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|im_start|>assistant\n")
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    generated = model.generate(ids, max_new_tokens=3, do_sample=False)
-    assert generated.shape[1] <= ids.shape[1] + 3
+    # A plain `generate` on the saved model must stop at the tokenizer's <|im_end|>, as a
+    # chat model from the hub does: bias greedy decoding onto EOS and it is the only new token.
+    eos = tokenizer.eos_token_id
+    generated = model.generate(ids, max_new_tokens=3, do_sample=False, sequence_bias={(eos,): 100.0})
+    assert generated[0, ids.shape[1]:].tolist() == [eos]
 
 
 def test_critic_is_the_backbone_with_a_seeded_scalar_head(tmp_path):

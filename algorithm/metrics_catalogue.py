@@ -1,0 +1,184 @@
+"""Every key a run writes into metrics.jsonl, once: what it means, its unit, and when a
+record carries it. `docs/reference/metrics.md` is generated from this list
+(`python -m algorithm.metrics_catalogue > docs/reference/metrics.md`) and a test runs
+a real iteration loop and checks its records against it, so neither can drift.
+
+No torch, Ray or Prefect here: the doc generator and the tests read it cheaply.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+# When a record carries a key. A missing key is information ("the actor did not
+# update"), never a zero written in its place.
+EVERY_ITERATION = "every iteration"
+ACTOR_UPDATES = "iterations where the actor updates (not during critic warmup, S-CW-6)"
+WITH_MATCHER = "every iteration with a terminal matcher (absent with rl.reward.terminal=none: no verdict)"
+DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of that role)"
+POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
+SEVERAL_ENGINES = "only with more than one rollout engine"
+SAVE_ITERATIONS = "save iterations only (rl.save_every, and the final iteration with rl.save_final)"
+
+WHEN: tuple[str, ...] = (
+    EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # exactly as written in metrics.jsonl
+    meaning: str
+    unit: str
+    when: str | tuple[str, ...]  # one of WHEN, or several that must all hold
+    source: str  # who writes it, for a reader looking for the code
+
+    @property
+    def conditions(self) -> tuple[str, ...]:
+        return (self.when,) if isinstance(self.when, str) else self.when
+
+
+def _stage_time(stage: str, what: str, when: str = EVERY_ITERATION) -> Metric:
+    return Metric(f"time/{stage}_seconds", f"wall-clock seconds of the {stage} stage as the flow saw it: {what}",
+                  "seconds", when, "flows/iteration.py")
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("iteration", "the outer iteration (S-CW-4): the metric step and the checkpoint boundary's name",
+           "count (from 1)", EVERY_ITERATION, "flows/iteration.py"),
+    # data
+    Metric("data/epoch", "the data cursor's epoch after this batch was drawn", "count (from 0)",
+           EVERY_ITERATION, "roles/data_role.py"),
+    Metric("data/position", "the data cursor's row position within the epoch after this batch was drawn",
+           "rows", EVERY_ITERATION, "roles/data_role.py"),
+    # rollout
+    Metric("rollout/response_length_mean", "mean generated length over the batch (up to and including EOS)",
+           "tokens", EVERY_ITERATION, "roles/rollout_role.py"),
+    Metric("rollout/generate_seconds", "time inside the engine's generate (the slowest engine's, with several)",
+           "seconds", EVERY_ITERATION, "roles/rollout_role.py"),
+    Metric("rollout/policy_version", "the policy version whose weights sampled this batch (S-FLOW-6)",
+           "version number", EVERY_ITERATION, "roles/rollout_role.py"),
+    Metric("rollout/engines", "how many rollout engines generated a shard of the batch", "count",
+           SEVERAL_ENGINES, "roles/rollout_role.py"),
+    Metric("rollout/logprob_abs_diff",
+           "mean |trainer log-prob − engine log-prob| over response tokens: how far the engine's numerics are "
+           "from the trainer's", "nats", EVERY_ITERATION, "roles/policy_role.py"),
+    Metric("perf/rollout_weight_loads", "weight loads engine 0 has received since its process started "
+           "(process-local: restarts with the actor)", "count", EVERY_ITERATION, "roles/rollout_role.py"),
+    # reward
+    Metric("train/reward_mean", "mean terminal reward of the batch on PPO's scale (S-REW-3)", "reward",
+           EVERY_ITERATION, "roles/reward_role.py"),
+    Metric("reward/terminal_mean", "mean terminal reward of the batch (same value as train/reward_mean)",
+           "reward", EVERY_ITERATION, "roles/reward_role.py"),
+    Metric("reward/process_mean", "mean per-sequence sum of the process shaping term (S-REW-5)", "reward",
+           EVERY_ITERATION, "roles/reward_role.py"),
+    Metric("reward/fraction_correct",
+           "fraction of completions the terminal matcher judged correct (a full score of 1.0; its verdict, "
+           "not a comparison of rewards)", "fraction in [0, 1]", WITH_MATCHER, "roles/reward_role.py"),
+    # critic predictions and the frozen targets
+    Metric("critic/value_mean", "mean critic prediction over response tokens, before this iteration's update",
+           "reward", EVERY_ITERATION, "roles/critic_role.py"),
+    Metric("train/kl", "mean per-sequence sum of log π_old − log π_ref over response tokens (the KL penalty's "
+           "estimate)", "nats", EVERY_ITERATION, "roles/policy_role.py"),
+    Metric("train/advantage_mean", "mean advantage over response tokens (after whitening when enabled)",
+           "reward", EVERY_ITERATION, "roles/policy_role.py"),
+    Metric("train/return_mean", "mean GAE return over response tokens", "reward", EVERY_ITERATION,
+           "roles/policy_role.py"),
+    Metric("train/explained_variance", "1 − Var(R − V)/Var(R) of the critic's predictions: 1 is perfect, "
+           "≤ 0 no better than a constant", "ratio", EVERY_ITERATION, "roles/policy_role.py"),
+    # the policy's update
+    Metric("train/policy_loss", "PPO-clip surrogate loss, mean over micro-batches", "loss", ACTOR_UPDATES,
+           "roles/policy_role.py"),
+    Metric("train/policy_clip_fraction", "fraction of response tokens where the ratio was clipped",
+           "fraction in [0, 1]", ACTOR_UPDATES, "roles/policy_role.py"),
+    Metric("train/policy_approx_kl", "k3 estimate of KL(π_old ‖ π_θ) over response tokens during the update",
+           "nats", ACTOR_UPDATES, "roles/policy_role.py"),
+    Metric("train/policy_ratio_mean", "mean π_θ/π_old over response tokens during the update", "ratio",
+           ACTOR_UPDATES, "roles/policy_role.py"),
+    Metric("train/policy_entropy", "mean per-token entropy of π_θ over response tokens, at the rollout "
+           "temperature, from the loss's own forward", "nats", ACTOR_UPDATES, "roles/policy_role.py"),
+    Metric("train/policy_grad_norm", "policy gradient norm before clipping, mean over optimizer steps", "norm",
+           ACTOR_UPDATES, "roles/update_runtime.py"),
+    Metric("optim/policy_lr", "the policy's learning rate after this update", "learning rate", ACTOR_UPDATES,
+           "roles/policy_role.py"),
+    Metric("optim/policy_optimizer_step", "optimizer steps the policy has taken in the whole run", "count",
+           ACTOR_UPDATES, "roles/policy_role.py"),
+    Metric("perf/policy_train_seconds", "the policy's time in train_batch (rank 0)", "seconds", ACTOR_UPDATES,
+           "roles/policy_role.py"),
+    Metric("perf/policy_allreduce_seconds", "rank 0's time in the policy's gradient collectives", "seconds",
+           (DATA_PARALLEL, ACTOR_UPDATES), "roles/policy_role.py"),
+    # the critic's update
+    Metric("train/value_loss", "clipped value loss, mean over micro-batches", "loss", EVERY_ITERATION,
+           "roles/critic_role.py"),
+    Metric("train/value_clip_fraction", "fraction of response tokens where the clipped value error was larger",
+           "fraction in [0, 1]", EVERY_ITERATION, "roles/critic_role.py"),
+    Metric("train/critic_grad_norm", "critic gradient norm before clipping, mean over optimizer steps", "norm",
+           EVERY_ITERATION, "roles/critic_role.py"),
+    Metric("optim/critic_lr", "the critic's learning rate after this update", "learning rate", EVERY_ITERATION,
+           "roles/critic_role.py"),
+    Metric("optim/critic_optimizer_step", "optimizer steps the critic has taken in the whole run", "count",
+           EVERY_ITERATION, "roles/critic_role.py"),
+    Metric("perf/critic_train_seconds", "the critic's time in train_batch (rank 0)", "seconds", EVERY_ITERATION,
+           "roles/critic_role.py"),
+    Metric("perf/critic_allreduce_seconds", "rank 0's time in the critic's gradient collectives", "seconds",
+           DATA_PARALLEL, "roles/critic_role.py"),
+    # weights and the park
+    Metric("perf/weight_sync_bytes", "bytes of policy weights engine 0 loaded", "bytes", ACTOR_UPDATES,
+           "roles/rollout_role.py"),
+    Metric("perf/weight_sync_load_seconds", "engine 0's time loading the new weights", "seconds", ACTOR_UPDATES,
+           "roles/rollout_role.py"),
+    Metric("perf/policy_park_seconds", "policy rank 0's time moving weights and optimizer state to the host "
+           "(S-RUN-4)", "seconds", POLICY_PARKS, "roles/policy_role.py"),
+    Metric("perf/policy_parked_bytes", "bytes policy rank 0 moved to the host when parking", "bytes",
+           POLICY_PARKS, "roles/policy_role.py"),
+    Metric("train/actor_warmup", "1.0 on a critic-only warmup iteration, 0.0 when the actor updated (S-CW-6)",
+           "1.0 or 0.0", EVERY_ITERATION, "flows/iteration.py"),
+    Metric("train/policy_version", "the policy version after this iteration (unchanged during warmup)",
+           "version number", EVERY_ITERATION, "flows/iteration.py"),
+    # stage timings
+    _stage_time("rollout", "data, generation and the gather of shards"),
+    _stage_time("reward", "scoring and the replay buffer's add"),
+    _stage_time("reference_score", "the frozen reference's log-probs"),
+    _stage_time("critic_predict", "the critic's values"),
+    _stage_time("prepare_batch", "advantages, returns and the frozen targets"),
+    _stage_time("train", "the policy's and the critic's updates, side by side"),
+    _stage_time("weight_sync", "publishing the policy's weights to the engines and the park", ACTOR_UPDATES),
+    _stage_time("commit", "the committed checkpoint boundary of this iteration", SAVE_ITERATIONS),
+    _stage_time("save_artifact", "the weights-only artifact of this iteration (rl.save_plan=model)", SAVE_ITERATIONS),
+    Metric("time/iteration_seconds", "wall-clock seconds of the whole iteration", "seconds", EVERY_ITERATION,
+           "flows/iteration.py"),
+)
+
+BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
+
+
+def keys_when(*conditions: str) -> set[str]:
+    """The keys whose conditions are exactly `conditions`."""
+    return {metric.key for metric in METRICS if metric.conditions == conditions}
+
+
+def uncatalogued(records: Iterable[Mapping[str, object]]) -> list[str]:
+    """Keys some record carries that the catalogue does not list, sorted."""
+    return sorted({key for record in records for key in record} - BY_KEY.keys())
+
+
+def render() -> str:
+    """docs/reference/metrics.md, from METRICS."""
+    from configs.reference_doc import reference_page  # pydantic, for the doc only
+
+    return reference_page(
+        "Metrics reference",
+        [
+            "Generated from `algorithm/metrics_catalogue.py` by `python -m algorithm.metrics_catalogue`; do not edit",
+            "by hand. Each line of a run's `metrics.jsonl` is one iteration's record; these are its keys. A key",
+            "that does not apply to an iteration is absent from its record, never written as zero.",
+        ],
+        ["key", "meaning", "unit", "in the record", "written by"],
+        [f"| `{m.key}` | {m.meaning} | {m.unit} | {'; '.join(m.conditions)} | `{m.source}` |" for m in METRICS],
+    )
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
