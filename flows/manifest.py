@@ -247,6 +247,8 @@ def _cached_hub_config(repo_id: str) -> str | None:
 
 def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMatcher | None, bool]:
     reward = config.rl.reward
+    if "rl.reward.terminal_callable" in report.keys():  # already refused: its module cannot be found
+        return None, False
     try:
         matcher = resolve_terminal(reward.terminal, reward.terminal_callable)
     except RewardConfigError as error:
@@ -354,6 +356,8 @@ def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, repor
 
     data = config.rl.data
     assert data.factory is not None
+    if "rl.data.factory" in report.keys():  # already refused: its module cannot be found
+        return
     try:
         factory = import_callable(data.factory, key="rl.data.factory")
     except ValueError as error:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from configs.callables import check_callable_module
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
 from roles.placement import PlacementPlan, placement_problems, plan_placement
@@ -33,7 +34,8 @@ class Problem:
 
 def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> list[Problem]:
     """Every cross-field rule of a config, whatever machine checks it: placement vs.
-    the declared devices (S-RUN-4, S-RUN-5), shards that split evenly, the update plan."""
+    the declared devices (S-RUN-4, S-RUN-5), shards that split evenly, the update plan,
+    and user callables that can be found."""
     plan = plan_placement(config) if plan is None else plan
     problems = [Problem(key, message) for key, message in placement_problems(plan, config)]
     rl = config.rl
@@ -43,6 +45,14 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
             "whole minibatches",
         ))
+    # User code named in the config must at least be findable before any worker starts
+    # (data_packer.factory is checked by the schema itself).
+    for key, path in (("rl.data.factory", rl.data.factory), ("rl.reward.terminal_callable", rl.reward.terminal_callable)):
+        if path is not None:
+            try:
+                check_callable_module(path, key=key)
+            except ValueError as error:
+                problems.append(Problem(key, str(error).removeprefix(f"{key}: ")))
     return problems
 
 

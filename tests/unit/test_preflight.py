@@ -98,3 +98,12 @@ def test_the_cli_refuses_in_seconds_before_starting_anything_and_writes_nothing(
     assert result.stdout == ""  # not even the run's opening line: nothing started
     assert list(tmp_path.iterdir()) == []  # no run folder, no Prefect home, no model
     assert seconds < 30  # a config check and the imports it needs, not the 20 s+ of the embedded API
+
+
+@pytest.mark.parametrize("key", ["rl.reward.terminal_callable", "rl.data.factory"])
+def test_user_code_that_cannot_be_found_is_refused_before_any_worker(key):
+    config = load_config(TINY_PROFILE, [f"{key}=no_such_package.rewards:score"])
+    problems = [p for p in config_problems(config) if p.key == key]
+    assert len(problems) == 1 and "cannot find module 'no_such_package.rewards'" in problems[0].message
+    report = check_manifest(config)
+    assert [str(p) for p in report.problems if p.key == key] == [str(problems[0])]  # reported once
