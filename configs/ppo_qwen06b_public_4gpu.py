@@ -21,6 +21,7 @@ CONFIG = PPOConfig(
     model=ModelConfig(path="Qwen/Qwen3-0.6B", dtype="bfloat16"),
     rl=RLConfig(
         max_steps=1000,
+        stage_timeout_seconds=3600,  # generous: the first vLLM generation compiles and captures graphs
         batch_size=256,
         epochs=1,
         minibatch_size=64,

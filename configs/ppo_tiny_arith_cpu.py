@@ -41,6 +41,7 @@ CONFIG = PPOConfig(
         # fine-tuning learning rate with warmup keeps Adam's first steps from wrecking
         # what pre-training taught (1e-3 collapsed it within one iteration).
         max_steps=60,
+        stage_timeout_seconds=300,  # a CPU stage takes seconds; five minutes means stuck
         batch_size=512,
         epochs=2,
         minibatch_size=128,

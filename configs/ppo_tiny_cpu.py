@@ -20,6 +20,7 @@ CONFIG = PPOConfig(
     model=ModelConfig(path="outputs/_models/tiny-qwen3-digits", tiny=TinyModelSpec(task_alphabet="0123456789")),
     rl=RLConfig(
         max_steps=40,
+        stage_timeout_seconds=300,  # a CPU stage takes seconds; five minutes means stuck
         batch_size=64,
         epochs=4,
         minibatch_size=16,

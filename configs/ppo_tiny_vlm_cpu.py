@@ -28,6 +28,7 @@ CONFIG = PPOConfig(
     ),
     rl=RLConfig(
         max_steps=10,
+        stage_timeout_seconds=300,  # a CPU stage takes seconds; five minutes means stuck
         batch_size=16,
         epochs=2,
         minibatch_size=8,

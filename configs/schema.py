@@ -213,6 +213,12 @@ class RLConfig(Section):
         ge=0,
         description="Keep optimizer state only in the newest K committed boundaries (unset: newest only; 0: keep all, S-CKPT-6).",
     )
+    stage_timeout_seconds: float | None = Field(
+        3600.0,
+        gt=0,
+        description="A stage whose actor calls have not finished after this many seconds fails its task, naming the "
+        "stage, the stuck role and this key, and the stuck actors are killed (S-FAULT-1); null waits forever.",
+    )
     threads_per_role: int = Field(1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine).")
     colocated_offload: bool = Field(
         True,

@@ -3,13 +3,14 @@
 The name is the task run's own name in the Prefect UI, so the flow run's state, the
 CLI's last line and the summary artifact all point at the task that broke. Kept
 apart from the flow module so the CLI catches the very class the flow raises, however
-the flow module was imported.
+the flow module was imported. A runner may pass `explain`, which words the faults it
+knows better than the exception does (a dead actor named by its role, S-FAULT-1).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class StageFailed(RuntimeError):
@@ -21,14 +22,17 @@ def stage_run_name(stage: str, iteration: int) -> str:
 
 
 @contextmanager
-def naming_failures(stage: str, iteration: int) -> Iterator[None]:
+def naming_failures(
+    stage: str, iteration: int, explain: Callable[[BaseException], str | None] | None = None
+) -> Iterator[None]:
     try:
         yield
     except StageFailed:
         raise
     except Exception as error:
         cause = _actor_cause(error)
-        raise StageFailed(f"{stage_run_name(stage, iteration)} failed: {type(cause).__name__}: {cause}") from error
+        detail = (explain(cause) if explain is not None else None) or str(cause)
+        raise StageFailed(f"{stage_run_name(stage, iteration)} failed: {type(cause).__name__}: {detail}") from error
 
 
 def _actor_cause(error: Exception) -> BaseException:

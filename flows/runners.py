@@ -18,9 +18,11 @@ runner the compute time of the calls that stage waited for.
 from __future__ import annotations
 
 import itertools
+import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from flows.failures import naming_failures
 
@@ -30,12 +32,18 @@ class FlowRunner:
 
     With `prefect_tasks=False` each stage's body runs directly in this process (no
     flow run needed): the actors and their call order are the flow's, without
-    Prefect's bookkeeping. Tests of the actor wiring and benchmarks use it."""
+    Prefect's bookkeeping. Tests of the actor wiring and benchmarks use it.
 
-    def __init__(self, prefect_tasks: bool = True) -> None:
+    Given the run's actor handles, a failure names the role whose actor died or hung,
+    and a stage that waits longer than `stage_timeout_s` fails and kills the actors it
+    was waiting for, so nothing stuck keeps holding a device (S-FAULT-1)."""
+
+    def __init__(self, roles: Any = None, *, prefect_tasks: bool = True, stage_timeout_s: float | None = None) -> None:
         self.prefect_tasks = prefect_tasks
+        self.stage_timeout_s = stage_timeout_s
         self.seconds: dict[str, float] = {}
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
+        self._actors = actor_labels(roles) if roles is not None else {}
 
     def start_iteration(self) -> None:
         self.seconds = {}
@@ -48,7 +56,7 @@ class FlowRunner:
 
     def stage(self, stage_task: Any, iteration: int, *args: Any) -> Any:
         started = time.perf_counter()
-        with naming_failures(stage_task.name, iteration):
+        with self._bounded(), naming_failures(stage_task.name, iteration, self.explain):
             if self.prefect_tasks:
                 result = stage_task(iteration, *args, wait_for=list(self._upstream) or None)
             else:
@@ -60,18 +68,19 @@ class FlowRunner:
     def concurrent_stages(self, label: str, iteration: int, *stages: tuple[Any, tuple[Any, ...]]) -> list[Any]:
         """Stages that run side by side (the two trainers), each its own task run."""
         started = time.perf_counter()
-        if not self.prefect_tasks:
-            results = []
-            for task, args in stages:
-                with naming_failures(task.name, iteration):
-                    results.append(task.fn(iteration, *args))
-            self.seconds[label] = time.perf_counter() - started
-            return results
-        futures = [(task, task.submit(iteration, *args, wait_for=list(self._upstream) or None)) for task, args in stages]
         results = []
-        for task, future in futures:
-            with naming_failures(task.name, iteration):
-                results.append(future.result())
+        with self._bounded():
+            if not self.prefect_tasks:
+                for task, args in stages:
+                    with naming_failures(task.name, iteration, self.explain):
+                        results.append(task.fn(iteration, *args))
+                self.seconds[label] = time.perf_counter() - started
+                return results
+            upstream = list(self._upstream) or None
+            futures = [(task, task.submit(iteration, *args, wait_for=upstream)) for task, args in stages]
+            for task, future in futures:
+                with naming_failures(task.name, iteration, self.explain):
+                    results.append(future.result())
         self.seconds[label] = time.perf_counter() - started
         self._upstream = [future for _, future in futures]
         return results
@@ -79,7 +88,64 @@ class FlowRunner:
     def get(self, pending: Any) -> Any:
         import ray
 
-        return ray.get(pending)
+        return ray.get(pending, timeout=self.stage_timeout_s)
+
+    @contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """Every wait inside a stage's task, submitted ones included (Prefect copies
+        the context into its threads), is bounded by the stage timeout."""
+        from tasks.stages import stage_timeout
+
+        token = stage_timeout.set(self.stage_timeout_s)
+        try:
+            yield
+        finally:
+            stage_timeout.reset(token)
+
+    def explain(self, error: BaseException) -> str | None:
+        """A dead or stuck actor named by its role (and node), instead of Ray's actor id."""
+        from ray.exceptions import RayActorError
+
+        from tasks.stages import StageTimeout
+
+        if isinstance(error, StageTimeout):
+            # The first outstanding call is the stuck one; later calls of the stage may
+            # only be waiting for its output.
+            stuck = error.late[0].task_id().actor_id().hex()
+            name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
+            if handle is not None:
+                _kill(handle)
+            return (
+                f"no result from the {name} actor within {error.seconds:g} s "
+                f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device"
+            )
+        if isinstance(error, RayActorError):
+            name = self._actors.get(error.actor_id or "", (f"actor {error.actor_id}", None))[0]
+            node = re.search(r"\bip: ([0-9a-fA-F.:]+)", str(error))
+            where = f" on node {node.group(1)}" if node else ""
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return f"the {name} actor{where} is gone: {first_line}"
+        return None
+
+
+def actor_labels(roles: Any) -> dict[str, tuple[str, Any]]:
+    """Ray actor id -> (role name as a user reads it, handle), for every rank."""
+    labels: dict[str, tuple[str, Any]] = {}
+    for role, _ in roles.items():
+        ranks = roles.ranks(role)
+        for rank, handle in enumerate(ranks):
+            label = role if len(ranks) == 1 else f"{role} rank {rank}"
+            labels[handle._actor_id.hex()] = (label, handle)
+    return labels
+
+
+def _kill(handle: Any) -> None:
+    import ray
+
+    try:
+        ray.kill(handle)
+    except Exception:  # already gone: nothing left to release
+        pass
 
 
 @dataclass

@@ -93,7 +93,7 @@ def ppo(
     history = None
     try:
         roles = start_role_actors(config)
-        runner = FlowRunner()
+        runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         start = resume_point.iteration + 1 if resume_point else 1
         logger.info(

@@ -18,6 +18,7 @@ results, and a cached task would claim a stage ran when it did not.
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import ray
@@ -30,10 +31,34 @@ from roles.trajectory import TrainReceipt
 STAGE_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 
 
+stage_timeout: ContextVar[float | None] = ContextVar("stage_timeout", default=None)
+"""Seconds a stage may wait for its actor calls (`rl.stage_timeout_seconds`), set by
+the flow's runner. A blocking `ray.get` cannot be interrupted by Prefect's own task
+timeout, so the wait itself is bounded (S-FAULT-1)."""
+
+
+class StageTimeout(TimeoutError):
+    """A stage's actor calls did not finish in time; `late` are the references still
+    outstanding, in queue order: the first is the stuck call, the others may only be
+    waiting for its output."""
+
+    def __init__(self, late: list[ray.ObjectRef], seconds: float):
+        self.late = late
+        self.seconds = seconds
+        super().__init__(f"{len(late)} actor call(s) did not finish within {seconds:g} s (rl.stage_timeout_seconds)")
+
+
 def resolve(pending: Sequence[Any]) -> list[Any]:
     """The values behind `pending`, in order, fetched in one `ray.get`: object
-    references are waited for, plain values (in-process runs) pass through."""
+    references are waited for (at most `stage_timeout` seconds), plain values
+    (in-process runs) pass through."""
     refs = [item for item in pending if isinstance(item, ray.ObjectRef)]
+    timeout = stage_timeout.get()
+    if refs and timeout is not None:
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if late:
+            outstanding = set(late)
+            raise StageTimeout([ref for ref in refs if ref in outstanding], timeout)
     fetched = iter(ray.get(refs)) if refs else iter(())
     return [next(fetched) if isinstance(item, ray.ObjectRef) else item for item in pending]
 
@@ -90,7 +115,9 @@ def prepare_batch(iteration: int, summary: Any, installs: Sequence[Any]) -> tupl
     metrics, *installed = resolve([summary, *installs])
     batch_ids = {held["batch_id"] for held in installed}
     if len(batch_ids) != 1:
-        raise RuntimeError(f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)} (S-FLOW-5)")
+        raise RuntimeError(
+            f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)} (S-FLOW-5)"
+        )
     return batch_ids.pop(), numeric_metrics(metrics)
 
 

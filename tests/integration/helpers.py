@@ -49,3 +49,31 @@ def trainer_state(role_dir: Path) -> dict:
 def run_dir_snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
     """Every file with its size and mtime, to prove a refusal wrote nothing."""
     return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
+
+
+def signal_actor_after(run_dir: Path, rows: int, run_name: str, actor: str, signum: int, timeout: float = 300.0):
+    """Start a thread that waits until the run has written `rows` metrics rows, then
+    sends `signum` to the named role actor's process (SIGKILL: a crashed actor;
+    SIGSTOP: a hung one). Returns the thread; its `pid` attribute is the process hit."""
+    import os
+    import threading
+    import time
+
+    import ray
+
+    def hit() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= rows:
+                handle = ray.get_actor(actor, namespace=f"ppo-{run_name}")
+                thread.pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+                os.kill(thread.pid, signum)
+                thread.hit_at = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=hit, daemon=True)
+    thread.pid, thread.hit_at = None, None
+    thread.start()
+    return thread
