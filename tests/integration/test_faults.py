@@ -5,6 +5,7 @@ naming the role), and a rerun resumes exactly (S-CKPT-8)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -48,3 +49,37 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
     finally:
         if freezer.pid and _alive(freezer.pid):
             os.kill(freezer.pid, signal.SIGKILL)
+
+
+# The critic in the default suite (the issue's case); every other role under -m slow.
+@pytest.mark.parametrize(
+    "role",
+    ["critic", *(pytest.param(r, marks=pytest.mark.slow) for r in ("data", "rollout", "reward", "replay", "reference", "policy"))],
+)
+def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
+    role, prefect_api, ray_cluster, tiny_overrides, tmp_path
+):
+    from flows.in_process import run_in_process
+    from flows.run_outputs import RunPaths
+    from flows.training import ppo, resolve_config
+    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+
+    overrides = tiny_overrides + ["rl.max_steps=4", "rl.save_every=2", f"job.name=killed-{role}"]
+    run_dir = tmp_path / "outputs" / f"killed-{role}"
+    killer = signal_actor_after(run_dir, 2, f"killed-{role}", role, signal.SIGKILL)
+    with pytest.raises(StageFailed) as caught:
+        ppo(profile=TINY_PROFILE, overrides=overrides)
+    failed_after = time.monotonic() - killer.hit_at
+    assert re.match(rf"^\w+\[iter=3\] failed: Actor\w+Error: the {role} actor .*is gone", str(caught.value)), str(caught.value)
+    assert failed_after < 30, failed_after
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == "iter_000002"
+
+    summary = ppo(profile=TINY_PROFILE, overrides=overrides)
+    assert summary["resumed_from"].endswith("iter_000002")
+    # The uninterrupted run, in process (the flow computes exactly this: test_flow_matches_in_process).
+    straight_config = resolve_config(TINY_PROFILE, overrides + [f"job.name=straight-{role}"], None, None)
+    run_in_process(straight_config, paths=RunPaths.for_config(straight_config))
+    straight = tmp_path / "outputs" / f"straight-{role}"
+    for trained in ("policy", "critic"):
+        assert weights_digest(boundary(run_dir, 4) / trained) == weights_digest(boundary(straight, 4) / trained)
+    assert [without_timings(r) for r in metric_records(run_dir)] == [without_timings(r) for r in metric_records(straight)]
