@@ -70,7 +70,7 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     with pytest.raises(StageFailed) as caught:
         ppo(profile=TINY_PROFILE, overrides=overrides)
     failed_after = time.monotonic() - killer.hit_at
-    assert re.match(rf"^\w+\[iter=3\] failed: Actor\w+Error: the {role} actor .*is gone", str(caught.value)), str(caught.value)
+    assert re.match(rf"^\w+\[iter=[34]\] failed: Actor\w+Error: the {role} actor .*is gone", str(caught.value)), str(caught.value)
     assert failed_after < 30, failed_after
     assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == "iter_000002"
 
