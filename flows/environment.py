@@ -12,8 +12,6 @@ DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # No internet: analytics would log an error on every start.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # Ray 2.60 otherwise writes an auth token into the home directory.
-    "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
     # The Prefect server records each task-run state event in its own SQLite

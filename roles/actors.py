@@ -7,6 +7,7 @@ in-process (tests, the overhead benchmark) or as an actor.
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,15 @@ def worker_env() -> dict[str, str]:
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start (or join) Ray with the settings every actor of this project needs."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """Start (or join) Ray with the settings every actor of this project needs.
+
+    Ray 2.60 listens on every interface whatever node address it is given, so a Ray
+    started here requires a token (S-SEC-1): a fresh random one per process, held in
+    this process's environment (inherited by the Ray daemons and workers it starts),
+    never written to the home directory. Joining a cluster uses the cluster's own
+    settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, docs/launch.md)."""
+    if not address:
+        protect_local_ray(os.environ)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     options: dict[str, Any] = {
@@ -106,6 +114,34 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(address=address, **options)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+
+
+def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:
+    """Token authentication for a Ray this process starts, unless the user has
+    chosen a token of their own. An explicit RAY_AUTH_MODE=disabled is refused: it
+    would leave the run's control ports open to the network."""
+    mode = environ.get("RAY_AUTH_MODE", "token")
+    if mode != "token":
+        raise RuntimeError(
+            f"RAY_AUTH_MODE={mode!r}: a local Ray listens on every network interface, so the run requires token "
+            "authentication; unset RAY_AUTH_MODE (the run then makes its own token) or set it to 'token'"
+        )
+    environ["RAY_AUTH_MODE"] = "token"
+    if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
+        environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if environ is os.environ:
+        _refresh_ray_auth()
+
+
+def _refresh_ray_auth() -> None:
+    """Ray reads the auth mode and token once, when it is imported; make this
+    process (the driver) see the settings just made, as Ray's own default-on
+    path does."""
+    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
+    from ray._raylet import Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def connect_ray(config: PPOConfig) -> bool:

@@ -25,7 +25,8 @@ from configs.loading import load_config
 from roles.actors import worker_env
 from roles.placement import PlacementError, lower_placement, plan_placement, release_placement
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from roles.actors import protect_local_ray
+protect_local_ray(os.environ)  # the same token auth a run uses (S-SEC-1)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": worker_env()})
 
