@@ -55,6 +55,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    except (ValueError, RecursionError) as error:
+        # Valid JSON that Python will not build (an integer over 4300 digits, nesting
+        # deeper than the recursion limit): refused by key, not as a bare traceback.
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
+        raise ConfigError([f"{key.strip()}: override value {shown!r} cannot be read ({reason})"]) from None
     return key.strip(), value
 
 
