@@ -47,7 +47,7 @@ test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm_rollout.py
 
 # The local Prefect stack for the deployments ppo/public-4gpu and ppo/tiny-cpu:
-# server on 127.0.0.1 (PPO_PREFECT_PORT, default 4200), work pool, both deployments,
+# server on 127.0.0.1 (PPO_PREFECT_PORT, default 4200; elsewhere only with PREFECT_SERVER_API_AUTH_STRING), work pool, both deployments,
 # a worker; state under .prefect/local. `make stop` stops the worker, then the server.
 serve: setup
 	deployments/serve.sh

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from typing import Any
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel, Field
 MARKER_NAME = "_SUCCESS"
 LATEST_POINTER = "latest_checkpoint.txt"
 MARKER_VERSION = 1
+_BOUNDARY_NAME = re.compile(r"iter_[0-9]{6,}")
 
 
 class CheckpointError(RuntimeError):
@@ -81,21 +83,47 @@ def write_marker(
     return marker
 
 
+def _read_text(path: str) -> str | None:
+    """A small marker or pointer file's text; None when it does not exist. Bytes that
+    are not UTF-8 are refused naming the file and offset (issue 16 item 8)."""
+    try:
+        with fsspec.open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CheckpointError(
+            f"{path}: byte {error.start} is not UTF-8 ({error.reason}); the file is damaged"
+        ) from None
+
+
 def read_marker(boundary: str) -> dict[str, Any] | None:
     """The marker of a committed boundary, or None when the boundary was never
-    committed (no `_SUCCESS`: invisible to resume, S-CKPT-2)."""
+    committed (no `_SUCCESS`: invisible to resume, S-CKPT-2). An accepted marker has
+    the shape resume relies on, so a damaged one fails here naming the file, not
+    later as a TypeError inside resume."""
     path = f"{boundary}/{MARKER_NAME}"
-    try:
-        with fsspec.open(path, "r") as handle:
-            text = handle.read()
-    except FileNotFoundError:
+    text = _read_text(path)
+    if text is None:
         return None
     try:
         marker = json.loads(text)
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
-    if not isinstance(marker, dict) or not isinstance(marker.get("iteration"), int):
-        raise CheckpointError(f"{path}: expected a JSON object with an integer 'iteration'")
+    except (ValueError, RecursionError):  # valid JSON Python will not build: huge integers, deep nesting
+        raise CheckpointError(f"{path}: the JSON holds a number too long or nesting too deep to read") from None
+    if not isinstance(marker, dict) or type(marker.get("iteration")) is not int or marker["iteration"] < 0:
+        raise CheckpointError(f"{path}: expected a JSON object with a non-negative integer 'iteration'")
+    role_steps = marker.get("role_steps")
+    if role_steps is not None and not (
+        isinstance(role_steps, dict) and all(type(steps) is int for steps in role_steps.values())
+    ):
+        raise CheckpointError(f"{path}: 'role_steps' must map role names to integers, got {role_steps!r}")
+    loop_state = marker.get("loop_state")
+    if loop_state is not None and not isinstance(loop_state, dict):
+        raise CheckpointError(f"{path}: 'loop_state' must be a JSON object, got {loop_state!r}")
     return marker
 
 
@@ -117,13 +145,14 @@ def read_latest(checkpoints_root: str) -> str | None:
     A pointer to a boundary that is missing or uncommitted is an error, not a
     silent fresh start: that would overwrite a run."""
     pointer = f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}"
-    try:
-        with fsspec.open(pointer, "r") as handle:
-            name = handle.read().strip()
-    except FileNotFoundError:
+    text = _read_text(pointer)
+    if text is None:
         return None
-    if not name.startswith("iter_"):
-        raise CheckpointError(f"{pointer} names {name!r}, expected a boundary like iter_000012")
+    name = text.strip()
+    # The whole name, not a prefix: `iter_000001/../../elsewhere` must not lead resume
+    # out of the run's own checkpoints folder (issue 16 item 8).
+    if not _BOUNDARY_NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer} names {name[:80]!r}, expected a boundary like iter_000012")
     boundary = f"{checkpoints_root.rstrip('/')}/{name}"
     if read_marker(boundary) is None:
         raise CheckpointError(f"{pointer} points at {name}, which has no {MARKER_NAME}: refusing to resume or overwrite")

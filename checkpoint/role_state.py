@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +71,23 @@ def _torch_bytes(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _torch_load(payload: bytes) -> Any:
-    # map_location: a file that does hold device tensors still opens without a GPU.
-    return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+def _torch_load(path: str) -> Any:
+    """A `.pt` file of tensors and plain containers. weights_only: nothing in a
+    checkpoint is unpickled as code (S-SEC-2); a file holding anything else (a
+    malicious `__reduce__`, a damaged archive) is refused naming it."""
+    payload = _read_bytes(path)
+    try:
+        # map_location: a file that does hold device tensors still opens without a GPU.
+        return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as error:
+        # torch's own message suggests weights_only=False; name only what was refused.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler" in line), lines[0])
+        reason = reason.removeprefix("WeightsUnpickler error: ").rstrip(".").split(". ")[0]
+        raise RoleCheckpointError(
+            f"{path} is not a tensor-only torch file and was not loaded ({reason}); "
+            "only weights_only=True loads are allowed (S-SEC-2)"
+        ) from None
 
 
 def state_on_host(value: Any) -> Any:
@@ -177,11 +192,11 @@ def verify_trainable_role(report: RoleSaveReport) -> None:
     tensors = load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}"))
     if state_digest(tensors) != report.model_digest:
         raise RoleCheckpointError(f"{report.role}: {directory}/{MODEL_FILE} does not re-read to the saved weights")
-    optimizer_state = _torch_load(_read_bytes(f"{directory}/{OPTIMIZER_FILE}"))
+    optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if state_digest(optimizer_state) != report.optimizer_digest:
         raise RoleCheckpointError(f"{report.role}: {directory}/{OPTIMIZER_FILE} does not re-read to the saved optimizer")
-    _torch_load(_read_bytes(f"{directory}/{SCHEDULER_FILE}"))
-    _torch_load(_read_bytes(f"{directory}/{RNG_FILE}"))
+    _torch_load(f"{directory}/{SCHEDULER_FILE}")
+    _torch_load(f"{directory}/{RNG_FILE}")
     state = read_trainer_state(directory)
     if int(state.get("optimizer_step", -1)) != report.optimizer_step:
         raise RoleCheckpointError(f"{report.role}: {directory}/{TRAINER_STATE_FILE} records the wrong optimizer step")
@@ -214,12 +229,12 @@ def load_trainable_role(
             "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
         )
     model.load_state_dict(load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}")), strict=True)
-    optimizer_state = _torch_load(_read_bytes(f"{directory}/{OPTIMIZER_FILE}"))
+    optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if state.get("optimizer_pristine"):
         for group, saved in zip(optimizer.param_groups, optimizer_state["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
     else:
         set_optimizer_state_dict(model, optimizer, optimizer_state)
-    scheduler.load_state_dict(_torch_load(_read_bytes(f"{directory}/{SCHEDULER_FILE}")))
-    torch.set_rng_state(_torch_load(_read_bytes(f"{directory}/{RNG_FILE}"))["torch"])
+    scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
+    torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
     return state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,6 +20,9 @@ from configs.schema import PPOConfig
 
 DATA_SOURCE_KEYS = {"rl.data.path", "rl.data.name", "rl.data.factory"}
 
+PROFILE_DIRS_ENV = "PPO_PROFILE_DIRS"
+"""Colon-separated directories, besides configs/, whose profiles a flow run may load."""
+
 
 class ConfigError(ValueError):
     """Every problem found, one per line, each starting with its dotted key path."""
@@ -28,12 +32,48 @@ class ConfigError(ValueError):
         super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def load_profile(profile: str | Path) -> PPOConfig:
+def profile_dirs() -> list[Path]:
+    """Where a flow run's `profile` may point (S-SEC-2): the project's configs/ and
+    the directories the operator names in PPO_PROFILE_DIRS."""
+    named = [Path(part) for part in os.environ.get(PROFILE_DIRS_ENV, "").split(os.pathsep) if part]
+    return [Path(__file__).resolve().parent, *(directory.resolve() for directory in named)]
+
+
+def check_profile_path(profile: str | Path, allowed_dirs: Iterable[Path]) -> None:
+    """Refuse a profile outside ``allowed_dirs`` before anything executes it: a
+    profile is Python, so a deployment parameter naming any file would run it.
+    The real path is compared, so `..` and symlinks pointing out are refused too."""
+    allowed = list(allowed_dirs)
+    real = Path(profile).resolve()
+    if not any(real.is_relative_to(directory) for directory in allowed):
+        shown = ", ".join(str(directory) for directory in allowed)
+        raise ConfigError([
+            f"profile: {str(profile)!r} resolves to {str(real)!r}, outside the profile directories ({shown}); "
+            f"put the file under configs/ or name its directory in {PROFILE_DIRS_ENV}"
+        ])
+
+
+def allow_profile_dir(directory: str | Path) -> None:
+    """Add ``directory`` to this process's PPO_PROFILE_DIRS: the CLI trusts the
+    directory of the --config file its operator named, so the flow it then runs
+    in this process loads that file (docs/launch.md, "Which profiles load")."""
+    named = [part for part in os.environ.get(PROFILE_DIRS_ENV, "").split(os.pathsep) if part]
+    resolved = str(Path(directory).resolve())
+    if resolved not in named:
+        os.environ[PROFILE_DIRS_ENV] = os.pathsep.join([*named, resolved])
+
+
+def load_profile(profile: str | Path, *, allowed_dirs: Iterable[Path] | None = None) -> PPOConfig:
+    """Execute the profile and return its CONFIG; with ``allowed_dirs`` (a flow
+    run's parameter) only a file inside one of them is executed."""
     path = Path(profile)
+    if allowed_dirs is not None:
+        check_profile_path(profile, allowed_dirs)
     if not path.is_file():
         raise ConfigError([f"profile: no such file {str(profile)!r} (expected a Python file defining CONFIG, e.g. configs/ppo_tiny_cpu.py)"])
     spec = importlib.util.spec_from_file_location(f"_ppo_profile_{path.stem}", path)
-    assert spec and spec.loader
+    if spec is None or spec.loader is None:  # not a .py file: nothing could load it
+        raise ConfigError([f"profile: {str(profile)!r} is not a Python file (a profile is a .py file defining CONFIG)"])
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -55,6 +95,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    except (ValueError, RecursionError) as error:
+        # Valid JSON that Python will not build (an integer over 4300 digits, nesting
+        # deeper than the recursion limit): refused by key, not as a bare traceback.
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
+        raise ConfigError([f"{key.strip()}: override value {shown!r} cannot be read ({reason})"]) from None
     return key.strip(), value
 
 
@@ -94,8 +140,10 @@ def validate_tree(tree: dict[str, Any]) -> PPOConfig:
         raise ConfigError(_pydantic_problems(error)) from None
 
 
-def load_config(profile: str | Path, overrides: Iterable[str] = ()) -> PPOConfig:
-    return apply_overrides(load_profile(profile), list(overrides))
+def load_config(
+    profile: str | Path, overrides: Iterable[str] = (), *, allowed_dirs: Iterable[Path] | None = None
+) -> PPOConfig:
+    return apply_overrides(load_profile(profile, allowed_dirs=allowed_dirs), list(overrides))
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any, model: type) -> str | None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bring up the local Prefect stack for the ppo deployments (`make serve`):
 #   1. `prefect server start` on 127.0.0.1:$PPO_PREFECT_PORT (default 4200), its
-#      database under the state directory (PREFECT_HOME),
+#      database under the state directory (PREFECT_HOME); another address
+#      (PPO_PREFECT_HOST) only with PREFECT_SERVER_API_AUTH_STRING set (S-SEC-1),
 #   2. the `ppo-process` work pool (type process),
 #   3. both deployments from deployments/prefect.yaml (ppo/public-4gpu, ppo/tiny-cpu),
 #   4. a worker polling the pool.
@@ -14,11 +15,33 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
 STATE_DIR="${PPO_PREFECT_STATE_DIR:-$REPO_ROOT/.prefect/local}"
+HOST="${PPO_PREFECT_HOST:-127.0.0.1}"
 PORT="${PPO_PREFECT_PORT:-4200}"
 POOL="ppo-process"
 PYTHON="${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}"
 STARTUP_TIMEOUT="${PPO_PREFECT_STARTUP_TIMEOUT:-180}"
-API_URL="http://127.0.0.1:${PORT}/api"
+
+# S-SEC-1: whoever reaches the API can run deployments (code) on the worker, so an
+# address beyond loopback needs the server's basic-auth string. Checked before
+# anything is written or started.
+if ! [[ "$HOST" =~ ^(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|::1)$ ]]; then
+  if [[ -z "${PREFECT_SERVER_API_AUTH_STRING:-}" ]]; then
+    echo "serve: PPO_PREFECT_HOST=$HOST is not a loopback address; set PREFECT_SERVER_API_AUTH_STRING=user:password" \
+      "to require authentication, or leave PPO_PREFECT_HOST unset (127.0.0.1)" >&2
+    exit 2
+  fi
+  if [[ "$PREFECT_SERVER_API_AUTH_STRING" != *:* ]]; then
+    echo "serve: PREFECT_SERVER_API_AUTH_STRING must have the form user:password" >&2
+    exit 2
+  fi
+fi
+case "$HOST" in  # the address clients use: a wildcard bind is reached on loopback
+  0.0.0.0) CLIENT_HOST=127.0.0.1 ;;
+  ::|::1) CLIENT_HOST="[::1]" ;;
+  *:*) CLIENT_HOST="[$HOST]" ;;
+  *) CLIENT_HOST="$HOST" ;;
+esac
+API_URL="http://${CLIENT_HOST}:${PORT}/api"
 
 mkdir -p "$STATE_DIR/home"
 # The server and Ray tuning the CLI run applies too (flows/environment.py).
@@ -33,6 +56,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120
 export RAY_USAGE_STATS_ENABLED="\${RAY_USAGE_STATS_ENABLED:-0}"
 export TOKENIZERS_PARALLELISM=false
+# The server's auth string, when set, is what the CLI and the worker authenticate
+# with; read from the environment when sourced, never written to this file.
+if [[ -n "\${PREFECT_SERVER_API_AUTH_STRING:-}" ]]; then export PREFECT_API_AUTH_STRING="\$PREFECT_SERVER_API_AUTH_STRING"; fi
 $TUNING
 EOF
 # shellcheck source=/dev/null
@@ -56,13 +82,14 @@ EOF
 }
 
 port_free() {
-  "$PYTHON" - "$PORT" <<'EOF'
+  "$PYTHON" - "$HOST" "$PORT" <<'EOF'
 import socket, sys
-with socket.socket() as s:
+host, port = sys.argv[1], int(sys.argv[2])
+with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
     # As the server will: a port a stopped server left in TIME_WAIT is free.
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        s.bind(("127.0.0.1", int(sys.argv[1])))
+        s.bind((host, port))
     except OSError:
         sys.exit(1)
 EOF
@@ -73,10 +100,10 @@ if alive server; then
   echo "serve: server already running (pid $(cat "$STATE_DIR/server.pid")) at $API_URL"
 else
   if ! port_free; then
-    echo "serve: port $PORT on 127.0.0.1 is in use; choose another with PPO_PREFECT_PORT=NNNN" >&2
+    echo "serve: port $PORT on $HOST is in use; choose another with PPO_PREFECT_PORT=NNNN" >&2
     exit 1
   fi
-  setsid "$PYTHON" -m prefect server start --host 127.0.0.1 --port "$PORT" \
+  setsid "$PYTHON" -m prefect server start --host "$HOST" --port "$PORT" \
     >"$STATE_DIR/server.log" 2>&1 </dev/null &
   echo $! >"$STATE_DIR/server.pid"
   echo "serve: starting server (pid $!), log $STATE_DIR/server.log"
@@ -125,7 +152,7 @@ fi
 
 cat <<EOF
 
-Prefect UI: http://127.0.0.1:${PORT}
+Prefect UI: http://${CLIENT_HOST}:${PORT}
 Run from a shell:
   source $STATE_DIR/env.sh
   prefect deployment run ppo/tiny-cpu --watch

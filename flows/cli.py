@@ -8,8 +8,9 @@ that fails ends on the failing stage's task-run name and the way to resume.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from configs.loading import ConfigError, load_config
+from configs.loading import ConfigError, allow_profile_dir, load_config
 from flows.arguments import parse_args, warmup_override
 
 EXIT_FAILED = 1  # a stage failed: resumable
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     from flows.resume import ResumeError
     from flows.training import ppo
 
+    # The operator named this file on their own command line: the flow it starts
+    # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
+    allow_profile_dir(Path(args.config).parent)
     try:
         summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh)
     except ConfigError as error:

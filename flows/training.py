@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from configs.loading import load_config
+from configs.loading import load_config, profile_dirs
 from configs.schema import PPOConfig
 from flows.history import RunHistory
 from flows.iteration import run_iterations
@@ -38,7 +38,7 @@ def resolve_config(
         extra.append(f"rl.critic_warmup_iterations={critic_warmup_iterations}")
     if run_name:
         extra.append(f"job.name={run_name}")
-    config = load_config(profile, extra)
+    config = load_config(profile, extra, allowed_dirs=profile_dirs())  # S-SEC-2: a parameter runs no arbitrary file
     updates: dict[str, Any] = {}
     if "://" not in config.job.output_root:
         updates["job"] = config.job.model_copy(update={"output_root": os.path.abspath(config.job.output_root)})

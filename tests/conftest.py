@@ -20,6 +20,14 @@ from flows.environment import apply_default_environment  # noqa: E402  (before P
 
 apply_default_environment()  # the same Prefect/Ray settings as `make run`
 
+# Property tests (issue 16 item 8) are derandomized so CI sees the same examples on
+# every run; HYPOTHESIS_PROFILE=explore searches with fresh random examples.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", max_examples=5000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
 

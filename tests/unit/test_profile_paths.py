@@ -1,0 +1,124 @@
+"""A flow run's `profile` parameter loads only files under configs/ or a directory the
+operator names in PPO_PROFILE_DIRS (issue 16 item 8, S-SEC-2).
+
+A profile is Python: whoever can set a deployment's parameters could otherwise run any
+file on the worker. Each refusal is checked to happen before the file executes (the
+profile below writes a file when it runs), and to name the parameter.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from configs.loading import PROFILE_DIRS_ENV, ConfigError, allow_profile_dir, load_config
+from flows.training import resolve_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = REPO_ROOT / "configs"
+TINY_PROFILE = CONFIGS / "ppo_tiny_cpu.py"
+
+
+def evil_profile(directory: Path) -> tuple[Path, Path]:
+    """A profile that leaves a file behind if it is ever executed (and is otherwise valid)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ran = directory / "profile-was-executed"
+    profile = directory / "evil.py"
+    profile.write_text(
+        f"from pathlib import Path\nPath({str(ran)!r}).write_text('ran')\n" + TINY_PROFILE.read_text()
+    )
+    return profile, ran
+
+
+@pytest.fixture(autouse=True)
+def no_operator_dirs(monkeypatch):
+    monkeypatch.setenv(PROFILE_DIRS_ENV, "")  # restored after each test, as allow_profile_dir changes it
+
+
+def refused(profile: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        resolve_config(profile, None, None, None)
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith("profile: "), info.value.problems
+    return info.value
+
+
+def test_profiles_under_configs_load_by_relative_and_absolute_path(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    assert resolve_config("configs/ppo_tiny_cpu.py", None, None, None).job.name == "tiny-cpu"
+    assert resolve_config(str(TINY_PROFILE), None, None, None).job.name == "tiny-cpu"
+
+
+def test_a_file_elsewhere_is_refused_before_it_runs(tmp_path):
+    profile, ran = evil_profile(tmp_path / "elsewhere")
+    error = refused(str(profile))
+    assert "outside the profile directories" in str(error) and PROFILE_DIRS_ENV in str(error)
+    assert not ran.exists()
+
+
+def test_dotdot_out_of_configs_is_refused_before_it_runs(tmp_path):
+    profile, ran = evil_profile(tmp_path / "elsewhere")
+    escaping = CONFIGS / os.path.relpath(profile, CONFIGS)  # configs/../../..../evil.py
+    assert str(escaping).startswith(str(CONFIGS)) and ".." in escaping.parts
+    refused(str(escaping))
+    assert not ran.exists()
+
+
+def test_a_symlink_pointing_out_of_an_allowed_directory_is_refused(tmp_path, monkeypatch):
+    profile, ran = evil_profile(tmp_path / "elsewhere")
+    allowed = tmp_path / "operator-profiles"
+    allowed.mkdir()
+    (allowed / "looks-fine.py").symlink_to(profile)
+    monkeypatch.setenv(PROFILE_DIRS_ENV, str(allowed))
+    refused(str(allowed / "looks-fine.py"))
+    assert not ran.exists()
+
+
+def test_a_directory_the_operator_names_is_accepted(tmp_path, monkeypatch):
+    first, second = tmp_path / "a", tmp_path / "b"
+    profile, ran = evil_profile(second)
+    monkeypatch.setenv(PROFILE_DIRS_ENV, f"{first}{os.pathsep}{second}")
+    assert resolve_config(str(profile), None, None, None).job.name == "tiny-cpu"
+    assert ran.exists()  # accepted profiles do run: this one was trusted
+
+
+def test_the_check_is_the_flow_parameter_s_and_not_every_loader_s(tmp_path):
+    # The CLI, the manifest check and the bench scripts take the operator's own file.
+    profile, _ = evil_profile(tmp_path)
+    assert load_config(profile).job.name == "tiny-cpu"
+
+
+def test_a_file_that_is_not_python_is_refused_naming_the_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv(PROFILE_DIRS_ENV, str(tmp_path))
+    (tmp_path / "profile.txt").write_text("CONFIG = None\n")
+    error = refused(str(tmp_path / "profile.txt"))  # before: AssertionError from the loader
+    assert "not a Python file" in str(error)
+
+
+def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
+    """`python -m flows.ppo --config FILE`: the operator's file, wherever it is, reaches
+    the flow it starts in the same process; the flow body is replaced here by one that
+    resolves the profile as the real one does and then stops."""
+    import flows.cli
+    import flows.training
+    from flows.resume import ResumeError
+
+    profile, _ = evil_profile(tmp_path / "mine")
+    seen = []
+
+    def flow_body(profile, overrides, resume):
+        seen.append(resolve_config(profile, overrides, None, None).job.name)
+        raise ResumeError("stopped by the test")
+
+    monkeypatch.setattr(flows.training, "ppo", flow_body)
+    monkeypatch.chdir(tmp_path)
+    assert flows.cli.main(["--config", str(profile), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
+    assert seen == ["tiny-cpu"]
+    assert str((tmp_path / "mine").resolve()) in os.environ[PROFILE_DIRS_ENV].split(os.pathsep)
+
+
+def test_allow_profile_dir_adds_each_directory_once(tmp_path, monkeypatch):
+    allow_profile_dir(tmp_path)
+    allow_profile_dir(tmp_path / ".")
+    assert os.environ[PROFILE_DIRS_ENV] == str(tmp_path.resolve())

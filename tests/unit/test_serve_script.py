@@ -1,0 +1,77 @@
+"""`make serve` keeps Prefect on loopback unless the server requires its auth string
+(issue 16 item 8, S-SEC-1).
+
+deployments/serve.sh runs here with PPO_PYTHON pointing at a stub that records each
+call and starts nothing, so these tests never start a server: a refusal must come
+before the stub is called at all, and an accepted setting reaches it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SERVE = Path(__file__).resolve().parents[2] / "deployments" / "serve.sh"
+
+# Answers `-m flows.environment --export-tuning` with nothing; fails any other call (the
+# port check), so serve.sh stops with "port ... in use" before starting anything.
+STUB = """#!/usr/bin/env bash
+echo "$*" >> "{calls}"
+[[ "$2" == flows.environment ]] && exit 0
+exit 1
+"""
+
+
+def serve(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[str], Path]:
+    calls = tmp_path / "calls.log"
+    stub = tmp_path / "python"
+    stub.write_text(STUB.format(calls=calls))
+    stub.chmod(0o755)
+    state = tmp_path / "state"
+    base = {key: value for key, value in os.environ.items() if not key.startswith(("PPO_", "PREFECT_"))}
+    result = subprocess.run(
+        ["bash", str(SERVE)], env={**base, "PPO_PYTHON": str(stub), "PPO_PREFECT_STATE_DIR": str(state), **env},
+        capture_output=True, text=True, timeout=60,
+    )
+    return result, calls.read_text().splitlines() if calls.exists() else [], state
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "127.evil.example", "ppo-node-1"])
+def test_a_non_loopback_host_without_the_auth_string_is_refused_before_anything_starts(tmp_path, host):
+    result, calls, state = serve(tmp_path, PPO_PREFECT_HOST=host)
+    assert result.returncode == 2, result.stderr
+    assert f"PPO_PREFECT_HOST={host} is not a loopback address" in result.stderr
+    assert "PREFECT_SERVER_API_AUTH_STRING" in result.stderr
+    assert calls == [] and not state.exists()  # no Python, no state directory, no server
+
+
+def test_an_auth_string_must_be_user_colon_password(tmp_path):
+    result, calls, state = serve(tmp_path, PPO_PREFECT_HOST="0.0.0.0", PREFECT_SERVER_API_AUTH_STRING="secret")
+    assert result.returncode == 2 and "user:password" in result.stderr
+    assert calls == [] and not state.exists()
+
+
+@pytest.mark.parametrize("host", [None, "127.0.0.1", "localhost", "::1"])
+def test_loopback_hosts_need_no_auth_string(tmp_path, host):
+    result, calls, _ = serve(tmp_path, **({"PPO_PREFECT_HOST": host} if host else {}))
+    assert "not a loopback address" not in result.stderr
+    assert calls and calls[0].endswith("flows.environment --export-tuning")  # went on to its own checks
+    assert f"port 4200 on {host or '127.0.0.1'} is in use" in result.stderr  # the stub's answer, not a server
+
+
+def test_with_the_auth_string_the_worker_and_cli_authenticate_and_the_secret_stays_off_disk(tmp_path):
+    secret = "ppo:s3cret-value"
+    result, calls, state = serve(tmp_path, PPO_PREFECT_HOST="0.0.0.0", PREFECT_SERVER_API_AUTH_STRING=secret)
+    assert "not a loopback address" not in result.stderr and calls, result.stderr
+    env_sh = (state / "env.sh").read_text()
+    assert secret not in env_sh
+    assert 'PREFECT_API_URL="http://127.0.0.1:4200/api"' in env_sh  # a wildcard bind is reached on loopback
+    sourced = subprocess.run(
+        ["bash", "-c", f"source {state / 'env.sh'} && echo \"$PREFECT_API_AUTH_STRING\""],
+        env={"PATH": os.environ["PATH"], "PREFECT_SERVER_API_AUTH_STRING": secret},
+        capture_output=True, text=True, check=True,
+    )
+    assert sourced.stdout.strip() == secret
