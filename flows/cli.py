@@ -27,12 +27,18 @@ def main(argv: list[str] | None = None) -> int:
 
         return validate_manifest(args.config, overrides)
     from flows.preflight import require_runnable
+    from flows.run_lock import RunLocked, check_run_lock, local_run_dir, stale_after
 
     try:
         config = load_config(args.config, overrides)
         require_runnable(config)
+        # S-FAULT-4: a live run of this name is refused before any service starts.
+        check_run_lock(local_run_dir(f"{config.job.output_root}/{config.job.name}"),
+                       stale_after(config.rl.stage_timeout_seconds))
     except ConfigError as error:
         return refuse(error.problems)
+    except RunLocked as error:
+        return refuse([str(error)])
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
     from checkpoint.boundary import CheckpointError
@@ -47,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh)
     except ConfigError as error:
         return refuse(error.problems)
-    except (ResumeError, CheckpointError) as error:
+    except (ResumeError, CheckpointError, RunLocked) as error:
         # Refusals about the run's own state: the message is the whole story.
         return refuse([str(error)])
     except StageFailed as error:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from configs.schema import PPOConfig
 from flows.iteration import run_iterations
 from flows.resume import find_resume_point, restore_roles
+from flows.run_lock import RunLock, local_run_dir
 from flows.run_outputs import RunPaths, append_metrics
 from flows.runners import InProcessRunner
 from roles.critic_role import CriticRole
@@ -103,12 +104,15 @@ def run_in_process(
 
     runner = InProcessRunner()
     policy_version = roles.policy.policy_version
-    if paths is not None:
+    last = config.rl.max_steps if max_steps is None else max_steps
+    if paths is None:
+        run_iterations(runner, roles, config, start, last, policy_version, None, keep)
+        return records, roles
+    with RunLock(local_run_dir(paths.run_dir), "in-process"):  # one writer per run directory, as the flow
         point = find_resume_point(config, paths, resume=resume)
         paths.ensure()
         if point is not None:
             policy_version = restore_roles(runner, roles, point, config, paths)
             start = point.iteration + 1
-    last = config.rl.max_steps if max_steps is None else max_steps
-    run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
+        run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
     return records, roles

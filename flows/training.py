@@ -19,6 +19,7 @@ from flows.history import RunHistory
 from flows.iteration import run_iterations
 from flows.preflight import require_runnable
 from flows.resume import find_resume_point, restore_roles
+from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
 from roles.actors import RoleHandles, connect_ray, start_role_actors, stop_role_actors
@@ -86,6 +87,25 @@ def ppo(
     config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
     require_runnable(config)  # the CLI's own check, again for deployment runs
     paths = RunPaths.for_config(config)
+    # S-FAULT-4: one writer per run directory, taken before anything is read or written.
+    lock = RunLock(local_run_dir(paths.run_dir), _flow_run_label(), stale_after(config.rl.stage_timeout_seconds))
+    lock.acquire()
+    if lock.took_over is not None:
+        logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
+    try:
+        return _train(config, paths, lock, resume)
+    finally:
+        lock.release()
+
+
+def _flow_run_label() -> str:
+    from prefect.runtime import flow_run
+
+    return f"{flow_run.name} ({flow_run.id})" if flow_run.id else "-"
+
+
+def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool) -> dict[str, Any]:
+    logger = get_run_logger()
     resume_point = find_resume_point(config, paths, resume=resume)
     paths.ensure()
     started_ray = connect_ray(config)
@@ -104,6 +124,7 @@ def ppo(
 
         def record_iteration(record: dict[str, Any]) -> None:
             append_metrics(paths.metrics, record)
+            lock.renew()
             history.add_iteration(record)
             line = progress_line(config, record)
             print(line, flush=True)

@@ -83,3 +83,42 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     for trained in ("policy", "critic"):
         assert weights_digest(boundary(run_dir, 4) / trained) == weights_digest(boundary(straight, 4) / trained)
     assert [without_timings(r) for r in metric_records(run_dir)] == [without_timings(r) for r in metric_records(straight)]
+
+
+def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing(
+    prefect_api, ray_cluster, tiny_overrides, tmp_path
+):
+    import subprocess
+    import sys
+
+    from flows.run_lock import RunLocked
+    from flows.training import ppo
+    from tests.conftest import REPO_ROOT
+
+    run_dir = tmp_path / "outputs" / "busy"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from flows.run_lock import RunLock; "
+         "RunLock(sys.argv[1], 'first-run (abc)').acquire(); print('held', flush=True); time.sleep(120)", str(run_dir)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        overrides = tiny_overrides + ["rl.max_steps=2", "job.name=busy"]
+        started = time.monotonic()
+        with pytest.raises(RunLocked, match=rf"pid {holder.pid}, flow run first-run \(abc\)"):
+            ppo(profile=TINY_PROFILE, overrides=overrides)
+        assert time.monotonic() - started < 30
+        assert sorted(p.name for p in run_dir.iterdir()) == ["RUN_LOCK"]  # nothing written beside the holder's lock
+
+        cli = subprocess.run(
+            [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        )
+        assert cli.returncode == 2 and f"pid {holder.pid}" in cli.stderr.splitlines()[-1], cli.stderr[-2000:]
+        assert cli.stdout == ""  # refused before the Prefect API or Ray started
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without releasing: the next launch takes its lock over and runs.
+    summary = ppo(profile=TINY_PROFILE, overrides=overrides)
+    assert summary["policy_version"] == 2 and not (run_dir / "RUN_LOCK").exists()

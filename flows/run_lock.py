@@ -1,0 +1,157 @@
+"""One writer per run directory (S-FAULT-4).
+
+Two launches of one `job.name` under one output root would both write its metrics
+and its boundaries, so a boundary could hold one run's policy and the other's
+critic. A run therefore holds `<run_dir>/RUN_LOCK` (JSON: host, pid, the process's
+start time, flow run, heartbeat) for as long as it writes. A second launch is refused
+while the holder lives; a lock left by a run that died (a killed process, a lost
+node) is taken over, so rerunning after a crash (or pressing Retry) just works:
+
+- same host: the holder is alive if its pid exists with the same start time (a pid
+  reused by another process does not count);
+- another host (a shared output root): the holder is alive while its heartbeat,
+  renewed every iteration, is younger than `stale_after_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+LOCK_NAME = "RUN_LOCK"
+
+
+def local_run_dir(run_dir: str) -> Path:
+    """The run directory as a local path (the commit protocol already requires a
+    local or shared filesystem, S-CKPT-7)."""
+    return Path(run_dir.removeprefix("file://").removeprefix("local://"))
+
+
+def stale_after(stage_timeout_s: float | None) -> float:
+    """How old another host's heartbeat may be before its lock counts as dead: longer
+    than any stage may take, so a slow iteration is never mistaken for a dead run."""
+    return max(900.0, 3 * (stage_timeout_s or 0.0))
+
+
+class RunLocked(RuntimeError):
+    """Another live run writes this run directory."""
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    host: str
+    pid: int
+    process_start: str  # /proc/<pid>/stat field 22: tells a reused pid apart
+    flow_run: str
+    acquired_at: float
+    heartbeat_at: float
+    token: str  # tells this process's own lock apart when it renews or releases
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
+        return f"host {self.host}, pid {self.pid}, flow run {self.flow_run} (since {started})"
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]  # a zombie has exited
+
+
+def _alive(holder: LockHolder, stale_after_s: float) -> bool:
+    if holder.host == socket.gethostname():
+        return _process_start(holder.pid) == holder.process_start
+    return time.time() - holder.heartbeat_at < stale_after_s
+
+
+def _read(path: Path) -> LockHolder | None:
+    try:
+        return LockHolder(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError) as error:  # torn or foreign: treat as a dead holder
+        return LockHolder("?", -1, "", f"unreadable lock ({error})", 0.0, 0.0, "")
+
+
+def check_run_lock(run_dir: str | Path, stale_after_s: float = 900.0) -> None:
+    """Refuse early (before any service starts) when a live run holds `run_dir`."""
+    holder = _read(Path(run_dir) / LOCK_NAME)
+    if holder is not None and _alive(holder, stale_after_s):
+        raise RunLocked(
+            f"{run_dir} is being written by a running run: {holder.describe()}; wait for it to end or stop it "
+            "(Cancel in the Prefect UI, or kill that process), or choose another job.name"
+        )
+
+
+class RunLock:
+    """Held from acquire() to release(); renew() is the heartbeat."""
+
+    def __init__(self, run_dir: str | Path, flow_run: str = "-", stale_after_s: float = 900.0):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.flow_run = flow_run
+        self.stale_after_s = stale_after_s
+        self.holder: LockHolder | None = None
+        self.took_over: LockHolder | None = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        mine = LockHolder(
+            socket.gethostname(), os.getpid(), _process_start(os.getpid()) or "", self.flow_run, now, now,
+            uuid.uuid4().hex,
+        )
+        for _ in range(3):
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                held = _read(self.path)
+                if held is not None and _alive(held, self.stale_after_s):
+                    check_run_lock(self.path.parent, self.stale_after_s)  # raises, naming the holder
+                # A dead run's lock: remove it and race for it again (O_EXCL decides).
+                self.took_over = held
+                try:
+                    os.replace(self.path, self.path.with_name(f"{LOCK_NAME}.stale.{uuid.uuid4().hex}"))
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(asdict(mine), handle)
+            self.holder = mine
+            for stale in self.path.parent.glob(f"{LOCK_NAME}.stale.*"):
+                stale.unlink(missing_ok=True)
+            return self
+        raise RunLocked(f"{self.path}: could not take the run lock (another launch is taking it at the same time)")
+
+    def renew(self) -> None:
+        """The heartbeat another host reads; written atomically beside the lock."""
+        if self.holder is None:
+            return
+        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time()})
+        temp = self.path.with_name(f".{LOCK_NAME}.{self.holder.token}.tmp")
+        temp.write_text(json.dumps(asdict(self.holder)))
+        os.replace(temp, self.path)
+
+    def release(self) -> None:
+        """Only our own lock is removed: a run that lost it (taken over as stale
+        from another host) must not delete the new holder's."""
+        if self.holder is None:
+            return
+        held = _read(self.path)
+        if held is not None and held.token == self.holder.token:
+            self.path.unlink(missing_ok=True)
+        self.holder = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
