@@ -16,12 +16,12 @@ import torch
 from algorithm.ppo_math import clipped_value_loss
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
-from roles.model_io import ensure_model, load_value_model, response_values
-from roles.data_parallel import rendezvous_address
-from roles.placement import role_device
-from roles.runtime import configure_torch_threads
+from models.model_io import ensure_model, load_value_model, response_values
+from trainer.data_parallel import rendezvous_address
+from placement.plan import role_device
+from trainer.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
-from roles.update_runtime import UpdateRuntime
+from trainer.update_runtime import UpdateRuntime
 
 
 class CriticRole:

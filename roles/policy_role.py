@@ -27,7 +27,7 @@ from algorithm.ppo_math import (
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
 from checkpoint.role_state import save_tokenizer
-from roles.model_io import (
+from models.model_io import (
     ensure_model,
     is_vision_language,
     load_causal_lm,
@@ -35,11 +35,11 @@ from roles.model_io import (
     load_tokenizer,
     response_logprobs,
 )
-from roles.data_parallel import rendezvous_address
-from roles.placement import parks_between_updates, plan_placement, role_device
-from roles.runtime import configure_torch_threads
+from trainer.data_parallel import rendezvous_address
+from placement.plan import parks_between_updates, plan_placement, role_device
+from trainer.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
-from roles.update_runtime import UpdateRuntime
+from trainer.update_runtime import UpdateRuntime
 
 
 class StaleSampleError(RuntimeError):

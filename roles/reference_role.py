@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from configs.schema import PPOConfig
-from roles.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
-from roles.placement import role_device
-from roles.runtime import configure_torch_threads
+from models.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
+from placement.plan import role_device
+from trainer.runtime import configure_torch_threads
 from roles.trajectory import Trajectory
 
 

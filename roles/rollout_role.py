@@ -10,10 +10,10 @@ import torch
 
 from configs.schema import PPOConfig
 from data.packing import MULTIMODAL_EXTRA, build_packer, concat_multimodal
-from roles.model_io import ensure_model, load_tokenizer
-from roles.placement import plan_placement, role_device
+from models.model_io import ensure_model, load_tokenizer
+from placement.plan import plan_placement, role_device
 from roles.rollout.engine import RolloutEngine
-from roles.runtime import configure_torch_threads
+from trainer.runtime import configure_torch_threads
 from roles.trajectory import PromptBatch, Trajectory
 
 

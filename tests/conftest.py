@@ -28,7 +28,7 @@ TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The CPU profile's tiny model, built once for the whole session."""
     from configs.loading import load_profile
-    from roles.model_io import ensure_model
+    from models.model_io import ensure_model
 
     model = load_profile(TINY_PROFILE).model
     path = tmp_path_factory.mktemp("models") / "tiny-qwen3-digits"

@@ -61,7 +61,7 @@ def test_colocated_policy_parks_between_updates_and_trains_again(tiny_model_dir,
     # Weights and both AdamW moments leave the GPU (the rollout engine keeps its own).
     assert resident - parked >= 0.9 * summary["perf/policy_parked_bytes"], (resident, parked, summary)
 
-    # The park went into page-locked buffers, the same ones at every park (roles/pinned_park.py),
+    # The park went into page-locked buffers, the same ones at every park (trainer/pinned_park.py),
     # and the optimizer still holds the model's own parameter objects.
     parameters = list(policy.model.parameters())
     assert all(p.data.is_pinned() for p in parameters)

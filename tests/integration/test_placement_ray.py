@@ -23,7 +23,7 @@ import json, os, sys
 import ray
 from configs.loading import load_config
 from roles.actors import worker_env
-from roles.placement import PlacementError, lower_placement, plan_placement, release_placement
+from placement.plan import PlacementError, lower_placement, plan_placement, release_placement
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from configs.loading import load_config
-from roles.placement import parks_between_updates, plan_placement, role_device
+from placement.plan import parks_between_updates, plan_placement, role_device
 from roles.trajectory import PPOTargets
-from roles.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
+from trainer.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")

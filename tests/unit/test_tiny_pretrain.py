@@ -10,7 +10,7 @@ import pytest
 from configs.loading import ConfigError, load_config
 from configs.schema import TinyModelSpec
 from data.synthetic import addition_split, heldout_sums, is_heldout_sum
-from roles.tiny_model import build_tiny_model
+from models.tiny_model import build_tiny_model
 
 
 def _digest(path: Path) -> str:

@@ -21,7 +21,7 @@ the host (a one-GPU workstation); policy and rollout always need a GPU.
 Ranks: a group of G GPUs has G bundles, one per data-parallel rank (vLLM tensor
 parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). Each
 trainer (policy, critic) gets one actor per rank, joined in one process group
-(roles/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
+(trainer/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
 rollout gets one actor per engine, each generating a shard of every batch
 (`grid.cpu_rollout_engines` on the host); colocated, engine i shares bundle i with
 policy rank i. The reference runs one actor; its group still reserves every declared
