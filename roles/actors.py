@@ -16,7 +16,8 @@ import ray
 from configs.schema import PPOConfig
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
-from placement.plan import TRAINER_ROLES, LoweredPlacement, lower_placement, plan_placement, release_placement
+from placement.plan import TRAINER_ROLES, plan_placement
+from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole

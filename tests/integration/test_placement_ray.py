@@ -23,7 +23,8 @@ import json, os, sys
 import ray
 from configs.loading import load_config
 from roles.actors import worker_env
-from placement.plan import PlacementError, lower_placement, plan_placement, release_placement
+from placement.plan import plan_placement
+from placement.ray_lowering import PlacementError, lower_placement, release_placement
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from configs.loading import load_config
-from placement.plan import LoweredPlacement, placement_problems, plan_placement
+from placement.plan import placement_problems, plan_placement
+from placement.ray_lowering import LoweredPlacement
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
