@@ -25,6 +25,8 @@ from typing import Any, Callable
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
 from configs.schema import PPOConfig
+from placement.plan import plan_placement
+from placement.role_placement import role_placements
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
@@ -62,15 +64,17 @@ class DirectRoles:
 
 def build_roles(config: PPOConfig) -> DirectRoles:
     """Every role in this process, constructed in `roles.actors.ROLE_CLASSES` order
-    (the tiny model is built on first use, as in the flow)."""
+    (the tiny model is built on first use, as in the flow). Each device role gets
+    rank 0's placement from the same `role_placements` the actors are started with."""
+    placements = role_placements(plan_placement(config))
     return DirectRoles(
         data=DataRole(config),
-        rollout=RolloutRole(config),
+        rollout=RolloutRole(config, placements["rollout"][0]),
         reward=RewardRole(config),
         replay=ReplayRole(config),
-        reference=ReferenceRole(config),
-        critic=CriticRole(config),
-        policy=PolicyRole(config),
+        reference=ReferenceRole(config, placements["reference"][0]),
+        critic=CriticRole(config, placements["critic"][0]),
+        policy=PolicyRole(config, placements["policy"][0]),
     )
 
 

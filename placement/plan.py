@@ -38,6 +38,10 @@ from configs.schema import PPOConfig
 TRAINER_ROLES = ("policy", "critic")
 """Roles that train, and so may run as several data-parallel ranks (S-FLOW-5)."""
 
+RANKED_ROLES = (*TRAINER_ROLES, "rollout")
+"""Roles that may run as several actors: the trainers' data-parallel ranks (one
+process group each) and the rollout's engines (independent, one shard each)."""
+
 DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
 """Roles that hold a model on a device; the others (data, reward, replay) stay on the host."""
 
@@ -224,29 +228,3 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
              f"({rollout_group.key}); each engine takes {tp} GPUs")
         )
     return problems
-
-
-def role_device(config: PPOConfig, role: str) -> str:
-    """The torch device a role's models belong on inside its actor: "cuda" when its
-    device group has GPUs and Ray made one visible to this process (Ray sets
-    CUDA_VISIBLE_DEVICES per actor, so the first visible device is the bundle's GPU),
-    otherwise "cpu"."""
-    group = plan_placement(config).group_of(role)
-    if group is None or group.gpus == 0:
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-PARKING_ROLES = ("policy",)
-"""S-RUN-4: of the two roles sharing the colocated group, the trainer parks its state on
-the host (the engine sleeps instead); reference and critic own their devices."""
-
-
-def parks_between_updates(plan: PlacementPlan, role: str, device: str) -> bool:
-    """Whether `role`, whose models live on `device`, must move its weights and
-    optimizer state to the host while the rollout generates (S-RUN-4). Only a trainer
-    really holding a GPU that it shares with the engine does: on the host there is
-    nothing to free."""
-    return role in PARKING_ROLES and plan.offload_active and device != "cpu"

@@ -18,20 +18,20 @@ from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
 from models.model_io import ensure_model, load_value_model, response_values
 from trainer.data_parallel import rendezvous_address
-from placement.plan import role_device
+from placement.role_placement import RolePlacement
 from trainer.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
 from trainer.update_runtime import UpdateRuntime
 
 
 class CriticRole:
-    def __init__(self, config: PPOConfig, rank: int = 0):
+    def __init__(self, config: PPOConfig, placement: RolePlacement):
         configure_torch_threads(config.rl.threads_per_role)
         self.rl = config.rl
-        self.rank = rank
+        self.rank = placement.rank
         model = load_value_model(ensure_model(config.model), config.model.dtype, seed=config.job.seed)
         self.runtime = UpdateRuntime(
-            "critic", model, config.rl.optimizer, config.rl.optimizer.critic_lr, role_device(config, "critic")
+            "critic", model, config.rl.optimizer, config.rl.optimizer.critic_lr, placement.on_visible_device().device
         )
         self.targets: PPOTargets | None = None
 

@@ -36,7 +36,7 @@ from models.model_io import (
     response_logprobs,
 )
 from trainer.data_parallel import rendezvous_address
-from placement.plan import parks_between_updates, plan_placement, role_device
+from placement.role_placement import RolePlacement
 from trainer.runtime import configure_torch_threads
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
 from trainer.update_runtime import UpdateRuntime
@@ -47,21 +47,21 @@ class StaleSampleError(RuntimeError):
 
 
 class PolicyRole:
-    def __init__(self, config: PPOConfig, rank: int = 0):
+    def __init__(self, config: PPOConfig, placement: RolePlacement):
         configure_torch_threads(config.rl.threads_per_role)
         self.config = config
-        self.rank = rank
+        self.rank = placement.rank
+        placed = placement.on_visible_device()
         self.rl = config.rl
         model_path = ensure_model(config.model)
         self.tokenizer = load_tokenizer(model_path)
         # A VLM's boundary also carries its image processor, so it exports complete.
         self.image_processor = load_image_processor(model_path) if is_vision_language(model_path) else None
         model = load_causal_lm(model_path, config.model.dtype)
-        device = role_device(config, "policy")
-        self.runtime = UpdateRuntime("policy", model, config.rl.optimizer, config.rl.optimizer.policy_lr, device)
+        self.runtime = UpdateRuntime("policy", model, config.rl.optimizer, config.rl.optimizer.policy_lr, placed.device)
         self.policy_version = 0
         self.targets: PPOTargets | None = None
-        self.parks = parks_between_updates(plan_placement(config), "policy", device)
+        self.parks = placed.parks
         self.parked = False
         if self.parks:
             # The first thing the shared GPU runs is the first rollout.
