@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 
+from placement.plan import TRAINER_ROLES
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import metric_records
 
@@ -55,7 +56,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
         two_receipts, two_batch = _one_iteration(two_config, two)
         assert one_batch == two_batch  # same seed, same initial weights: the same rollout
 
-        for role in ("policy", "critic"):
+        for role in TRAINER_ROLES:
             assert [r.rank for r in two_receipts[role]] == [0, 1]
             assert {r.batch_id for r in two_receipts[role]} == {two_batch}
             # What the collectives cost is reported only where there are collectives.

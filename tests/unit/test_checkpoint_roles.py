@@ -14,6 +14,7 @@ from checkpoint.export import export_boundary, main as export_main
 from checkpoint.retention import PRUNED_NOTE, prune_optimizer_state
 from checkpoint.role_state import RoleCheckpointError
 from configs.loading import load_config
+from placement.plan import TRAINER_ROLES
 from flows.resume import ResumeError, check_loop_state
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
@@ -25,7 +26,8 @@ from tests.conftest import TINY_PROFILE, first_rank
 def committed(tiny_model_dir, tmp_path_factory):
     """Three committed boundaries written by real role bodies."""
     config = load_config(TINY_PROFILE, [f"model.path={tiny_model_dir}"])
-    policy, critic, data = PolicyRole(config, first_rank(config, "policy")), CriticRole(config, first_rank(config, "critic")), DataRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
+    critic, data = CriticRole(config, first_rank(config, "critic")), DataRole(config)
     root = str(tmp_path_factory.mktemp("ckpt") / "checkpoints")
     for iteration in (1, 2, 3):
         boundary = boundary_path(root, iteration)
@@ -64,7 +66,7 @@ def test_retention_keeps_optimizer_state_of_the_newest_only_and_resume_from_olde
     shutil.copytree(root, copy)
     assert prune_optimizer_state(copy, 0) == []  # 0 keeps all (S-CKPT-6)
     pruned = prune_optimizer_state(copy, None)  # unset: newest only
-    assert sorted(pruned) == sorted(f"{boundary_path(copy, i)}/{r}" for i in (1, 2) for r in ("policy", "critic"))
+    assert sorted(pruned) == sorted(f"{boundary_path(copy, i)}/{r}" for i in (1, 2) for r in TRAINER_ROLES)
     assert (tmp_path / "checkpoints" / "iter_000003" / "policy" / "optimizer.pt").exists()
     assert (tmp_path / "checkpoints" / "iter_000001" / "policy" / PRUNED_NOTE).exists()
     with pytest.raises(RoleCheckpointError, match="removed by retention"):

@@ -29,7 +29,8 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CU
         (PUBLIC_PROFILE, ["rl.colocated_offload=false"], set()),  # both stay resident
         (PUBLIC_PROFILE, ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"], set()),
         (TINY_PROFILE, [], set()),  # a CPU run: nothing to free
-        (TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"], {"policy", "rollout"}),  # the one-GPU smoke layout
+        # the one-GPU smoke layout
+        (TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"], {"policy", "rollout"}),
     ],
 )
 def test_only_the_colocated_policy_and_engine_on_a_gpu_park(profile, overrides, parking_roles):
