@@ -14,11 +14,11 @@ from typing import Any
 import ray
 
 from configs.schema import PPOConfig
+from placement.plan import TRAINER_ROLES, plan_placement
+from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
+from placement.role_placement import role_placements
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
-from placement.plan import TRAINER_ROLES, plan_placement
-from placement.role_placement import role_placements
-from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole

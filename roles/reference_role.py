@@ -12,8 +12,8 @@ import torch
 from configs.schema import PPOConfig
 from models.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
 from placement.role_placement import RolePlacement
-from trainer.runtime import configure_torch_threads
 from roles.trajectory import Trajectory
+from trainer.runtime import configure_torch_threads
 
 
 class ReferenceRole:

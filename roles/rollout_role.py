@@ -13,8 +13,8 @@ from data.packing import MULTIMODAL_EXTRA, build_packer, concat_multimodal
 from models.model_io import ensure_model, load_tokenizer
 from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
-from trainer.runtime import configure_torch_threads
 from roles.trajectory import PromptBatch, Trajectory
+from trainer.runtime import configure_torch_threads
 
 
 class StalePolicyError(RuntimeError):

@@ -15,13 +15,13 @@ from configs.loading import load_config
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packer_media import PromptMediaError
 from data.packing import MULTIMODAL_EXTRA, build_packer
+from models.model_io import response_logprobs
+from models.tiny_vlm import build_tiny_vlm
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
-from models.model_io import response_logprobs
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.rollout_role import RolloutRole
-from models.tiny_vlm import build_tiny_vlm
 from tests.conftest import REPO_ROOT, first_rank
 from tests.integration.vlm_rows import mixed_rows, write_rows
 

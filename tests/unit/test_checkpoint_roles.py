@@ -14,8 +14,8 @@ from checkpoint.export import export_boundary, main as export_main
 from checkpoint.retention import PRUNED_NOTE, prune_optimizer_state
 from checkpoint.role_state import RoleCheckpointError
 from configs.loading import load_config
-from placement.plan import TRAINER_ROLES
 from flows.resume import ResumeError, check_loop_state
+from placement.plan import TRAINER_ROLES
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
