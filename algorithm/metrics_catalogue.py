@@ -100,7 +100,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("train/policy_entropy", "mean per-token entropy of π_θ over response tokens, at the rollout "
            "temperature, from the loss's own forward", "nats", ACTOR_UPDATES, "roles/policy_role.py"),
     Metric("train/policy_grad_norm", "policy gradient norm before clipping, mean over optimizer steps", "norm",
-           ACTOR_UPDATES, "roles/update_runtime.py"),
+           ACTOR_UPDATES, "trainer/update_runtime.py"),
     Metric("optim/policy_lr", "the policy's learning rate after this update", "learning rate", ACTOR_UPDATES,
            "roles/policy_role.py"),
     Metric("optim/policy_optimizer_step", "optimizer steps the policy has taken in the whole run", "count",

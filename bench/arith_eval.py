@@ -65,7 +65,7 @@ def exact_match_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int
 
 
 def evaluate_dir(model_dir: str, max_operand: int, max_new_tokens: int = 4) -> float:
-    from roles.model_io import load_causal_lm, load_tokenizer
+    from models.model_io import load_causal_lm, load_tokenizer
 
     torch.set_num_threads(1)
     model = load_causal_lm(model_dir, "float32")
@@ -76,7 +76,7 @@ def evaluate_dir(model_dir: str, max_operand: int, max_new_tokens: int = 4) -> f
 def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
     from configs.loading import load_config
     from flows.environment import apply_default_environment
-    from roles.model_io import ensure_model
+    from models.model_io import ensure_model
 
     apply_default_environment()
     if not direct and not any(o.startswith("job.output_root=") for o in overrides):

@@ -5,7 +5,7 @@ nothing is downloaded) is put in the trainer's `UpdateRuntime` on the GPU and gi
 one AdamW step, so its optimizer state exists. Then its whole state (weights and
 both AdamW moments) is parked on the host and brought back, several times, two ways:
 
-* pinned: the default, reused page-locked buffers and queued copies (roles/pinned_park.py);
+* pinned: the default, reused page-locked buffers and queued copies (trainer/pinned_park.py);
 * pageable: plain `Module.to`, fresh pageable host memory every park.
 
 It prints, for each way, the first park (the pinned way allocates its buffers then),
@@ -35,7 +35,7 @@ def build_runtime(dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from configs.schema import OptimizerConfig
-    from roles.update_runtime import UpdateRuntime
+    from trainer.update_runtime import UpdateRuntime
 
     started = time.perf_counter()
     with torch.device("cuda"):  # initialise on the GPU: far faster than 0.6B random draws on the host

@@ -43,7 +43,7 @@ def _is_vision_language(source: str) -> bool:
 
 def _export_vision_language(role: str, source: str, target: str) -> str:
     """A vision-language policy loads as image-text-to-text, with its image processor
-    (S-RUN-6). Its critic (backbone + value head, `roles.model_io.BackboneValueModel`)
+    (S-RUN-6). Its critic (backbone + value head, `models.model_io.BackboneValueModel`)
     has no Hugging Face class, so its role files are copied as saved."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 

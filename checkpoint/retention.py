@@ -12,8 +12,7 @@ import fsspec
 
 from checkpoint.boundary import read_marker
 from checkpoint.role_state import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE
-
-TRAINABLE_ROLES = ("policy", "critic")
+from placement.plan import TRAINER_ROLES
 
 
 def committed_boundaries(checkpoints_root: str) -> list[str]:
@@ -33,7 +32,7 @@ def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None) ->
         return []
     pruned = []
     for boundary in committed_boundaries(checkpoints_root)[:-keep]:
-        for role in TRAINABLE_ROLES:
+        for role in TRAINER_ROLES:
             fs, role_dir = fsspec.core.url_to_fs(f"{boundary}/{role}")
             optimizer_path = f"{role_dir}/{OPTIMIZER_FILE}"
             if fs.exists(optimizer_path):

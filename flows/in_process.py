@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from configs.schema import PPOConfig
+from placement.plan import plan_placement
+from placement.role_placement import role_placements
 from flows.iteration import run_iterations
 from flows.resume import find_resume_point, restore_roles
 from flows.run_lock import RunLock, local_run_dir
@@ -55,15 +57,17 @@ class InProcessRoles:
 
 def build_roles(config: PPOConfig) -> InProcessRoles:
     """Every role in this process, constructed in `roles.actors.ROLE_CLASSES` order
-    (the tiny model is built on first use, as in the flow)."""
+    (the tiny model is built on first use, as in the flow). Each device role gets
+    rank 0's placement from the same `role_placements` the actors are started with."""
+    placements = role_placements(plan_placement(config))
     return InProcessRoles(
         data=DataRole(config),
-        rollout=RolloutRole(config),
+        rollout=RolloutRole(config, placements["rollout"][0]),
         reward=RewardRole(config),
         replay=ReplayRole(config),
-        reference=ReferenceRole(config),
-        critic=CriticRole(config),
-        policy=PolicyRole(config),
+        reference=ReferenceRole(config, placements["reference"][0]),
+        critic=CriticRole(config, placements["critic"][0]),
+        policy=PolicyRole(config, placements["policy"][0]),
     )
 
 

@@ -21,7 +21,7 @@ from flows.run_outputs import RunPaths
 from tasks import commit as commit_tasks
 from tasks import stages
 from tasks.faults import fault_point
-from roles.placement import TRAINER_ROLES
+from placement.plan import TRAINER_ROLES
 from tasks.stage_names import TRAIN, time_key
 
 

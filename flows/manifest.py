@@ -11,7 +11,7 @@ anything. It reads the profile, the data file (every row, through the same row
 reader and prompt projection the data role uses), row 0 of a dataset factory, a
 local model's `config.json`, and the run's checkpoint pointer.
 
-Checks, in order: placement vs. declared devices (roles/placement.py, the same
+Checks, in order: placement vs. declared devices (placement/plan.py, the same
 plan that places the actors; S-RUN-4, S-RUN-5), model config vs. model-parallel
 factors, reward rule vs. data (S-REW-2, S-REW-4), data readable and projectable
 (S-DATA-3..5), checkpoint storage (S-CKPT-7), and options that contradict each
@@ -35,7 +35,7 @@ from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
 from flows.preflight import Problem, config_problems, joins_cluster, machine_problems
-from roles.placement import TRAINER_ROLES, PlacementPlan, plan_placement
+from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the manifest names problems

@@ -20,7 +20,7 @@ from typing import Mapping
 from configs.callables import check_callable_module
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
-from roles.placement import PlacementPlan, placement_problems, plan_placement
+from placement.plan import PlacementPlan, placement_problems, plan_placement
 
 
 @dataclass(frozen=True)

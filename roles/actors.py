@@ -15,9 +15,11 @@ from typing import Any
 import ray
 
 from configs.schema import PPOConfig
+from placement.plan import TRAINER_ROLES, plan_placement
+from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
+from placement.role_placement import role_placements
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
-from roles.placement import TRAINER_ROLES, LoweredPlacement, lower_placement, plan_placement, release_placement
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole
@@ -67,10 +69,6 @@ class RoleHandles:
 def actor_name(role: str, rank: int) -> str:
     return role if rank == 0 else f"{role}-rank{rank}"
 
-
-RANKED_ROLES = (*TRAINER_ROLES, "rollout")
-"""Roles that may run as several actors: the trainers' data-parallel ranks (one
-process group each) and the rollout's engines (independent, one shard each)."""
 
 _live_placements: list[LoweredPlacement] = []  # reserved by start_role_actors, released by stop_role_actors
 
@@ -163,16 +161,22 @@ def start_role_actors(config: PPOConfig) -> RoleHandles:
     kill_run_actors(config.job.name)
     # Device groups become placement groups on a GPU run, nothing on CPU (S-RUN-4).
     plan = plan_placement(config)
-    placement = lower_placement(plan, namespace=namespace)
-    _live_placements.append(placement)
+    lowered = lower_placement(plan, namespace=namespace)
+    _live_placements.append(lowered)
+    placements = role_placements(plan)  # the one decision every device role is built from
     groups: dict[str, list[Any]] = {}
     for role, cls in ROLE_CLASSES.items():
-        ranked = role in RANKED_ROLES
+        if role in placements:
+            arguments = [(config, placement) for placement in placements[role]]
+        else:  # a host role (data, reward, replay) holds no device: one actor, the config alone
+            arguments = [(config,)]
         groups[role] = [
             ray.remote(cls)
-            .options(name=actor_name(role, rank), namespace=namespace, max_restarts=0, **placement.actor_options(role, rank))
-            .remote(config, *((rank,) if ranked else ()))
-            for rank in range(plan.ranks(role) if ranked else 1)
+            .options(
+                name=actor_name(role, rank), namespace=namespace, max_restarts=0, **lowered.actor_options(role, rank)
+            )
+            .remote(*args)
+            for rank, args in enumerate(arguments)
         ]
     ray.get([handle.ready.remote() for ranks in groups.values() for handle in ranks])
     for role, ranks in groups.items():

@@ -10,9 +10,9 @@ each iteration and comes back lazily when the next batch needs the model.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import asdict
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -24,10 +24,9 @@ from algorithm.ppo_math import (
     masked_mean,
     whiten,
 )
-from algorithm.update_plan import UpdatePlan
-from configs.schema import PPOConfig
 from checkpoint.role_state import save_tokenizer
-from roles.model_io import (
+from configs.schema import OptimizerConfig, PPOConfig
+from models.model_io import (
     ensure_model,
     is_vision_language,
     load_causal_lm,
@@ -35,63 +34,46 @@ from roles.model_io import (
     load_tokenizer,
     response_logprobs,
 )
-from roles.data_parallel import rendezvous_address
-from roles.placement import parks_between_updates, plan_placement, role_device
-from roles.runtime import configure_torch_threads
+from placement.role_placement import RolePlacement
+from roles.trainer_role import TrainerRole
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
-from roles.update_runtime import UpdateRuntime
 
 
 class StaleSampleError(RuntimeError):
     pass
 
 
-class PolicyRole:
-    def __init__(self, config: PPOConfig, rank: int = 0):
-        configure_torch_threads(config.rl.threads_per_role)
-        self.config = config
-        self.rank = rank
-        self.rl = config.rl
-        model_path = ensure_model(config.model)
-        self.tokenizer = load_tokenizer(model_path)
-        # A VLM's boundary also carries its image processor, so it exports complete.
-        self.image_processor = load_image_processor(model_path) if is_vision_language(model_path) else None
-        model = load_causal_lm(model_path, config.model.dtype)
-        device = role_device(config, "policy")
-        self.runtime = UpdateRuntime("policy", model, config.rl.optimizer, config.rl.optimizer.policy_lr, device)
+class PolicyRole(TrainerRole):
+    role = "policy"
+
+    def __init__(self, config: PPOConfig, placement: RolePlacement):
+        super().__init__(config, placement)
         self.policy_version = 0
-        self.targets: PPOTargets | None = None
-        self.parks = parks_between_updates(plan_placement(config), "policy", device)
+        self.parks = self.placement.parks
         self.parked = False
         if self.parks:
             # The first thing the shared GPU runs is the first rollout.
             self.park()
 
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.runtime.model
+    def _load_model(self, config: PPOConfig) -> torch.nn.Module:
+        model_path = ensure_model(config.model)
+        self.tokenizer = load_tokenizer(model_path)
+        # A VLM's boundary also carries its image processor, so it exports complete.
+        self.image_processor = load_image_processor(model_path) if is_vision_language(model_path) else None
+        return load_causal_lm(model_path, config.model.dtype)
+
+    def _learning_rate(self, optimizer: OptimizerConfig) -> float:
+        return optimizer.policy_lr
 
     def ready(self) -> dict[str, Any]:
-        return {
-            "role": "policy",
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "device": str(self.runtime.device),
-            "parks": self.parks,
-            "parked": self.parked,
-            "rank": self.rank,
-            "ranks": self.runtime.data_parallel.world,
-        }
+        return {**super().ready(), "parks": self.parks, "parked": self.parked}
 
-    def rendezvous_address(self) -> str:
-        """Rank 0's listening address for its role's process group."""
-        return rendezvous_address()
-
-    def join_data_parallel(self, address: str, rank: int, world: int) -> dict[str, Any]:
-        """Join the policy's process group (every rank at once) and take rank 0's weights."""
-        self._unpark()  # NCCL broadcasts device tensors
-        self.runtime.join_data_parallel(address, rank, world)
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """The join's broadcast needs the weights on the GPU; parked again after (S-RUN-4)."""
+        self._unpark()
+        yield
         self.park()
-        return self.ready()
 
     def park(self) -> dict[str, float]:
         """Move weights, optimizer state (and free gradients) to the host and release
@@ -184,38 +166,28 @@ class PolicyRole:
             "entropy": output.entropy,
         }
 
-    def train_batch(self, plan: UpdatePlan, batch_id: str) -> TrainReceipt:
-        if self.targets is None or self.targets.batch_id != batch_id:
-            held = self.targets.batch_id if self.targets else None
-            raise ValueError(f"policy was asked to train on batch {batch_id} but holds targets for {held}")
-        if self.targets.policy_version != self.policy_version:
+    def _admit(self, targets: PPOTargets, batch_id: str) -> None:
+        if targets.policy_version != self.policy_version:
             # S-FLOW-6 at the train step too: targets frozen under one version must not
             # train weights that were published as another.
             raise StaleSampleError(
                 f"policy refuses to train on batch {batch_id}: its targets were prepared from samples of "
-                f"policy_version {self.targets.policy_version}, the policy is at {self.policy_version}"
+                f"policy_version {targets.policy_version}, the policy is at {self.policy_version}"
             )
         self._unpark()
-        started = time.perf_counter()
-        metrics = self.runtime.run_plan(plan, self.targets, self._loss)
-        named = {f"train/policy_{k}": v for k, v in metrics.items() if k != "lr"}
-        named["optim/policy_lr"] = metrics["lr"]
-        named["optim/policy_optimizer_step"] = float(self.runtime.optimizer_step)
-        named["perf/policy_train_seconds"] = time.perf_counter() - started
-        if self.runtime.last_allreduce_seconds is not None:  # only with data-parallel ranks
-            named["perf/policy_allreduce_seconds"] = self.runtime.last_allreduce_seconds
-        return TrainReceipt("policy", batch_id, self.rank, self.runtime.optimizer_step, named)
+
+    def _train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {f"train/policy_{k}": v for k, v in metrics.items() if k != "lr"}
 
     def install_targets(self, targets: PPOTargets) -> dict[str, str]:
-        """Ranks 1.. of a data-parallel policy: keep rank 0's frozen targets under their
-        batch id, the key the controller hands back to train_batch (S-FLOW-5)."""
+        """Ranks 1.. of a data-parallel policy (S-FLOW-5), refusing targets frozen under
+        another policy_version (S-FLOW-6)."""
         if targets.policy_version != self.policy_version:
             raise StaleSampleError(
                 f"policy rank {self.rank} refuses targets of batch {targets.batch_id}: prepared under policy_version "
                 f"{targets.policy_version}, this rank is at {self.policy_version}"
             )
-        self.targets = targets
-        return {"batch_id": targets.batch_id}
+        return super().install_targets(targets)
 
     def publish_weights(self, *after: TrainReceipt) -> tuple[dict[str, torch.Tensor], int]:
         """Advance the policy_version clock and hand out the weights that carry it
@@ -252,19 +224,20 @@ class PolicyRole:
         the model's own tensors (`.cpu()` copies nothing there)."""
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
-    def save(self, directory: str, plan: str = "full"):
-        if plan == "model":
-            return {"path": self.runtime.save_model(directory)}
-        report = asdict(self.runtime.save(directory, {"policy_version": self.policy_version}))
-        save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
-        if self.image_processor is not None:
-            save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
+    def _saved_state(self) -> dict[str, Any]:
+        return {"policy_version": self.policy_version}
+
+    def save(self, directory: str, plan: str = "full") -> dict[str, Any]:
+        report = super().save(directory, plan)
+        if plan != "model":
+            save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
+            if self.image_processor is not None:
+                save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
         return report
 
     def load(self, directory: str) -> dict[str, Any]:
-        state = self.runtime.load(directory)
+        state = super().load(directory)
         self.policy_version = int(state["policy_version"])
-        self.targets = None
         return state
 
     def update_counts(self) -> dict[str, int]:

@@ -10,17 +10,17 @@ from typing import Any
 import torch
 
 from configs.schema import PPOConfig
-from roles.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
-from roles.placement import role_device
-from roles.runtime import configure_torch_threads
+from models.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
+from placement.role_placement import RolePlacement
 from roles.trajectory import Trajectory
+from trainer.runtime import configure_torch_threads
 
 
 class ReferenceRole:
-    def __init__(self, config: PPOConfig):
+    def __init__(self, config: PPOConfig, placement: RolePlacement):
         configure_torch_threads(config.rl.threads_per_role)
         self.temperature = config.rl.rollout.temperature
-        self.device = role_device(config, "reference")
+        self.device = placement.on_visible_device().device
         self.model = load_causal_lm(ensure_model(config.model), config.model.dtype).eval()
         if self.device != "cpu":
             self.model.to(self.device)

@@ -10,25 +10,25 @@ import torch
 
 from configs.schema import PPOConfig
 from data.packing import MULTIMODAL_EXTRA, build_packer, concat_multimodal
-from roles.model_io import ensure_model, load_tokenizer
-from roles.placement import plan_placement, role_device
+from models.model_io import ensure_model, load_tokenizer
+from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
-from roles.runtime import configure_torch_threads
 from roles.trajectory import PromptBatch, Trajectory
+from trainer.runtime import configure_torch_threads
 
 
 class StalePolicyError(RuntimeError):
     pass
 
 
-def build_engine(config: PPOConfig, model_path: str, tokenizer) -> RolloutEngine:
+def build_engine(config: PPOConfig, placement: RolePlacement, model_path: str, tokenizer) -> RolloutEngine:
     engine = config.rl.rollout.engine
     if engine == "hf":
         from roles.rollout.hf_engine import HFEngine
 
         return HFEngine(
             model_path, config.model.dtype, tokenizer.eos_token_id, tokenizer.pad_token_id,
-            device=role_device(config, "rollout"),
+            device=placement.on_visible_device().device,
         )
     if engine == "vllm":
         from roles.rollout.vllm_engine import VLLMEngine
@@ -37,7 +37,7 @@ def build_engine(config: PPOConfig, model_path: str, tokenizer) -> RolloutEngine
             model_path, config.model.dtype, tokenizer.eos_token_id, tokenizer.pad_token_id,
             gpu_memory_utilization=config.rl.rollout.gpu_memory_utilization,
             tensor_parallel_size=config.grid.rollout_tensor_parallel_size,
-            enable_sleep_mode=plan_placement(config).offload_active,  # S-RUN-4
+            enable_sleep_mode=placement.parks,  # S-RUN-4
             seed=config.job.seed,
         )
     raise NotImplementedError(f"rl.rollout.engine={engine!r}: accepted engines are hf and vllm")
@@ -83,18 +83,18 @@ class RolloutRole:
     `grid.rollout_tensor_parallel_size` GPUs; `grid.cpu_rollout_engines` on the host),
     engine `i` generates shard `i` of each batch and engine 0 gathers the shards."""
 
-    def __init__(self, config: PPOConfig, rank: int = 0):
+    def __init__(self, config: PPOConfig, placement: RolePlacement):
         configure_torch_threads(config.rl.threads_per_role)
         self.config = config
-        self.rank = rank
+        self.rank = placement.rank
         model_path = ensure_model(config.model)
         self.tokenizer = load_tokenizer(model_path)
         # S-RUN-6: the packer alone turns prompts into model inputs; a configured
         # factory replaces the default chosen from the model's config.json.
         self.packer = build_packer(model_path, config.data_packer.factory, config.data_packer.factory_kwargs)
-        self.engine = build_engine(config, model_path, self.tokenizer)
+        self.engine = build_engine(config, placement, model_path, self.tokenizer)
         # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
-        self.sleep_between_rollouts = plan_placement(config).offload_active
+        self.sleep_between_rollouts = placement.parks
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
         self.weight_loads = 0  # counted so tests and users can see warmup moves no weights (S-CW-5)
 

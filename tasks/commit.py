@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from checkpoint.boundary import CommittedBoundary, update_latest, write_marker
 from checkpoint.retention import prune_optimizer_state
-from roles.placement import TRAINER_ROLES
+from placement.plan import TRAINER_ROLES
 from tasks.faults import fault_point
 from tasks.stages import STAGE_TASK, resolve, stage_logger
 

@@ -32,11 +32,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
 
 
+def first_rank(config, role: str):
+    """Rank 0's placement of a device role, as the actor starter would hand it, for
+    tests that construct one role body in-process."""
+    from placement.plan import plan_placement
+    from placement.role_placement import role_placements
+
+    return role_placements(plan_placement(config))[role][0]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The CPU profile's tiny model, built once for the whole session."""
     from configs.loading import load_profile
-    from roles.model_io import ensure_model
+    from models.model_io import ensure_model
 
     model = load_profile(TINY_PROFILE).model
     path = tmp_path_factory.mktemp("models") / "tiny-qwen3-digits"

@@ -7,7 +7,7 @@ from typing import Mapping
 import torch
 
 from data.packing import PackedPrompts
-from roles.model_io import load_causal_lm, logprobs_from_logits
+from models.model_io import load_causal_lm, logprobs_from_logits
 from roles.rollout.engine import GenerationResult, response_mask_from_ids
 
 

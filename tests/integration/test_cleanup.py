@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from placement.plan import TRAINER_ROLES
+
 pytestmark = [pytest.mark.ray]
 
 
@@ -29,7 +31,7 @@ def test_cleanup_kills_the_named_runs_actors_and_leaves_other_runs_alone(ray_clu
     try:
         assert main(["leftover-probe"]) == 0
         assert "killed actors critic, policy" in capsys.readouterr().out
-        for role in ("policy", "critic"):
+        for role in TRAINER_ROLES:
             with pytest.raises(ValueError):
                 ray.get_actor(role, namespace="ppo-leftover-probe")
         assert ray.get(ray.get_actor("policy", namespace="ppo-other-probe").ready.remote())

@@ -10,9 +10,9 @@ import torch
 
 from checkpoint.digest import state_digest
 from checkpoint.role_state import model_tensors
-from roles.model_io import load_causal_lm
-from roles.update_runtime import build_optimizer, build_scheduler
 from configs.schema import OptimizerConfig
+from models.model_io import load_causal_lm
+from trainer.update_runtime import build_optimizer, build_scheduler
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import (
     boundary,

@@ -11,7 +11,7 @@ from configs.loading import load_config
 from data.packing import UnsupportedPromptError
 from roles.data_role import DataRole
 from roles.rollout_role import RolloutRole
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TINY_PROFILE, first_rank
 from tests.integration.helpers import metric_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.prefect]
@@ -50,4 +50,4 @@ def test_image_row_is_refused_by_the_text_packer_naming_the_row(tiny_model_dir, 
     batch, _ = data.next_batch(2, 1)
     assert batch.prompts[0][0]["content"][0] == {"type": "image", "image": "cat.png"}  # untouched
     with pytest.raises(UnsupportedPromptError, match=r"chats.jsonl row 32 \(line 33, column 1\): prompt\[0\]\.content\[0\]"):
-        RolloutRole(config).generate(batch, 0)
+        RolloutRole(config, first_rank(config, "rollout")).generate(batch, 0)

@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 
+from placement.plan import TRAINER_ROLES
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import metric_records
 
@@ -52,7 +53,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
         two_record = _one_iteration(two_config, two)
         assert one_record["train/reward_mean"] == two_record["train/reward_mean"]  # same seed: the same rollout
 
-        for role in ("policy", "critic"):
+        for role in TRAINER_ROLES:
             # What the collectives cost is reported only where there are collectives.
             assert f"perf/{role}_allreduce_seconds" not in one_record
             assert two_record[f"perf/{role}_allreduce_seconds"] >= 0

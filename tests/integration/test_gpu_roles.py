@@ -3,7 +3,7 @@ between roles, the colocated policy's park/unpark cycle, and checkpoints written
 the GPU that load on the host. Skipped without CUDA; needs one GPU.
 
 The roles run in-process (a role body is an ordinary class): without Ray,
-`role_device` sees the process's GPU directly, so one GPU can stand in for every
+`RolePlacement.on_visible_device` sees the process's GPU directly, so one GPU can stand in for every
 group of a layout. The last test runs the flow over Ray actors with the one-GPU
 layout `bench/gpu_smoke.sh` uses.
 """
@@ -16,7 +16,7 @@ import torch
 from flows.in_process import build_roles, run_in_process
 from checkpoint.role_state import OPTIMIZER_FILE, model_tensors
 from configs.loading import load_config
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TINY_PROFILE, first_rank
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -61,7 +61,7 @@ def test_colocated_policy_parks_between_updates_and_trains_again(tiny_model_dir,
     # Weights and both AdamW moments leave the GPU (the rollout engine keeps its own).
     assert resident - parked >= 0.9 * summary["perf/policy_parked_bytes"], (resident, parked, summary)
 
-    # The park went into page-locked buffers, the same ones at every park (roles/pinned_park.py),
+    # The park went into page-locked buffers, the same ones at every park (trainer/pinned_park.py),
     # and the optimizer still holds the model's own parameter objects.
     parameters = list(policy.model.parameters())
     assert all(p.data.is_pinned() for p in parameters)
@@ -127,12 +127,14 @@ def test_a_checkpoint_written_on_the_gpu_loads_on_the_host_and_back(tiny_model_d
     assert _devices(v for s in saved["state"].values() for v in s.values() if torch.is_tensor(v)) == {"cpu"}
 
     expected = model_tensors(policy.model)
-    on_host = PolicyRole(_config(tiny_model_dir, tmp_path))
+    host_config = _config(tiny_model_dir, tmp_path)
+    on_host = PolicyRole(host_config, first_rank(host_config, "policy"))
     on_host.load(str(tmp_path / "resident"))
     assert all(torch.equal(expected[k], v) for k, v in model_tensors(on_host.model).items())
     assert _optimizer_devices(on_host.runtime.optimizer) == {"cpu"}
 
-    on_gpu = PolicyRole(_config(tiny_model_dir, tmp_path, *ONE_GPU, "rl.colocated_offload=false"))
+    resident_config = _config(tiny_model_dir, tmp_path, *ONE_GPU, "rl.colocated_offload=false")
+    on_gpu = PolicyRole(resident_config, first_rank(resident_config, "policy"))
     on_gpu.load(str(tmp_path / "resident"))
     assert _devices(on_gpu.model.parameters()) == {"cuda"} and _optimizer_devices(on_gpu.runtime.optimizer) == {"cuda"}
     assert all(torch.equal(expected[k], v) for k, v in model_tensors(on_gpu.model).items())

@@ -23,7 +23,8 @@ import json, os, sys
 import ray
 from configs.loading import load_config
 from roles.actors import worker_env
-from roles.placement import PlacementError, lower_placement, plan_placement, release_placement
+from placement.plan import plan_placement
+from placement.ray_lowering import PlacementError, lower_placement, release_placement
 
 from roles.actors import protect_local_ray
 protect_local_ray(os.environ)  # the same token auth a run uses (S-SEC-1)

@@ -14,7 +14,7 @@ from algorithm.update_plan import UpdatePlan
 from configs.loading import load_config
 from roles.policy_role import PolicyRole, StaleSampleError
 from roles.trajectory import TrainReceipt
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TINY_PROFILE, first_rank
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +38,11 @@ def roles(config):
 
     return {
         "data": DataRole(config),
-        "rollout": RolloutRole(config),
+        "rollout": RolloutRole(config, first_rank(config, "rollout")),
         "reward": RewardRole(config),
         "replay": ReplayRole(config),
-        "reference": ReferenceRole(config),
-        "critic": CriticRole(config),
+        "reference": ReferenceRole(config, first_rank(config, "reference")),
+        "critic": CriticRole(config, first_rank(config, "critic")),
     }
 
 
@@ -58,7 +58,7 @@ def scored_trajectory(roles, iteration: int, version: int):
 
 
 def test_samples_of_version_k_are_refused_by_a_policy_at_k_plus_1(config, roles):
-    policy = PolicyRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
     trajectory = scored_trajectory(roles, iteration=1, version=0)
     assert trajectory.policy_version == 0  # the rollout stamps the version its weights came from
 
@@ -76,7 +76,7 @@ def test_samples_of_version_k_are_refused_by_a_policy_at_k_plus_1(config, roles)
 def test_targets_frozen_at_k_are_not_trained_after_the_policy_moved_to_k_plus_1(config, roles):
     """The guard also holds at the train step: targets prepared under version k, then
     a publish (k+1), then train_batch on those targets is refused naming both."""
-    policy = PolicyRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
     trajectory = scored_trajectory(roles, iteration=2, version=roles["rollout"].policy_version)
     policy.policy_version = trajectory.policy_version
     policy.prepare_batch(trajectory)
@@ -88,7 +88,7 @@ def test_targets_frozen_at_k_are_not_trained_after_the_policy_moved_to_k_plus_1(
 
 
 def test_matching_versions_train_and_the_rollout_follows_weight_sync(config, roles):
-    policy = PolicyRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
     rollout = roles["rollout"]
     policy.policy_version = rollout.policy_version
     trajectory = scored_trajectory(roles, iteration=3, version=rollout.policy_version)

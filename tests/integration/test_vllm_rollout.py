@@ -26,7 +26,7 @@ HEAD_DIM_32 = ["model.tiny.num_attention_heads=2", "model.tiny.num_key_value_hea
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory) -> str:
     from configs.schema import TinyModelSpec
-    from roles.tiny_model import build_tiny_model
+    from models.tiny_model import build_tiny_model
 
     path = tmp_path_factory.mktemp("vllm-models") / "tiny-qwen3-digits-h32"
     build_tiny_model(path, TinyModelSpec(task_alphabet="0123456789", num_attention_heads=2, num_key_value_heads=2))
@@ -35,7 +35,7 @@ def vllm_model_dir(tmp_path_factory) -> str:
 
 def test_engine_logprobs_match_the_trainer_and_weights_load(vllm_model_dir):
     from data.packing import ChatTextPacker
-    from roles.model_io import load_causal_lm, load_tokenizer, response_logprobs
+    from models.model_io import load_causal_lm, load_tokenizer, response_logprobs
     from roles.rollout.vllm_engine import VLLMEngine
 
     tokenizer = load_tokenizer(vllm_model_dir)

@@ -9,7 +9,7 @@ import pytest
 
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packing import build_packer
-from roles.tiny_vlm import build_tiny_vlm
+from models.tiny_vlm import build_tiny_vlm
 from tests.conftest import REPO_ROOT
 from tests.integration.helpers import metric_records
 from tests.integration.vlm_rows import mixed_rows, write_rows

@@ -15,14 +15,14 @@ from configs.loading import load_config
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packer_media import PromptMediaError
 from data.packing import MULTIMODAL_EXTRA, build_packer
+from models.model_io import response_logprobs
+from models.tiny_vlm import build_tiny_vlm
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
-from roles.model_io import response_logprobs
 from roles.policy_role import PolicyRole
 from roles.reference_role import ReferenceRole
 from roles.rollout_role import RolloutRole
-from roles.tiny_vlm import build_tiny_vlm
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, first_rank
 from tests.integration.vlm_rows import mixed_rows, write_rows
 
 VLM_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_vlm_cpu.py")
@@ -65,7 +65,7 @@ def test_rows_reach_a_configured_packer_unchanged(vlm_dir, tmp_path):
                      'data_packer.factory_kwargs={"tag": "t1"}')
     data = DataRole(config)
     batch, _ = data.next_batch(1, len(rows))
-    rollout = RolloutRole(config)
+    rollout = RolloutRole(config, first_rank(config, "rollout"))
     assert isinstance(rollout.packer, RecordingPacker) and rollout.packer.tag == "t1"
     trajectory, _ = rollout.generate(batch, 0)
     (seen,) = rollout.packer.seen
@@ -86,7 +86,7 @@ def test_missing_image_file_names_the_row_position_and_the_path(vlm_dir, tmp_pat
     config = _config(vlm_dir, data_file)
     batch, _ = DataRole(config).next_batch(1, len(rows))
     with pytest.raises(PromptMediaError) as caught:
-        RolloutRole(config).generate(batch, 0)
+        RolloutRole(config, first_rank(config, "rollout")).generate(batch, 0)
     assert str(caught.value) == (
         f"{data_file} row 3 (line 4, column 1): `prompt[0].content[0].image` names image file '{missing}', "
         "which does not exist"
@@ -97,16 +97,16 @@ def test_reference_critic_and_policy_score_with_the_rollout_pixels(vlm_dir, tmp_
     rows = mixed_rows(tmp_path / "media")
     config = _config(vlm_dir, write_rows(tmp_path / "rows.jsonl", rows), "rl.rollout.max_new_tokens=6")
     batch, _ = DataRole(config).next_batch(1, len(rows))
-    rollout = RolloutRole(config)
+    rollout = RolloutRole(config, first_rank(config, "rollout"))
     trajectory, _ = rollout.generate(batch, 0)
     never = set(trajectory.extras[MULTIMODAL_EXTRA].never_generate)
     assert not never & set(trajectory.response_ids[trajectory.response_mask.bool()].tolist())
 
-    trajectory, _ = ReferenceRole(config).score(trajectory)
-    critic = CriticRole(config)
+    trajectory, _ = ReferenceRole(config, first_rank(config, "reference")).score(trajectory)
+    critic = CriticRole(config, first_rank(config, "critic"))
     trajectory, _ = critic.predict(trajectory)
     trajectory = dataclasses.replace(trajectory, batch_id="vlm-batch", scores=torch.zeros(len(rows)))
-    policy = PolicyRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
     targets, metrics = policy.prepare_batch(trajectory)
     # The trainer's recomputation matches what the engine sampled with (measured
     # 6.5e-8), and the frozen reference (same weights at version 0) agrees exactly.
@@ -131,12 +131,12 @@ def test_vlm_minibatches_train_policy_and_critic(vlm_dir, tmp_path):
     rows = mixed_rows(tmp_path / "media")
     config = _config(vlm_dir, write_rows(tmp_path / "rows.jsonl", rows), "rl.rollout.max_new_tokens=3")
     batch, _ = DataRole(config).next_batch(1, len(rows))
-    trajectory, _ = RolloutRole(config).generate(batch, 0)
-    trajectory, _ = ReferenceRole(config).score(trajectory)
-    critic = CriticRole(config)
+    trajectory, _ = RolloutRole(config, first_rank(config, "rollout")).generate(batch, 0)
+    trajectory, _ = ReferenceRole(config, first_rank(config, "reference")).score(trajectory)
+    critic = CriticRole(config, first_rank(config, "critic"))
     trajectory, _ = critic.predict(trajectory)
     trajectory = dataclasses.replace(trajectory, batch_id="b", scores=torch.arange(len(rows)) % 2 * 1.0)
-    policy = PolicyRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
     targets, _ = policy.prepare_batch(trajectory)
     critic.install_targets(targets)
     plan = UpdatePlan(epochs=1, minibatch_size=4, micro_batch_size=2, seed=0, outer_iteration=1)
@@ -158,7 +158,7 @@ def test_an_engine_without_multimodal_support_refuses_naming_the_key(vlm_dir, tm
     rows = mixed_rows(tmp_path / "media")
     config = _config(vlm_dir, write_rows(tmp_path / "rows.jsonl", rows))
     batch, _ = DataRole(config).next_batch(1, 2)
-    rollout = RolloutRole(config)
+    rollout = RolloutRole(config, first_rank(config, "rollout"))
     rollout.engine = TextOnlyEngine(vlm_dir, "float32", rollout.tokenizer.eos_token_id, rollout.tokenizer.pad_token_id)
     with pytest.raises(NotImplementedError, match=r"rl.rollout.engine='hf' does not take the multimodal inputs"):
         rollout.generate(batch, 0)

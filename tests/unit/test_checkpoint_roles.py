@@ -15,17 +15,19 @@ from checkpoint.retention import prune_optimizer_state
 from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE, RoleCheckpointError
 from configs.loading import load_config
 from flows.resume import ResumeError, check_loop_state
+from placement.plan import TRAINER_ROLES
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TINY_PROFILE, first_rank
 
 
 @pytest.fixture(scope="module")
 def committed(tiny_model_dir, tmp_path_factory):
     """Three committed boundaries written by real role bodies."""
     config = load_config(TINY_PROFILE, [f"model.path={tiny_model_dir}"])
-    policy, critic, data = PolicyRole(config), CriticRole(config), DataRole(config)
+    policy = PolicyRole(config, first_rank(config, "policy"))
+    critic, data = CriticRole(config, first_rank(config, "critic")), DataRole(config)
     root = str(tmp_path_factory.mktemp("ckpt") / "checkpoints")
     for iteration in (1, 2, 3):
         boundary = boundary_path(root, iteration)
@@ -64,12 +66,12 @@ def test_retention_keeps_optimizer_state_of_the_newest_only_and_resume_from_olde
     shutil.copytree(root, copy)
     assert prune_optimizer_state(copy, 0) == []  # 0 keeps all (S-CKPT-6)
     pruned = prune_optimizer_state(copy, None)  # unset: newest only
-    assert sorted(pruned) == sorted(f"{boundary_path(copy, i)}/{r}" for i in (1, 2) for r in ("policy", "critic"))
+    assert sorted(pruned) == sorted(f"{boundary_path(copy, i)}/{r}" for i in (1, 2) for r in TRAINER_ROLES)
     assert (tmp_path / "checkpoints" / "iter_000003" / "policy" / "optimizer.pt").exists()
     assert (tmp_path / "checkpoints" / "iter_000001" / "policy" / OPTIMIZER_PRUNED_NOTE).exists()
     with pytest.raises(RoleCheckpointError, match="removed by retention"):
-        PolicyRole(config).load(f"{boundary_path(copy, 1)}/policy")
-    PolicyRole(config).load(f"{boundary_path(copy, 3)}/policy")
+        PolicyRole(config, first_rank(config, "policy")).load(f"{boundary_path(copy, 1)}/policy")
+    PolicyRole(config, first_rank(config, "policy")).load(f"{boundary_path(copy, 3)}/policy")
 
 
 def test_marker_without_loop_state_is_unknown_not_a_mismatch(committed, caplog):
@@ -87,7 +89,7 @@ def test_marker_without_loop_state_is_unknown_not_a_mismatch(committed, caplog):
 
 def test_restored_pristine_optimizer_stays_empty_and_keeps_its_learning_rate(committed):
     config, root = committed
-    policy = PolicyRole(config.model_copy(deep=True))
+    policy = PolicyRole(config.model_copy(deep=True), first_rank(config, "policy"))
     policy.runtime.optimizer.param_groups[0]["lr"] = 123.0
     state = policy.load(f"{boundary_path(root, 3)}/policy")
     assert state["optimizer_pristine"] is True  # S-CW-8

@@ -18,7 +18,7 @@ from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packer_media import PromptMediaError
 from data.packing import ChatTextPacker, MultimodalInputs, as_conversation, build_packer
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, QwenVLPacker, patchify_video
-from roles.tiny_vlm import build_tiny_vlm, mrope_section
+from models.tiny_vlm import build_tiny_vlm, mrope_section
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.integration.vlm_rows import write_mp4
 

@@ -1,4 +1,4 @@
-"""The gradient all-reduce of roles/data_parallel.py packs gradients into buckets;
+"""The gradient all-reduce of trainer/data_parallel.py packs gradients into buckets;
 with a one-rank gloo group (a sum over one rank is the identity) every gradient must
 come back exactly, in its own place, however the buckets are cut."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from roles.data_parallel import DataParallel, rendezvous_address
+from trainer.data_parallel import DataParallel, rendezvous_address
 
 
 @pytest.fixture

@@ -11,45 +11,60 @@ import pytest
 import torch
 
 from configs.loading import load_config
-from roles.placement import parks_between_updates, plan_placement, role_device
+from placement.plan import DEVICE_ROLES, plan_placement
+from placement.role_placement import role_placements
 from roles.trajectory import PPOTargets
-from roles.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
+from trainer.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
-DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA fallback")
 
 
 @pytest.mark.parametrize(
     ("profile", "overrides", "parking_roles"),
     [
-        (PUBLIC_PROFILE, [], {"policy"}),  # colocated, offload on: only the trainer parks
+        # colocated, offload on: the trainer parks and the engine sleeps
+        (PUBLIC_PROFILE, [], {"policy", "rollout"}),
         (PUBLIC_PROFILE, ["rl.colocated_offload=false"], set()),  # both stay resident
         (PUBLIC_PROFILE, ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"], set()),
         (TINY_PROFILE, [], set()),  # a CPU run: nothing to free
-        (TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"], {"policy"}),  # the one-GPU smoke layout
+        # the one-GPU smoke layout
+        (TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"], {"policy", "rollout"}),
     ],
 )
-def test_only_a_colocated_policy_on_a_gpu_parks(profile, overrides, parking_roles):
-    plan = plan_placement(load_config(profile, overrides))
-    on_gpu = {role for role in DEVICE_ROLES if parks_between_updates(plan, role, "cuda")}
-    assert on_gpu == parking_roles
-    # The same plan with the models on the host (no CUDA in the actor): no role parks.
-    assert not any(parks_between_updates(plan, role, "cpu") for role in DEVICE_ROLES)
+def test_only_the_colocated_policy_and_engine_on_a_gpu_park(profile, overrides, parking_roles):
+    placements = role_placements(plan_placement(load_config(profile, overrides)))
+    assert set(placements) == set(DEVICE_ROLES)
+    assert {role for role, ranks in placements.items() if all(p.parks for p in ranks)} == parking_roles
+    assert not any(p.parks for role in DEVICE_ROLES if role not in parking_roles for p in placements[role])
+
+
+def test_every_rank_gets_its_own_placement_and_the_reference_runs_once():
+    config = load_config(TINY_PROFILE, ["grid.cpu_trainer_ranks=2", "grid.cpu_rollout_engines=2"])
+    placements = role_placements(plan_placement(config))
+    assert [(p.rank, p.ranks) for p in placements["policy"]] == [(0, 2), (1, 2)]
+    assert [(p.rank, p.ranks) for p in placements["rollout"]] == [(0, 2), (1, 2)]
+    public = role_placements(plan_placement(load_config(PUBLIC_PROFILE)))
+    assert len(public["policy"]) == 2 and len(public["reference"]) == 1  # one actor, however many GPUs reserved
 
 
 def test_roles_without_gpus_in_their_group_stay_on_the_host():
-    cpu_run = load_config(TINY_PROFILE)
-    assert {role_device(cpu_run, role) for role in DEVICE_ROLES} == {"cpu"}
-    one_gpu = load_config(TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"])
-    assert role_device(one_gpu, "reference") == "cpu" and role_device(one_gpu, "critic") == "cpu"
+    cpu_run = role_placements(plan_placement(load_config(TINY_PROFILE)))
+    assert {p.device for ranks in cpu_run.values() for p in ranks} == {"cpu"}
+    assert {p.on_visible_device().device for ranks in cpu_run.values() for p in ranks} == {"cpu"}
+    one_gpu = role_placements(plan_placement(load_config(TINY_PROFILE, ["grid.gpus_per_node=1", "grid.policy_gpus=1"])))
+    assert one_gpu["reference"][0].device == "cpu" and one_gpu["critic"][0].device == "cpu"
+    assert one_gpu["policy"][0].device == one_gpu["rollout"][0].device == "cuda"
 
 
 @NO_CUDA
-def test_gpu_groups_without_cuda_fall_back_to_the_host():
-    config = load_config(PUBLIC_PROFILE)  # every device role has a GPU group
-    assert {role_device(config, role) for role in DEVICE_ROLES} == {"cpu"}
+def test_gpu_groups_without_cuda_fall_back_to_the_host_and_do_not_park():
+    placements = role_placements(plan_placement(load_config(PUBLIC_PROFILE)))  # every device role has a GPU group
+    visible = [p.on_visible_device() for ranks in placements.values() for p in ranks]
+    assert {p.device for p in visible} == {"cpu"}
+    assert not any(p.parks for p in visible)  # on the host there is nothing to free
+    assert [(p.rank, p.ranks) for p in visible] == [(p.rank, p.ranks) for ranks in placements.values() for p in ranks]
 
 
 def _stepped(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

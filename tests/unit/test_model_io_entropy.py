@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from roles.model_io import response_logprobs
+from models.model_io import response_logprobs
 
 
 class FixedLogits(torch.nn.Module):

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from configs.loading import load_config
-from roles.placement import LoweredPlacement, placement_problems, plan_placement
+from placement.plan import placement_problems, plan_placement
+from placement.ray_lowering import LoweredPlacement
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
@@ -84,7 +85,7 @@ def test_planning_imports_no_ray():
     code = (
         "import sys\n"
         "from configs.loading import load_config\n"
-        "from roles.placement import plan_placement, placement_problems\n"
+        "from placement.plan import plan_placement, placement_problems\n"
         f"c = load_config({PUBLIC_PROFILE!r})\n"
         "placement_problems(plan_placement(c), c)\n"
         "print('ray' in sys.modules)\n"

@@ -12,8 +12,8 @@ from PIL import Image
 
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packing import MULTIMODAL_EXTRA, build_packer
+from models.tiny_vlm import build_tiny_vlm
 from roles.rollout_role import merge_shards
-from roles.tiny_vlm import build_tiny_vlm
 from roles.trajectory import PromptBatch, Trajectory
 
 PAD = 0

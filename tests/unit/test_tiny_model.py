@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from configs.schema import TinyModelSpec
-from roles.model_io import load_value_model
-from roles.tiny_model import build_tiny_model
+from models.model_io import load_value_model
+from models.tiny_model import build_tiny_model
 
 
 def _digest(path: Path) -> str:

@@ -10,8 +10,8 @@ import pytest
 from configs.loading import ConfigError, load_config
 from configs.schema import TinyModelSpec
 from data.synthetic import addition_split, heldout_sums
-from roles.tiny_model import build_tiny_model
-from roles.tiny_pretrain import pretrain_rows
+from models.tiny_model import build_tiny_model
+from models.tiny_pretrain import pretrain_rows
 
 
 def _digest(path: Path) -> str:

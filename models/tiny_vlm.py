@@ -1,7 +1,7 @@
 """A tiny Qwen2.5-VL model, character tokenizer and image processor, built locally
 in Hugging Face format.
 
-The vision counterpart of `roles/tiny_model.py`, for the same reason: nothing may
+The vision counterpart of `models/tiny_model.py`, for the same reason: nothing may
 be downloaded, yet every role must load the model through the calls that load
 Qwen/Qwen2.5-VL-3B-Instruct on a GPU node (`AutoModelForImageTextToText`,
 `AutoTokenizer`, `AutoImageProcessor` on a directory). Small patches (4 px) and a
@@ -18,7 +18,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from configs.schema import TinyModelSpec
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START
-from roles.tiny_model import build_once, build_tokenizer, text_model_kwargs
+from models.tiny_model import build_once, build_tokenizer, text_model_kwargs
 
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN]
 
@@ -53,9 +53,9 @@ def mrope_section(head_dim: int) -> list[int]:
 
 def build_tiny_vlm(path: str | Path, spec: TinyModelSpec) -> Path:
     """Write the tiny VLM, tokenizer and image processor to `path` (once, atomically:
-    `roles.tiny_model.build_once`)."""
+    `models.tiny_model.build_once`)."""
     if spec.vision is None:
-        raise ValueError("model.tiny.vision is not set: the tiny model is text-only (roles/tiny_model.py)")
+        raise ValueError("model.tiny.vision is not set: the tiny model is text-only (models/tiny_model.py)")
     return build_once(path, lambda staging: _write(staging, spec))
 
 

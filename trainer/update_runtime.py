@@ -20,9 +20,9 @@ import torch
 from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
-from roles.data_parallel import SINGLE, DataParallel, join_group
-from roles.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
 from roles.trajectory import PPOTargets
+from trainer.data_parallel import SINGLE, DataParallel, join_group
+from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 

@@ -39,11 +39,11 @@ def ensure_model(model: ModelConfig) -> str:
     if model.tiny is not None and not (Path(model.path) / "config.json").exists():
         quiet_transformers()
         if model.tiny.vision is not None:
-            from roles.tiny_vlm import build_tiny_vlm
+            from models.tiny_vlm import build_tiny_vlm
 
             build_tiny_vlm(model.path, model.tiny)
         else:
-            from roles.tiny_model import build_tiny_model
+            from models.tiny_model import build_tiny_model
 
             build_tiny_model(model.path, model.tiny)
     return model.path

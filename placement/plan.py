@@ -5,9 +5,10 @@ Two steps, kept apart on purpose:
 * `plan_placement(config)` is pure: it turns `grid.*` into device groups (which roles
   share which GPUs) without importing Ray, so `--validate-manifest` can check a
   4-GPU launch on a laptop (S-RUN-3) with the very code that will place it.
-* `lower_placement(plan)` asks Ray for the resources: one placement group of GPU
-  bundles per device group when the plan uses GPUs, nothing at all on CPU (every
-  role is then a plain `num_cpus=0` actor, measured to work on 2 cores).
+* `placement.ray_lowering.lower_placement(plan)` asks Ray for the resources: one
+  placement group of GPU bundles per device group when the plan uses GPUs, nothing
+  at all on CPU (every role is then a plain `num_cpus=0` actor, measured to work on
+  2 cores).
 
 Colocated (`grid.gpu_placement=colocated`): policy and rollout share the "actor"
 group; each takes an equal fraction of every GPU bundle, so Ray puts both on the
@@ -21,7 +22,7 @@ the host (a one-GPU workstation); policy and rollout always need a GPU.
 Ranks: a group of G GPUs has G bundles, one per data-parallel rank (vLLM tensor
 parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). Each
 trainer (policy, critic) gets one actor per rank, joined in one process group
-(roles/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
+(trainer/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
 rollout gets one actor per engine, each generating a shard of every batch
 (`grid.cpu_rollout_engines` on the host); colocated, engine i shares bundle i with
 policy rank i. The reference runs one actor; its group still reserves every declared
@@ -31,15 +32,15 @@ GPU, so a launch fails at start-up, not mid-run, when the cluster is too small.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from configs.schema import PPOConfig
 
-if TYPE_CHECKING:  # Ray is imported only when placement is lowered, never by the manifest
-    from ray.util.placement_group import PlacementGroup
-
 TRAINER_ROLES = ("policy", "critic")
 """Roles that train, and so may run as several data-parallel ranks (S-FLOW-5)."""
+
+RANKED_ROLES = (*TRAINER_ROLES, "rollout")
+"""Roles that may run as several actors: the trainers' data-parallel ranks (one
+process group each) and the rollout's engines (independent, one shard each)."""
 
 DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
 """Roles that hold a model on a device; the others (data, reward, replay) stay on the host."""
@@ -227,126 +228,3 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
              f"({rollout_group.key}); each engine takes {tp} GPUs")
         )
     return problems
-
-
-# --- lowering onto Ray -------------------------------------------------------------
-
-
-class PlacementError(RuntimeError):
-    pass
-
-
-@dataclass
-class LoweredPlacement:
-    """The Ray resources a plan became; `actor_options` is what `.options()` takes."""
-
-    plan: PlacementPlan
-    placement_groups: dict[str, "PlacementGroup"]
-
-    def actor_options(self, role: str, rank: int = 0) -> dict[str, Any]:
-        group = self.plan.group_of(role)
-        if group is None or group.gpus == 0 or role in HOST_ROLES:
-            # CPU: no reservation at all. Actors that ask for a CPU each would not fit
-            # seven roles on a 2-core machine; num_cpus=0 is measured to work here.
-            return {"num_cpus": 0}
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        if role == "rollout":
-            bundle = rank * self.plan.rollout_tensor_parallel_size
-        else:
-            bundle = rank
-        if bundle >= group.gpus:
-            raise PlacementError(f"{role} rank {rank} has no bundle in device group {group.name!r} ({group.key}={group.gpus})")
-        return {
-            "num_cpus": 0,
-            "num_gpus": group.fraction_per_role,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.placement_groups[group.name],
-                placement_group_bundle_index=bundle,
-                placement_group_capture_child_tasks=True,  # vLLM's own workers stay inside the group
-            ),
-        }
-
-
-def lower_placement(plan: PlacementPlan, *, namespace: str, ready_timeout_s: float = 120.0) -> LoweredPlacement:
-    """Reserve one placement group per device group (GPU runs), or nothing (CPU runs).
-
-    Refuses before any actor starts when the connected cluster has fewer GPUs than
-    the plan, naming the config keys, instead of waiting forever on a pending group.
-    """
-    if not plan.uses_gpus:
-        return LoweredPlacement(plan, {})
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
-    if cluster_gpus < plan.total_gpus:
-        wanted = ", ".join(f"{g.key}={g.gpus}" for g in plan.groups)
-        raise PlacementError(
-            f"the Ray cluster has {cluster_gpus} GPU(s) but the {plan.mode} placement needs {plan.total_gpus} ({wanted}); "
-            "join a bigger cluster (RAY_ADDRESS / grid.ray_address) or lower the group sizes"
-        )
-    groups: dict[str, PlacementGroup] = {}
-    for group in (g for g in plan.groups if g.gpus):  # a 0-GPU group runs on the host
-        # PACK: a group's bundles share a node when they can (NCCL within a node is
-        # fastest) and spill over nodes when they cannot.
-        groups[group.name] = placement_group(
-            [{"GPU": 1.0} for _ in range(group.gpus)], strategy="PACK", name=f"{namespace}-{group.name}"
-        )
-    ready = [pg.ready() for pg in groups.values()]
-    _, pending = ray.wait(ready, num_returns=len(ready), timeout=ready_timeout_s)
-    if pending:
-        stuck = [name for name, pg in groups.items() if not _is_ready(pg)]
-        for pg in groups.values():
-            remove_placement_group(pg)
-        raise PlacementError(
-            f"device groups {', '.join(stuck)} could not be placed within {ready_timeout_s:.0f} s "
-            f"(the cluster has {cluster_gpus} GPUs in all; a group may need more GPUs on one node than any node has)"
-        )
-    return LoweredPlacement(plan, groups)
-
-
-def _is_ready(pg: "PlacementGroup") -> bool:
-    import ray
-
-    done, _ = ray.wait([pg.ready()], timeout=0)
-    return bool(done)
-
-
-def release_placement(lowered: LoweredPlacement | None) -> None:
-    if lowered is None or not lowered.placement_groups:
-        return
-    from ray.util.placement_group import remove_placement_group
-
-    for pg in lowered.placement_groups.values():
-        try:
-            remove_placement_group(pg)
-        except Exception:  # already gone with its job: nothing to release
-            pass
-
-
-
-def role_device(config: PPOConfig, role: str) -> str:
-    """The torch device a role's models belong on inside its actor: "cuda" when its
-    device group has GPUs and Ray made one visible to this process (Ray sets
-    CUDA_VISIBLE_DEVICES per actor, so the first visible device is the bundle's GPU),
-    otherwise "cpu"."""
-    group = plan_placement(config).group_of(role)
-    if group is None or group.gpus == 0:
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-PARKING_ROLES = ("policy",)
-"""S-RUN-4: of the two roles sharing the colocated group, the trainer parks its state on
-the host (the engine sleeps instead); reference and critic own their devices."""
-
-
-def parks_between_updates(plan: PlacementPlan, role: str, device: str) -> bool:
-    """Whether `role`, whose models live on `device`, must move its weights and
-    optimizer state to the host while the rollout generates (S-RUN-4). Only a trainer
-    really holding a GPU that it shares with the engine does: on the host there is
-    nothing to free."""
-    return role in PARKING_ROLES and plan.offload_active and device != "cpu"

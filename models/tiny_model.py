@@ -23,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from configs.schema import TinyModelSpec
-from roles.tiny_pretrain import pretrain
+from models.tiny_pretrain import pretrain
 
 PAD, EOS, BOS, UNK = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|unk|>"
 SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
