@@ -9,6 +9,7 @@ The command line (`python -m flows.ppo`) is flows/cli.py.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -84,6 +85,7 @@ def ppo(
         run_name: if set, overrides job.name.
     """
     logger = get_run_logger()
+    say(f"prefect: flow run {_flow_run_label()} started")
     config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
     require_runnable(config)  # the CLI's own check, again for deployment runs
     paths = RunPaths.for_config(config)
@@ -98,6 +100,12 @@ def ppo(
         lock.release()
 
 
+def say(line: str) -> None:
+    """Start-up progress: on the terminal of a CLI run, in the flow run's log in the UI."""
+    print(line, flush=True)
+    get_run_logger().info(line)
+
+
 def _flow_run_label() -> str:
     from prefect.runtime import flow_run
 
@@ -108,13 +116,20 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool) -> d
     logger = get_run_logger()
     resume_point = find_resume_point(config, paths, resume=resume)
     paths.ensure()
+    started = time.perf_counter()
     started_ray = connect_ray(config)
+    say(f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} in {time.perf_counter() - started:.1f} s")
     roles = None
     history = None
     try:
-        roles = start_role_actors(config)
+        roles = start_role_actors(config, config.rl.stage_timeout_seconds)
+        slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
+        say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
+            + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
         runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
+        if resume_point:
+            say(f"resume: from {resume_point.boundary} (iteration {resume_point.iteration}, policy_version {policy_version})")
         start = resume_point.iteration + 1 if resume_point else 1
         logger.info(
             f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "

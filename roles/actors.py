@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,11 @@ class RoleHandles:
     critic: Any
     policy: Any
     peers: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    ready_seconds: dict[str, float] = field(default_factory=dict)  # actor label -> seconds from launch to ready
 
     def items(self) -> list[tuple[str, Any]]:
         """(role, rank-0 handle) for every role."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "peers"]
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("peers", "ready_seconds")]
 
     def ranks(self, role: str) -> list[Any]:
         """Every rank of one role, rank 0 first."""
@@ -152,11 +154,12 @@ def connect_ray(config: PPOConfig) -> bool:
     return True
 
 
-def start_role_actors(config: PPOConfig) -> RoleHandles:
+def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -> RoleHandles:
     """Create every role actor (every rank of a data-parallel trainer) and wait until
     each has loaded its model; then form each trainer's process group. A leftover
-    actor of the same run name (a killed run on a standing cluster) is replaced: its
-    state may be ahead of the last commit."""
+    actor of the same run name (a killed run whose lock this run took over) is
+    replaced: its state may be ahead of the last commit. An actor that fails to start,
+    or is not ready within `ready_timeout_s`, fails the start-up naming its role."""
     namespace = ray_namespace(config)
     kill_run_actors(config.job.name)
     # Device groups become placement groups on a GPU run, nothing on CPU (S-RUN-4).
@@ -178,7 +181,7 @@ def start_role_actors(config: PPOConfig) -> RoleHandles:
             .remote(*args)
             for rank, args in enumerate(arguments)
         ]
-    ray.get([handle.ready.remote() for ranks in groups.values() for handle in ranks])
+    ready_seconds = wait_until_ready(groups, ready_timeout_s)
     for role, ranks in groups.items():
         if role in TRAINER_ROLES and len(ranks) > 1:
             address = ray.get(ranks[0].rendezvous_address.remote())
@@ -186,7 +189,33 @@ def start_role_actors(config: PPOConfig) -> RoleHandles:
     return RoleHandles(
         **{role: ranks[0] for role, ranks in groups.items()},
         peers={role: tuple(ranks[1:]) for role, ranks in groups.items() if len(ranks) > 1},
+        ready_seconds=ready_seconds,
     )
+
+
+def wait_until_ready(groups: dict[str, list[Any]], timeout_s: float | None) -> dict[str, float]:
+    """Seconds from now until each actor has built its role (imports, model load),
+    as they come in; the start-up's breakdown for users and bench/startup.py."""
+    started = time.perf_counter()
+    labels = {
+        handle.ready.remote(): role if len(ranks) == 1 else f"{role} rank {rank}"
+        for role, ranks in groups.items()
+        for rank, handle in enumerate(ranks)
+    }
+    seconds: dict[str, float] = {}
+    waiting = list(labels)
+    while waiting:
+        left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - started))
+        done, waiting = ray.wait(waiting, num_returns=1, timeout=left)
+        if not done:
+            late = ", ".join(sorted(labels[ref] for ref in waiting))
+            raise TimeoutError(f"role actors not ready within {timeout_s:g} s (rl.stage_timeout_seconds): {late}")
+        try:
+            ray.get(done[0])
+        except Exception as error:
+            raise RuntimeError(f"the {labels[done[0]]} actor failed to start: {error}") from error
+        seconds[labels[done[0]]] = time.perf_counter() - started
+    return seconds
 
 
 def stop_role_actors(handles: RoleHandles | None) -> None:

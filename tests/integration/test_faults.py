@@ -39,6 +39,7 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
             ppo(profile=TINY_PROFILE, overrides=overrides)
         failed_after = time.monotonic() - freezer.hit_at
         message = str(caught.value)
+        print(f"\nfrozen reward actor: failed {failed_after:.1f} s after SIGSTOP: {message[:120]}")
         assert message.startswith("reward[iter="), message
         assert "StageTimeout: no result from the reward actor within 20 s (rl.stage_timeout_seconds=20)" in message
         assert 20 <= failed_after < 60, failed_after
@@ -70,6 +71,7 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     with pytest.raises(StageFailed) as caught:
         ppo(profile=TINY_PROFILE, overrides=overrides)
     failed_after = time.monotonic() - killer.hit_at
+    print(f"\nkilled {role} actor: failed {failed_after:.1f} s after SIGKILL: {str(caught.value)[:160]}")
     assert re.match(rf"^\w+\[iter=[34]\] failed: Actor\w+Error: the {role} actor .*is gone", str(caught.value)), str(caught.value)
     assert failed_after < 30, failed_after
     assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == "iter_000002"
