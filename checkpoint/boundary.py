@@ -72,11 +72,17 @@ def write_marker(
     iteration: int,
     role_steps: dict[str, int],
     loop_state: dict[str, Any],
+    files: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """`files` (relative path -> size and sha256, checkpoint/boundary_files.py) is
+    what resume verifies before loading (S-FAULT-3); optional, like loop_state, so the
+    marker version stays 1 and older markers stay readable."""
     for key, value in loop_state.items():
         if not isinstance(value, (str, int, float, bool, type(None))):
             raise CheckpointError(f"loop_state[{key!r}] must be a JSON scalar, got {type(value).__name__} (S-CKPT-4)")
     marker = {"version": MARKER_VERSION, "iteration": iteration, "role_steps": role_steps, "loop_state": loop_state}
+    if files is not None:
+        marker["files"] = files
     atomic_write_text(f"{boundary}/{MARKER_NAME}", json.dumps(marker, indent=2, sort_keys=True))
     return marker
 
