@@ -118,15 +118,45 @@ def update_latest(checkpoints_root: str, iteration: int) -> None:
     atomic_write_text(f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}", boundary_name(iteration) + "\n")
 
 
+def read_latest_name(checkpoints_root: str) -> str | None:
+    """The boundary name the pointer holds, unchecked; None when there is no pointer."""
+    try:
+        with fsspec.open(f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}", "r") as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def clear_for_commit(checkpoints_root: str, iteration: int) -> bool:
+    """Empty the folder a commit is about to write, before any role saves into it.
+
+    It exists when a commit of this iteration crashed before its marker, or when a run
+    went back (`--resume-from`) and now commits over a boundary of the abandoned
+    branch. Saving over such a folder in place would leave, until the new marker, an
+    old `_SUCCESS` vouching for a mix of old and new files; a staging folder renamed
+    into place would need a second, non-atomic rename over the old one. So the old
+    marker goes first (from then on the folder is invisible to resume, S-CKPT-2),
+    then the folder, and the saves write into an empty one. A boundary the pointer
+    names is never cleared: it is the resume point."""
+    boundary = boundary_path(checkpoints_root, iteration)
+    fs, path = fsspec.core.url_to_fs(boundary)
+    if not fs.exists(path):
+        return False
+    if read_latest_name(checkpoints_root) == boundary_name(iteration):
+        raise CheckpointError(f"refusing to commit over {boundary}: {LATEST_POINTER} names it as the resume point")
+    if fs.exists(f"{path}/{MARKER_NAME}"):
+        fs.rm(f"{path}/{MARKER_NAME}")
+    fs.rm(path, recursive=True)
+    return True
+
+
 def read_latest(checkpoints_root: str) -> str | None:
     """Path of the boundary the pointer names, or None when nothing was committed.
     A pointer to a boundary that is missing or uncommitted is an error, not a
     silent fresh start: that would overwrite a run."""
     pointer = f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}"
-    try:
-        with fsspec.open(pointer, "r") as handle:
-            name = handle.read().strip()
-    except FileNotFoundError:
+    name = read_latest_name(checkpoints_root)
+    if name is None:
         return None
     if not name.startswith("iter_"):
         raise CheckpointError(f"{pointer} names {name!r}, expected a boundary like iter_000012")

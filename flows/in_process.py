@@ -74,6 +74,7 @@ def run_in_process(
     start: int = 1,
     paths: RunPaths | None = None,
     resume: bool = False,
+    resume_from: str | None = None,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], InProcessRoles]:
     """Run iterations `start..max_steps` (default `rl.max_steps`); return one metric
@@ -89,6 +90,8 @@ def run_in_process(
             metrics.jsonl); None writes nothing.
         resume: with `paths`, continue from the run's last committed boundary exactly
             as the flow does (flows/resume.py); `start` is then the iteration after it.
+        resume_from: with `paths`, go back to this earlier committed boundary
+            (`iter_000010`) instead, as the flow's parameter of that name does.
         on_iteration: called with each record as soon as it is complete.
     """
     roles = build_roles(config) if roles is None else roles
@@ -104,7 +107,7 @@ def run_in_process(
     runner = InProcessRunner()
     policy_version = roles.policy.policy_version
     if paths is not None:
-        point = find_resume_point(config, paths, resume=resume)
+        point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
         paths.ensure()
         if point is not None:
             policy_version = restore_roles(runner, roles, point, config, paths)

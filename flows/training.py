@@ -71,6 +71,7 @@ def ppo(
     critic_warmup_iterations: int | None = None,
     resume: bool = True,
     run_name: str | None = None,
+    resume_from: str | None = None,
 ) -> dict[str, Any]:
     """One PPO training run.
 
@@ -81,12 +82,15 @@ def ppo(
         resume: continue from the run's last committed boundary (default); False
             starts fresh and refuses to overwrite a run that has one.
         run_name: if set, overrides job.name.
+        resume_from: an earlier committed boundary of this run (`iter_000010`) to go
+            back to, verified first; the metrics rows after it are set aside and the
+            later boundaries are replaced as the run commits them anew (S-FAULT-3).
     """
     logger = get_run_logger()
     config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
     require_runnable(config)  # the CLI's own check, again for deployment runs
     paths = RunPaths.for_config(config)
-    resume_point = find_resume_point(config, paths, resume=resume)
+    resume_point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
     paths.ensure()
     started_ray = connect_ray(config)
     roles = None

@@ -43,7 +43,7 @@ def commit(
     committed = CommittedBoundary(iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version)
     logger = stage_logger()
     logger.info(f"committed {boundary} (role_steps={role_steps}, policy_version={policy_version})")
-    pruned = prune_optimizer_state(checkpoints_root, keep_optim_last)
+    pruned = prune_optimizer_state(checkpoints_root, keep_optim_last, up_to=iteration)
     if pruned:
         logger.info(f"retention removed optimizer state from {len(pruned)} older role folders")
     return committed

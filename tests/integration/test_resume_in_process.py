@@ -5,10 +5,12 @@ runs of tests/integration/test_resume.py hold it over actors."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from checkpoint.boundary_files import BoundaryCorrupt
 from configs.loading import load_config
 from flows.in_process import run_in_process
 from flows.resume import ResumeError
@@ -24,9 +26,9 @@ def _config(root: Path, model_dir: str, name: str, *extra: str):
     ])
 
 
-def _run(root: Path, model_dir: str, name: str, *extra: str, resume: bool = True) -> Path:
+def _run(root: Path, model_dir: str, name: str, *extra: str, resume: bool = True, resume_from: str | None = None) -> Path:
     config = _config(root, model_dir, name, *extra)
-    run_in_process(config, paths=RunPaths.for_config(config), resume=resume)
+    run_in_process(config, paths=RunPaths.for_config(config), resume=resume, resume_from=resume_from)
     return root / name
 
 
@@ -63,3 +65,71 @@ def test_saving_during_warmup_never_changes_the_actor(tiny_model_dir, tmp_path, 
     silent = _run(tmp_path, tiny_model_dir, "silent", *common, "rl.save_every=0")
     assert boundary(saving, 1).exists() and not boundary(silent, 1).exists()
     assert weights_digest(boundary(saving, 3) / "policy") == weights_digest(boundary(silent, 3) / "policy")
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _change_one_byte(path: Path) -> None:
+    payload = bytearray(path.read_bytes())
+    payload[-1] ^= 0x01  # same size: only the digest can tell
+    path.write_bytes(bytes(payload))
+
+
+@pytest.mark.parametrize("relative, damage, message", [
+    ("policy/model.safetensors", _truncate, r"is \d+ bytes, its _SUCCESS records \d+"),
+    ("policy/model.safetensors", _change_one_byte, "does not match the sha256"),
+    ("critic/optimizer.pt", Path.unlink, "is missing"),
+])
+def test_a_damaged_file_in_the_latest_boundary_is_refused_naming_it_and_writing_nothing(
+    tiny_model_dir, tmp_path, relative, damage, message
+):
+    """S-FAULT-3: before any role loads, not `SafetensorError: incomplete metadata`
+    from inside PolicyRole.load()."""
+    run_dir = _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=2")
+    damage(boundary(run_dir, 2) / relative)
+    before = run_dir_snapshot(run_dir)
+    with pytest.raises(BoundaryCorrupt, match=rf"iter_000002: {relative} {message}"):
+        _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=4")
+    assert run_dir_snapshot(run_dir) == before
+
+
+def test_resume_from_an_earlier_boundary_ends_as_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    """Iterations 5..6 first ran with another kl_coef (the branch to abandon); going
+    back to iter_000004 replays them as the straight run did, commits iter_000006 over
+    the old one, and keeps the abandoned rows beside metrics.jsonl."""
+    common = ("rl.max_steps=6", "rl.keep_optim_last=2")
+    straight = _run(tmp_path, tiny_model_dir, "straight", *common)
+    _run(tmp_path, tiny_model_dir, "back", "rl.max_steps=4", "rl.keep_optim_last=2")
+    run_dir = _run(tmp_path, tiny_model_dir, "back", *common, "rl.kl_coef=0.5")
+    abandoned = metric_records(run_dir)[4:]
+    assert _digests(run_dir, 6) != _digests(straight, 6)  # the branch really differs
+    _run(tmp_path, tiny_model_dir, "back", *common, resume_from="iter_000004")
+    assert _digests(run_dir, 6) == _digests(straight, 6)  # S-CKPT-8 through a go-back
+    got = [without_timings(r) for r in metric_records(run_dir)]
+    assert [r["iteration"] for r in got] == [1, 2, 3, 4, 5, 6]  # each iteration once
+    assert got == [without_timings(r) for r in metric_records(straight)]
+    (aside,) = run_dir.glob("metrics.after_iter_000004.*.jsonl")
+    assert [json.loads(line) for line in aside.read_text().splitlines()] == abandoned
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text() == "iter_000006\n"
+
+
+def test_resume_from_a_boundary_that_was_never_committed_is_refused_listing_the_committed(tiny_model_dir, tmp_path):
+    run_dir = _run(tmp_path, tiny_model_dir, "named", "rl.max_steps=4", "rl.keep_optim_last=0")
+    (run_dir / "checkpoints" / "iter_000005").mkdir()  # a folder without _SUCCESS
+    before = run_dir_snapshot(run_dir)
+    for name in ("iter_000003", "iter_000005"):
+        with pytest.raises(ResumeError, match=rf"resume_from='{name}': .* committed boundaries: iter_000002, iter_000004"):
+            _run(tmp_path, tiny_model_dir, "named", "rl.max_steps=6", resume_from=name)
+    with pytest.raises(ResumeError, match="cannot be combined with a fresh start"):
+        _run(tmp_path, tiny_model_dir, "named", "rl.max_steps=6", resume=False, resume_from="iter_000002")
+    assert run_dir_snapshot(run_dir) == before
+
+
+def test_resume_from_a_boundary_whose_optimizer_retention_removed_is_refused_naming_retention(tiny_model_dir, tmp_path):
+    run_dir = _run(tmp_path, tiny_model_dir, "pruned", "rl.max_steps=4")  # keep_optim_last unset: newest only
+    before = run_dir_snapshot(run_dir)
+    with pytest.raises(BoundaryCorrupt, match=r"iter_000002: critic/optimizer.pt was removed by retention"):
+        _run(tmp_path, tiny_model_dir, "pruned", "rl.max_steps=6", resume_from="iter_000002")
+    assert run_dir_snapshot(run_dir) == before
