@@ -97,15 +97,21 @@ def test_a_damaged_file_in_the_latest_boundary_is_refused_naming_it_and_writing_
 
 def test_resume_from_an_earlier_boundary_ends_as_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """Iterations 5..6 first ran with another kl_coef (the branch to abandon); going
-    back to iter_000004 replays them as the straight run did, commits iter_000006 over
-    the old one, and keeps the abandoned rows beside metrics.jsonl."""
+    back to iter_000004 (and stopping there) moves the pointer back and sets the
+    abandoned rows aside; the rerun replays 5..6 as the straight run did and commits
+    iter_000006 over the old one."""
     common = ("rl.max_steps=6", "rl.keep_optim_last=2")
     straight = _run(tmp_path, tiny_model_dir, "straight", *common)
     _run(tmp_path, tiny_model_dir, "back", "rl.max_steps=4", "rl.keep_optim_last=2")
     run_dir = _run(tmp_path, tiny_model_dir, "back", *common, "rl.kl_coef=0.5")
     abandoned = metric_records(run_dir)[4:]
     assert _digests(run_dir, 6) != _digests(straight, 6)  # the branch really differs
-    _run(tmp_path, tiny_model_dir, "back", *common, resume_from="iter_000004")
+    old_marker = (boundary(run_dir, 6) / "_SUCCESS").read_bytes()
+    # Stopped right after going back: the pointer follows, the old iter_000006 is untouched.
+    _run(tmp_path, tiny_model_dir, "back", "rl.max_steps=4", "rl.keep_optim_last=2", resume_from="iter_000004")
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text() == "iter_000004\n"
+    assert (boundary(run_dir, 6) / "_SUCCESS").read_bytes() == old_marker
+    _run(tmp_path, tiny_model_dir, "back", *common)  # a plain rerun continues the new branch
     assert _digests(run_dir, 6) == _digests(straight, 6)  # S-CKPT-8 through a go-back
     got = [without_timings(r) for r in metric_records(run_dir)]
     assert [r["iteration"] for r in got] == [1, 2, 3, 4, 5, 6]  # each iteration once

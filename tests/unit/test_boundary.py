@@ -121,3 +121,19 @@ def test_optimizer_removed_by_retention_is_named_as_such_not_as_corruption(tmp_p
     (folder / "policy" / "OPTIMIZER_PRUNED").write_text("removed")
     with pytest.raises(BoundaryCorrupt, match=r"policy/optimizer.pt was removed by retention \(rl.keep_optim_last\)"):
         verify_marker_files(str(folder), read_marker(str(folder)))
+
+
+def test_a_commit_clears_a_stale_folder_marker_first_but_never_the_resume_point(tmp_path):
+    from checkpoint.boundary import clear_for_commit
+
+    root = str(tmp_path)
+    for iteration in (2, 4):
+        (tmp_path / f"iter_00000{iteration}" / "policy").mkdir(parents=True)
+        (tmp_path / f"iter_00000{iteration}" / "policy" / "OPTIMIZER_PRUNED").write_text("a stale note")
+        write_marker(boundary_path(root, iteration), iteration=iteration, role_steps={}, loop_state={})
+    update_latest(root, 2)  # went back to iter_000002: iter_000004 is the abandoned branch
+    assert clear_for_commit(root, 4) is True and not (tmp_path / "iter_000004").exists()
+    assert clear_for_commit(root, 6) is False
+    with pytest.raises(CheckpointError, match="refusing to commit over .*iter_000002: latest_checkpoint.txt names it"):
+        clear_for_commit(root, 2)
+    assert read_marker(boundary_path(root, 2)) is not None
