@@ -26,7 +26,7 @@ from algorithm.ppo_math import (
 )
 from algorithm.update_plan import UpdatePlan
 from configs.schema import PPOConfig
-from checkpoint.role_state import save_tokenizer
+from checkpoint.role_state import save_tokenizer, saving
 from roles.model_io import (
     ensure_model,
     is_vision_language,
@@ -256,9 +256,10 @@ class PolicyRole:
         if plan == "model":
             return {"path": self.runtime.save_model(directory)}
         report = asdict(self.runtime.save(directory, {"policy_version": self.policy_version}))
-        save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
-        if self.image_processor is not None:
-            save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
+        with saving("policy", directory):
+            save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
+            if self.image_processor is not None:
+                save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
         return report
 
     def load(self, directory: str) -> dict[str, Any]:

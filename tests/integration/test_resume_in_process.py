@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from checkpoint.boundary_files import BoundaryCorrupt
 from configs.loading import load_config
+from flows.failures import StageFailed
 from flows.in_process import run_in_process
 from flows.resume import ResumeError
 from flows.run_outputs import RunPaths
@@ -139,3 +142,46 @@ def test_resume_from_a_boundary_whose_optimizer_retention_removed_is_refused_nam
     with pytest.raises(BoundaryCorrupt, match=r"iter_000002: critic/optimizer.pt was removed by retention"):
         _run(tmp_path, tiny_model_dir, "pruned", "rl.max_steps=6", resume_from="iter_000002")
     assert run_dir_snapshot(run_dir) == before
+
+
+class _FailingFileSystem(LocalFileSystem):
+    """The local disk, except that writing one file raises after `limit` bytes, like a
+    disk that fills up or a mount that goes away mid-save."""
+
+    protocol = "failafter"
+    target = "iter_000004/policy/model.safetensors"
+    limit = 100
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("failafter://") if isinstance(path, str) else path)
+
+    def _open(self, path, mode="rb", **kwargs):
+        handle = super()._open(path, mode, **kwargs)
+        if "w" in mode and str(path).endswith(self.target):
+            write, written = handle.write, [0]
+
+            def failing_write(data):
+                written[0] += len(data)
+                if written[0] > self.limit:
+                    raise OSError(28, "No space left on device")
+                return write(data)
+
+            handle.write = failing_write
+        return handle
+
+
+def test_a_save_failing_part_way_fails_the_commit_naming_role_and_path_and_keeps_the_previous_boundary(
+    tiny_model_dir, tmp_path
+):
+    """S-FAULT-1, S-CKPT-2: no _SUCCESS, the pointer unchanged, iter_000002 resumable."""
+    fsspec.register_implementation("failafter", _FailingFileSystem, clobber=True)
+    straight = _run(tmp_path / "straight", tiny_model_dir, "run", "rl.max_steps=4")
+    config = _config(tmp_path, tiny_model_dir, "run", "rl.max_steps=4", f"job.output_root=failafter://{tmp_path}")
+    with pytest.raises(StageFailed, match=r"commit\[iter=4\] failed: RoleSaveFailed: policy: writing \S+/iter_000004/policy/model.safetensors failed: OSError"):
+        run_in_process(config, paths=RunPaths.for_config(config), resume=True)
+    run_dir = tmp_path / "run"
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text() == "iter_000002\n"
+    assert not (boundary(run_dir, 4) / "_SUCCESS").exists()
+    _run(tmp_path, tiny_model_dir, "run", "rl.max_steps=4")  # resumes from iter_000002
+    assert _digests(run_dir, 4) == _digests(straight, 4)
