@@ -71,11 +71,14 @@ def verify_boundary_files(boundary: str, recorded: dict[str, dict[str, Any]]) ->
     for relative, expected in sorted(recorded.items()):
         path = f"{root}/{relative}"
         if not fs.exists(path):
-            raise BoundaryCorrupt(f"{boundary}: {relative} is missing; its _SUCCESS records it ({expected['size']} bytes)")
+            raise BoundaryCorrupt(
+                f"{boundary}: {relative} is missing; its _SUCCESS records it ({expected['size']} bytes)"
+            )
         size = fs.size(path)
         if size != expected["size"]:
             raise BoundaryCorrupt(
-                f"{boundary}: {relative} is {size} bytes, its _SUCCESS records {expected['size']} (truncated or replaced)"
+                f"{boundary}: {relative} is {size} bytes, its _SUCCESS records {expected['size']} "
+                "(truncated or replaced)"
             )
         if file_digest(fs, path)["sha256"] != expected["sha256"]:
             raise BoundaryCorrupt(f"{boundary}: {relative} does not match the sha256 its _SUCCESS records (changed)")

@@ -13,7 +13,6 @@ from typing import Any
 from algorithm.warmup import expected_policy_version
 from checkpoint.boundary import (
     MARKER_NAME,
-    CheckpointError,
     atomic_write_text,
     boundary_name,
     read_latest,
@@ -55,15 +54,17 @@ def find_resume_point(
     (a corrupt file included) leaves the run directory exactly as it was."""
     if resume_from is not None:
         if not resume:
-            raise ResumeError(f"resume_from={resume_from!r} resumes a run; it cannot be combined with a fresh start (--fresh)")
+            raise ResumeError(
+                f"resume_from={resume_from!r} resumes a run; it cannot be combined with a fresh start (--fresh)"
+            )
         boundary = chosen_boundary(paths, resume_from)
     else:
         latest = read_latest(paths.checkpoints)
         if not resume:
             if latest is not None:
                 raise ResumeError(
-                    f"run {config.job.name!r} already has a committed boundary ({latest}); refusing to start fresh over "
-                    "it. Resume it (resume=True, the default), pick another job.name, or move the folder away."
+                    f"run {config.job.name!r} already has a committed boundary ({latest}); refusing to start fresh "
+                    "over it. Resume it (resume=True, the default), pick another job.name, or move the folder away."
                 )
             return None
         if latest is None:
@@ -73,7 +74,9 @@ def find_resume_point(
     assert marker is not None  # read_latest and chosen_boundary refuse uncommitted boundaries
     check_loop_state(marker, config, boundary)
     if not verify_marker_files(boundary, marker):
-        _logger().warning(f"{boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified")
+        _logger().warning(
+            f"{boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"
+        )
     return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,
                        went_back=resume_from is not None)
 

@@ -116,7 +116,8 @@ def test_optimizer_removed_by_retention_is_named_as_such_not_as_corruption(tmp_p
     folder = tmp_path / "iter_000002"
     (folder / "policy").mkdir(parents=True)
     (folder / "policy" / "optimizer.pt").write_bytes(b"moments")
-    write_marker(str(folder), iteration=2, role_steps={}, loop_state={}, files=boundary_files(str(folder), skip=("_SUCCESS",)))
+    files = boundary_files(str(folder), skip=("_SUCCESS",))
+    write_marker(str(folder), iteration=2, role_steps={}, loop_state={}, files=files)
     (folder / "policy" / "optimizer.pt").unlink()
     (folder / "policy" / "OPTIMIZER_PRUNED").write_text("removed")
     with pytest.raises(BoundaryCorrupt, match=r"policy/optimizer.pt was removed by retention \(rl.keep_optim_last\)"):
