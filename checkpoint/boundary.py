@@ -74,11 +74,17 @@ def write_marker(
     iteration: int,
     role_steps: dict[str, int],
     loop_state: dict[str, Any],
+    files: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """`files` (relative path -> size and sha256, checkpoint/boundary_files.py) is
+    what resume verifies before loading (S-FAULT-3); optional, like loop_state, so the
+    marker version stays 1 and older markers stay readable."""
     for key, value in loop_state.items():
         if not isinstance(value, (str, int, float, bool, type(None))):
             raise CheckpointError(f"loop_state[{key!r}] must be a JSON scalar, got {type(value).__name__} (S-CKPT-4)")
     marker = {"version": MARKER_VERSION, "iteration": iteration, "role_steps": role_steps, "loop_state": loop_state}
+    if files is not None:
+        marker["files"] = files
     atomic_write_text(f"{boundary}/{MARKER_NAME}", json.dumps(marker, indent=2, sort_keys=True))
     return marker
 
@@ -138,6 +144,35 @@ def committed_loop_state(boundary: str) -> dict[str, Any] | None:
 
 def update_latest(checkpoints_root: str, iteration: int) -> None:
     atomic_write_text(f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}", boundary_name(iteration) + "\n")
+
+
+def read_latest_name(checkpoints_root: str) -> str | None:
+    """The boundary name the pointer holds, unchecked; None when there is no pointer."""
+    text = _read_text(f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}")
+    return None if text is None else text.strip()
+
+
+def clear_for_commit(checkpoints_root: str, iteration: int) -> bool:
+    """Empty the folder a commit is about to write, before any role saves into it.
+
+    It exists when a commit of this iteration crashed before its marker, or when a run
+    went back (`--resume-from`) and now commits over a boundary of the abandoned
+    branch. Saving over such a folder in place would leave, until the new marker, an
+    old `_SUCCESS` vouching for a mix of old and new files; a staging folder renamed
+    into place would need a second, non-atomic rename over the old one. So the old
+    marker goes first (from then on the folder is invisible to resume, S-CKPT-2),
+    then the folder, and the saves write into an empty one. A boundary the pointer
+    names is never cleared: it is the resume point."""
+    boundary = boundary_path(checkpoints_root, iteration)
+    fs, path = fsspec.core.url_to_fs(boundary)
+    if not fs.exists(path):
+        return False
+    if read_latest_name(checkpoints_root) == boundary_name(iteration):
+        raise CheckpointError(f"refusing to commit over {boundary}: {LATEST_POINTER} names it as the resume point")
+    if fs.exists(f"{path}/{MARKER_NAME}"):
+        fs.rm(f"{path}/{MARKER_NAME}")
+    fs.rm(path, recursive=True)
+    return True
 
 
 def read_latest(checkpoints_root: str) -> str | None:

@@ -24,14 +24,18 @@ def committed_boundaries(checkpoints_root: str) -> list[str]:
     return [f"{checkpoints_root.rstrip('/')}/{n}" for n in names if read_marker(f"{checkpoints_root.rstrip('/')}/{n}")]
 
 
-def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None) -> list[str]:
+def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None, up_to: int | None = None) -> list[str]:
     """Drop optimizer files from all but the newest K committed boundaries
-    (unset -> 1 on local storage; 0 -> keep all). Returns the pruned role folders."""
+    (unset -> 1 on local storage; 0 -> keep all). Returns the pruned role folders.
+
+    `up_to` is the iteration just committed: after `--resume-from`, boundaries past it
+    belong to the abandoned branch; they are neither counted as newest nor touched."""
     keep = 1 if keep_optim_last is None else keep_optim_last
     if keep == 0:
         return []
     pruned = []
-    for boundary in committed_boundaries(checkpoints_root)[:-keep]:
+    boundaries = [b for b in committed_boundaries(checkpoints_root) if up_to is None or _iteration(b) <= up_to]
+    for boundary in boundaries[:-keep]:
         for role in TRAINER_ROLES:
             fs, role_dir = fsspec.core.url_to_fs(f"{boundary}/{role}")
             optimizer_path = f"{role_dir}/{OPTIMIZER_FILE}"
@@ -41,3 +45,7 @@ def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None) ->
                 fs.rm(optimizer_path)
                 pruned.append(f"{boundary}/{role}")
     return pruned
+
+
+def _iteration(boundary: str) -> int:
+    return int(boundary.rsplit("iter_", 1)[-1])

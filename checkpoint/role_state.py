@@ -17,8 +17,9 @@ import json
 import os
 import pickle
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import fsspec
 import torch
@@ -42,6 +43,12 @@ class RoleCheckpointError(RuntimeError):
     pass
 
 
+class RoleSaveFailed(RoleCheckpointError):
+    """A write into a role's folder failed part way. It names the role and the file,
+    because the commit task's failure is all the user sees of it (S-FAULT-1): a bare
+    `OSError: No space left on device` names neither."""
+
+
 @dataclass(frozen=True)
 class RoleSaveReport:
     role: str
@@ -52,9 +59,25 @@ class RoleSaveReport:
     optimizer_digest: str
 
 
-def _write_bytes(path: str, payload: bytes) -> None:
-    with fsspec.open(path, "wb") as handle:
-        handle.write(payload)
+def write_file(path: str, payload: bytes | str) -> None:
+    try:
+        with fsspec.open(path, "wb" if isinstance(payload, bytes) else "w") as handle:
+            handle.write(payload)
+    except Exception as error:
+        raise RoleSaveFailed(f"writing {path} failed: {type(error).__name__}: {error}") from error
+
+
+@contextmanager
+def saving(role: str, directory: str) -> Iterator[None]:
+    """Every failure of a role's save names the role (and the file, or the folder)."""
+    try:
+        yield
+    except RoleSaveFailed as error:
+        raise RoleSaveFailed(f"{role}: {error}") from error.__cause__
+    except RoleCheckpointError:
+        raise  # verification errors name the role already
+    except Exception as error:
+        raise RoleSaveFailed(f"{role}: saving into {directory} failed: {type(error).__name__}: {error}") from error
 
 
 def _read_bytes(path: str) -> bytes:
@@ -135,9 +158,8 @@ def save_model_only(directory: str, *, model: torch.nn.Module) -> str:
     """A partial (weights-only) save: an artifact, never a resume point (S-CKPT-5)."""
     fs, root = fsspec.core.url_to_fs(directory)
     fs.makedirs(root, exist_ok=True)
-    _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(model_tensors(model), metadata={"format": "pt"}))
-    with fsspec.open(f"{directory}/config.json", "w") as handle:
-        handle.write(model.config.to_json_string())
+    write_file(f"{directory}/{MODEL_FILE}", save_safetensors(model_tensors(model), metadata={"format": "pt"}))
+    write_file(f"{directory}/config.json", model.config.to_json_string())
     return directory
 
 
@@ -147,7 +169,7 @@ def save_tokenizer(tokenizer: Any, directory: str) -> None:
         tokenizer.save_pretrained(staging)
         for name in os.listdir(staging):
             with open(os.path.join(staging, name), "rb") as handle:
-                _write_bytes(f"{directory}/{name}", handle.read())
+                write_file(f"{directory}/{name}", handle.read())
 
 
 def save_trainable_role(
@@ -159,21 +181,13 @@ def save_trainable_role(
     scheduler: Any,
     trainer_state: dict[str, Any],
 ) -> RoleSaveReport:
-    fs, root = fsspec.core.url_to_fs(directory)
-    fs.makedirs(root, exist_ok=True)
     tensors = model_tensors(model)
     optimizer_state, pristine = optimizer_state_for_save(model, optimizer)
     if any(p.device.type != "cpu" for p in model.parameters()):
         optimizer_state = state_on_host(optimizer_state)  # a GPU trainer's moments; loadable anywhere
-    _write_bytes(f"{directory}/{MODEL_FILE}", save_safetensors(tensors, metadata={"format": "pt"}))
-    with fsspec.open(f"{directory}/config.json", "w") as handle:
-        handle.write(model.config.to_json_string())
-    _write_bytes(f"{directory}/{OPTIMIZER_FILE}", _torch_bytes(optimizer_state))
-    _write_bytes(f"{directory}/{SCHEDULER_FILE}", _torch_bytes(scheduler.state_dict()))
-    _write_bytes(f"{directory}/{RNG_FILE}", _torch_bytes({"torch": torch.get_rng_state()}))
-    state = dict(trainer_state, optimizer_pristine=pristine)
-    with fsspec.open(f"{directory}/{TRAINER_STATE_FILE}", "w") as handle:
-        json.dump(state, handle, indent=2, sort_keys=True)
+    with saving(role, directory):
+        write_trainable_role_files(directory, model=model, optimizer_state=optimizer_state, scheduler=scheduler,
+                                   trainer_state=dict(trainer_state, optimizer_pristine=pristine), tensors=tensors)
     report = RoleSaveReport(
         role=role,
         path=directory,
@@ -184,6 +198,25 @@ def save_trainable_role(
     )
     verify_trainable_role(report)
     return report
+
+
+def write_trainable_role_files(
+    directory: str,
+    *,
+    model: torch.nn.Module,
+    optimizer_state: dict[str, Any],
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+) -> None:
+    fs, root = fsspec.core.url_to_fs(directory)
+    fs.makedirs(root, exist_ok=True)
+    write_file(f"{directory}/{MODEL_FILE}", save_safetensors(tensors, metadata={"format": "pt"}))
+    write_file(f"{directory}/config.json", model.config.to_json_string())
+    write_file(f"{directory}/{OPTIMIZER_FILE}", _torch_bytes(optimizer_state))
+    write_file(f"{directory}/{SCHEDULER_FILE}", _torch_bytes(scheduler.state_dict()))
+    write_file(f"{directory}/{RNG_FILE}", _torch_bytes({"torch": torch.get_rng_state()}))
+    write_file(f"{directory}/{TRAINER_STATE_FILE}", json.dumps(trainer_state, indent=2, sort_keys=True))
 
 
 def verify_trainable_role(report: RoleSaveReport) -> None:

@@ -1,4 +1,4 @@
-"""`python -m flows.ppo --config FILE [--validate-manifest] [--fresh] [-- key=value ...]`.
+"""`python -m flows.ppo --config FILE [--validate-manifest] [--fresh | --resume-from iter_NNNNNN] [-- key=value ...]`.
 
 A launch is refused before the Prefect API or Ray start (seconds, not the half minute
 the embedded API takes) when the config cannot run here (flows/preflight.py). A run
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
     allow_profile_dir(Path(args.config).parent)
     try:
-        summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh)
+        summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh, resume_from=args.resume_from)
     except ConfigError as error:
         return refuse(error.problems)
     except (ResumeError, CheckpointError, RunLocked) as error:

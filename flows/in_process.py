@@ -79,6 +79,7 @@ def run_in_process(
     start: int = 1,
     paths: RunPaths | None = None,
     resume: bool = False,
+    resume_from: str | None = None,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], InProcessRoles]:
     """Run iterations `start..max_steps` (default `rl.max_steps`); return one metric
@@ -94,6 +95,8 @@ def run_in_process(
             metrics.jsonl); None writes nothing.
         resume: with `paths`, continue from the run's last committed boundary exactly
             as the flow does (flows/resume.py); `start` is then the iteration after it.
+        resume_from: with `paths`, go back to this earlier committed boundary
+            (`iter_000010`) instead, as the flow's parameter of that name does.
         on_iteration: called with each record as soon as it is complete.
     """
     roles = build_roles(config) if roles is None else roles
@@ -113,7 +116,7 @@ def run_in_process(
         run_iterations(runner, roles, config, start, last, policy_version, None, keep)
         return records, roles
     with RunLock(local_run_dir(paths.run_dir), "in-process"):  # one writer per run directory, as the flow
-        point = find_resume_point(config, paths, resume=resume)
+        point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
         paths.ensure()
         if point is not None:
             policy_version = restore_roles(runner, roles, point, config, paths)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
-from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path
+from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
 from flows.run_outputs import RunPaths
 from tasks import commit as commit_tasks
@@ -169,6 +169,7 @@ def save_on_cadence(
     kind = save_kind(config, iteration) if paths is not None else None
     if kind == "full":
         boundary = boundary_path(paths.checkpoints, iteration)
+        clear_for_commit(paths.checkpoints, iteration)  # S-FAULT-3: saves never mix with an older folder's files
         saves = {role: run.call(getattr(roles, role).save, f"{boundary}/{role}") for role in (*TRAINER_ROLES, "data")}
         loop_state = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4, S-CW-9
         return run.stage(

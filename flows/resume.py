@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 
 from algorithm.warmup import expected_policy_version
-from checkpoint.boundary import CheckpointError, atomic_write_text, read_latest, read_marker
+from checkpoint.boundary import (
+    MARKER_NAME,
+    atomic_write_text,
+    boundary_name,
+    read_latest,
+    read_marker,
+    update_latest,
+)
+from checkpoint.boundary_files import verify_marker_files
+from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from flows.run_outputs import RunPaths, read_metrics
 
@@ -24,6 +34,7 @@ class ResumePoint:
     boundary: str
     iteration: int
     marker: dict[str, Any]
+    went_back: bool = False  # chosen with resume_from: later rows are set aside, the pointer moves back
 
 
 def _logger():
@@ -35,23 +46,52 @@ def _logger():
         return logging.getLogger("ppo.resume")
 
 
-def find_resume_point(config: PPOConfig, paths: RunPaths, *, resume: bool) -> ResumePoint | None:
-    """Decide where this flow run starts. Reads only; writes nothing, so a refusal
-    leaves the run directory exactly as it was."""
-    latest = read_latest(paths.checkpoints)
-    if not resume:
-        if latest is not None:
+def find_resume_point(
+    config: PPOConfig, paths: RunPaths, *, resume: bool, resume_from: str | None = None
+) -> ResumePoint | None:
+    """Decide where this flow run starts: the latest committed boundary, or the one
+    named by `resume_from` (S-FAULT-3). Reads only; writes nothing, so a refusal
+    (a corrupt file included) leaves the run directory exactly as it was."""
+    if resume_from is not None:
+        if not resume:
             raise ResumeError(
-                f"run {config.job.name!r} already has a committed boundary ({latest}); refusing to start fresh over it. "
-                "Resume it (resume=True, the default), pick another job.name, or move the folder away."
+                f"resume_from={resume_from!r} resumes a run; it cannot be combined with a fresh start (--fresh)"
             )
-        return None
-    if latest is None:
-        return None
-    marker = read_marker(latest)
-    assert marker is not None  # read_latest refuses uncommitted boundaries
-    check_loop_state(marker, config, latest)
-    return ResumePoint(boundary=latest, iteration=int(marker["iteration"]), marker=marker)
+        boundary = chosen_boundary(paths, resume_from)
+    else:
+        latest = read_latest(paths.checkpoints)
+        if not resume:
+            if latest is not None:
+                raise ResumeError(
+                    f"run {config.job.name!r} already has a committed boundary ({latest}); refusing to start fresh "
+                    "over it. Resume it (resume=True, the default), pick another job.name, or move the folder away."
+                )
+            return None
+        if latest is None:
+            return None
+        boundary = latest
+    marker = read_marker(boundary)
+    assert marker is not None  # read_latest and chosen_boundary refuse uncommitted boundaries
+    check_loop_state(marker, config, boundary)
+    if not verify_marker_files(boundary, marker):
+        _logger().warning(
+            f"{boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"
+        )
+    return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,
+                       went_back=resume_from is not None)
+
+
+def chosen_boundary(paths: RunPaths, name: str) -> str:
+    """The committed boundary `name` (`iter_000010`) of this run, or a refusal that
+    lists the ones there are."""
+    committed = [path.rsplit("/", 1)[-1] for path in committed_boundaries(paths.checkpoints)]
+    if name not in committed:
+        listed = ", ".join(committed) if committed else "none"
+        raise ResumeError(
+            f"resume_from={name!r}: {paths.checkpoints} has no committed boundary of that name (a boundary without "
+            f"{MARKER_NAME} was never committed); committed boundaries: {listed}"
+        )
+    return f"{paths.checkpoints}/{name}"
 
 
 def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -> None:
@@ -113,7 +153,10 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
         )
     weights, version = run.call(roles.policy.current_weights, returns=2)
     run.get([run.call(engine.load_weights, weights, version) for engine in roles.ranks("rollout")])
-    truncate_metrics(paths.metrics, point.iteration)
+    if point.went_back:
+        go_back(paths, point.iteration)
+    else:
+        truncate_metrics(paths.metrics, point.iteration)
     _logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
     return policy_version
 
@@ -124,4 +167,35 @@ def truncate_metrics(path: str, last_iteration: int) -> None:
     records = read_metrics(path)
     kept = [r for r in records if int(r.get("iteration", 0)) <= last_iteration]
     if len(kept) != len(records):
-        atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        atomic_write_text(path, _rows(kept))
+
+
+def go_back(paths: RunPaths, iteration: int) -> None:
+    """After every role restored from an earlier boundary: its later metric rows go
+    to a file beside metrics.jsonl (kept, not deleted), then the pointer moves back to
+    it, so a crash of the resumed run resumes this branch, not the abandoned one. The
+    abandoned boundaries stay on disk until this run commits their iterations anew
+    (checkpoint.boundary.clear_for_commit)."""
+    aside = set_aside_metrics(paths.metrics, iteration)
+    if aside is not None:
+        _logger().info(f"metrics rows after iteration {iteration} set aside in {aside}")
+    update_latest(paths.checkpoints, iteration)
+
+
+def set_aside_metrics(path: str, last_iteration: int) -> str | None:
+    """Move the rows after `last_iteration` into `metrics.after_iter_NNNNNN.<UTC time>.jsonl`
+    beside `path`, written before metrics.jsonl is rewritten so no row is ever only in
+    memory. Returns the new file, or None when there was nothing after it."""
+    records = read_metrics(path)
+    later = [r for r in records if int(r.get("iteration", 0)) > last_iteration]
+    if not later:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = f"{path.rsplit('/', 1)[0]}/metrics.after_{boundary_name(last_iteration)}.{stamp}.jsonl"
+    atomic_write_text(aside, _rows(later))
+    atomic_write_text(path, _rows([r for r in records if int(r.get("iteration", 0)) <= last_iteration]))
+    return aside
+
+
+def _rows(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)

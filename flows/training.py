@@ -73,6 +73,7 @@ def ppo(
     critic_warmup_iterations: int | None = None,
     resume: bool = True,
     run_name: str | None = None,
+    resume_from: str | None = None,
 ) -> dict[str, Any]:
     """One PPO training run.
 
@@ -83,6 +84,9 @@ def ppo(
         resume: continue from the run's last committed boundary (default); False
             starts fresh and refuses to overwrite a run that has one.
         run_name: if set, overrides job.name.
+        resume_from: an earlier committed boundary of this run (`iter_000010`) to go
+            back to, verified first; the metrics rows after it are set aside and the
+            later boundaries are replaced as the run commits them anew (S-FAULT-3).
     """
     logger = get_run_logger()
     say(f"prefect: flow run {_flow_run_label()} started")
@@ -95,7 +99,7 @@ def ppo(
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
     try:
-        return _train(config, paths, lock, resume)
+        return _train(config, paths, lock, resume, resume_from)
     finally:
         lock.release()
 
@@ -112,9 +116,9 @@ def _flow_run_label() -> str:
     return f"{flow_run.name} ({flow_run.id})" if flow_run.id else "-"
 
 
-def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool) -> dict[str, Any]:
+def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resume_from: str | None) -> dict[str, Any]:
     logger = get_run_logger()
-    resume_point = find_resume_point(config, paths, resume=resume)
+    resume_point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
     paths.ensure()
     started = time.perf_counter()
     started_ray = connect_ray(config)

@@ -9,6 +9,7 @@ from typing import Any
 import fsspec
 import torch
 
+from checkpoint.role_state import saving, write_file
 from configs.schema import PPOConfig
 from algorithm.rewards import resolve_terminal
 from data.prompt_projection import project_prompt, project_reference, reference_key_for
@@ -90,10 +91,10 @@ class DataRole:
         self._order = self._epoch_order(self.cursor.epoch)
 
     def save(self, directory: str) -> dict[str, Any]:
-        fs, path = fsspec.core.url_to_fs(directory)
-        fs.makedirs(path, exist_ok=True)
-        with fs.open(f"{path}/cursor.json", "w") as handle:
-            json.dump(self.state_dict(), handle)
+        with saving("data", directory):
+            fs, path = fsspec.core.url_to_fs(directory)
+            fs.makedirs(path, exist_ok=True)
+            write_file(f"{directory}/cursor.json", json.dumps(self.state_dict()))
         return {"role": "data", "cursor": self.state_dict()}
 
     def load(self, directory: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from algorithm.ppo_math import (
     masked_mean,
     whiten,
 )
-from checkpoint.role_state import save_tokenizer
+from checkpoint.role_state import save_tokenizer, saving
 from configs.schema import OptimizerConfig, PPOConfig
 from models.model_io import (
     ensure_model,
@@ -230,9 +230,10 @@ class PolicyRole(TrainerRole):
     def save(self, directory: str, plan: str = "full") -> dict[str, Any]:
         report = super().save(directory, plan)
         if plan != "model":
-            save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
-            if self.image_processor is not None:
-                save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
+            with saving("policy", directory):
+                save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
+                if self.image_processor is not None:
+                    save_tokenizer(self.image_processor, directory)  # same file copy, for preprocessor_config.json
         return report
 
     def load(self, directory: str) -> dict[str, Any]:

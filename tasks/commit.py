@@ -8,7 +8,8 @@ import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from checkpoint.boundary import CommittedBoundary, update_latest, write_marker
+from checkpoint.boundary import MARKER_NAME, CommittedBoundary, update_latest, write_marker
+from checkpoint.boundary_files import boundary_files
 from checkpoint.retention import prune_optimizer_state
 from placement.plan import TRAINER_ROLES
 from tasks.faults import fault_point
@@ -30,16 +31,19 @@ def commit(
     boundaries. An exception anywhere leaves the previous boundary as the resume point.
 
     `saves` maps each role to its save call's report: the policy's and the critic's
-    carry the optimizer step the marker records (S-CKPT-3)."""
+    carry the optimizer step the marker records (S-CKPT-3). The marker also records
+    every file's size and sha256 (S-FAULT-3), read back here after the saves were
+    verified, so what resume checks is exactly what this commit vouched for."""
     reports = dict(zip(saves, resolve(list(saves.values()))))
     role_steps = {role: int(reports[role]["optimizer_step"]) for role in TRAINER_ROLES}
     fault_point(iteration, "before_marker")
-    write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state)
+    files = boundary_files(boundary, skip=(MARKER_NAME,))
+    write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state, files=files)
     update_latest(checkpoints_root, iteration)
     committed = CommittedBoundary(iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version)
     logger = stage_logger()
     logger.info(f"committed {boundary} (role_steps={role_steps}, policy_version={policy_version})")
-    pruned = prune_optimizer_state(checkpoints_root, keep_optim_last)
+    pruned = prune_optimizer_state(checkpoints_root, keep_optim_last, up_to=iteration)
     if pruned:
         logger.info(f"retention removed optimizer state from {len(pruned)} older role folders")
     return committed

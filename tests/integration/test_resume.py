@@ -131,16 +131,20 @@ def test_cli_reports_the_warmup_mismatch_and_exits_non_zero(prefect_api, ray_clu
     assert "rl.critic_warmup_iterations=2" in result.stderr and "configured with 3" in result.stderr
 
 
-@pytest.mark.parametrize("damage", ["corrupt_marker", "pointer_to_missing"])
+@pytest.mark.parametrize("damage", ["corrupt_marker", "pointer_to_missing", "truncated_policy"])
 def test_damaged_checkpoints_are_refused_clearly_and_left_alone(prefect_api, ray_cluster, tiny_model_dir, tmp_path, damage):
     _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=2")
     run_dir = tmp_path / "damaged"
     if damage == "corrupt_marker":
         (boundary(run_dir, 2) / "_SUCCESS").write_text('{"iteration": 2, "role_steps": ')
         expected = r"_SUCCESS is not valid JSON"
-    else:
+    elif damage == "pointer_to_missing":
         (run_dir / "checkpoints" / "latest_checkpoint.txt").write_text("iter_000009\n")
         expected = r"points at iter_000009, which has no _SUCCESS"
+    else:  # S-FAULT-3: refused before any actor starts, naming the file and the boundary
+        weights = boundary(run_dir, 2) / "policy" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        expected = r"iter_000002: policy/model.safetensors is \d+ bytes, its _SUCCESS records \d+"
     before = run_dir_snapshot(run_dir)
     with pytest.raises(CheckpointError, match=expected):
         _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=4")

@@ -52,3 +52,89 @@ def test_corrupt_marker_names_file_and_position(tmp_path):
 def test_loop_state_values_must_be_json_scalars(tmp_path):
     with pytest.raises(CheckpointError, match=r"loop_state\['nested'\] must be a JSON scalar"):
         write_marker(str(tmp_path), iteration=1, role_steps={}, loop_state={"nested": {"a": 1}})
+
+
+def _boundary_with_files(tmp_path):
+    """A boundary folder with two role files and a marker that records them."""
+    from checkpoint.boundary_files import boundary_files
+
+    folder = tmp_path / "checkpoints" / "iter_000002"
+    (folder / "policy").mkdir(parents=True)
+    (folder / "data").mkdir()
+    (folder / "policy" / "model.safetensors").write_bytes(b"weights" * 100)
+    (folder / "data" / "cursor.json").write_text('{"epoch": 0}')
+    files = boundary_files(str(folder), skip=("_SUCCESS",))
+    write_marker(str(folder), iteration=2, role_steps={"policy": 1, "critic": 1}, loop_state={}, files=files)
+    return folder
+
+
+def test_marker_records_size_and_sha256_of_every_file_but_itself(tmp_path):
+    import hashlib
+
+    folder = _boundary_with_files(tmp_path)
+    marker = json.loads((folder / "_SUCCESS").read_text())
+    # 7 bytes x 100 = 700 bytes; the digest is the file's own sha256
+    assert marker["files"] == {
+        "data/cursor.json": {"size": 12, "sha256": hashlib.sha256(b'{"epoch": 0}').hexdigest()},
+        "policy/model.safetensors": {"size": 700, "sha256": hashlib.sha256(b"weights" * 100).hexdigest()},
+    }
+
+
+def test_verifier_accepts_the_boundary_as_committed(tmp_path):
+    from checkpoint.boundary_files import verify_marker_files
+
+    folder = _boundary_with_files(tmp_path)
+    (folder / "policy" / "extra.txt").write_text("not vouched for, not read")
+    assert verify_marker_files(str(folder), read_marker(str(folder))) is True
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: f.write_bytes(f.read_bytes()[:350]), r"policy/model.safetensors is 350 bytes, its _SUCCESS records 700"),
+    (lambda f: f.write_bytes(b"X" + f.read_bytes()[1:]), r"policy/model.safetensors does not match the sha256"),
+    (lambda f: f.unlink(), r"policy/model.safetensors is missing"),
+])
+def test_verifier_refuses_a_truncated_changed_or_missing_file_naming_it_and_the_boundary(tmp_path, damage, message):
+    from checkpoint.boundary_files import BoundaryCorrupt, verify_marker_files
+
+    folder = _boundary_with_files(tmp_path)
+    damage(folder / "policy" / "model.safetensors")
+    with pytest.raises(BoundaryCorrupt, match=rf"iter_000002: {message}"):
+        verify_marker_files(str(folder), read_marker(str(folder)))
+
+
+def test_marker_without_files_is_readable_and_reported_unverified(tmp_path):
+    from checkpoint.boundary_files import verify_marker_files
+
+    (tmp_path / "iter_000001").mkdir()
+    (tmp_path / "iter_000001" / "_SUCCESS").write_text('{"version": 1, "iteration": 1, "role_steps": {}}')
+    assert verify_marker_files(str(tmp_path / "iter_000001"), read_marker(str(tmp_path / "iter_000001"))) is False
+
+
+def test_optimizer_removed_by_retention_is_named_as_such_not_as_corruption(tmp_path):
+    from checkpoint.boundary_files import BoundaryCorrupt, boundary_files, verify_marker_files
+
+    folder = tmp_path / "iter_000002"
+    (folder / "policy").mkdir(parents=True)
+    (folder / "policy" / "optimizer.pt").write_bytes(b"moments")
+    files = boundary_files(str(folder), skip=("_SUCCESS",))
+    write_marker(str(folder), iteration=2, role_steps={}, loop_state={}, files=files)
+    (folder / "policy" / "optimizer.pt").unlink()
+    (folder / "policy" / "OPTIMIZER_PRUNED").write_text("removed")
+    with pytest.raises(BoundaryCorrupt, match=r"policy/optimizer.pt was removed by retention \(rl.keep_optim_last\)"):
+        verify_marker_files(str(folder), read_marker(str(folder)))
+
+
+def test_a_commit_clears_a_stale_folder_marker_first_but_never_the_resume_point(tmp_path):
+    from checkpoint.boundary import clear_for_commit
+
+    root = str(tmp_path)
+    for iteration in (2, 4):
+        (tmp_path / f"iter_00000{iteration}" / "policy").mkdir(parents=True)
+        (tmp_path / f"iter_00000{iteration}" / "policy" / "OPTIMIZER_PRUNED").write_text("a stale note")
+        write_marker(boundary_path(root, iteration), iteration=iteration, role_steps={}, loop_state={})
+    update_latest(root, 2)  # went back to iter_000002: iter_000004 is the abandoned branch
+    assert clear_for_commit(root, 4) is True and not (tmp_path / "iter_000004").exists()
+    assert clear_for_commit(root, 6) is False
+    with pytest.raises(CheckpointError, match="refusing to commit over .*iter_000002: latest_checkpoint.txt names it"):
+        clear_for_commit(root, 2)
+    assert read_marker(boundary_path(root, 2)) is not None

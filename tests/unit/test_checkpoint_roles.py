@@ -74,6 +74,18 @@ def test_retention_keeps_optimizer_state_of_the_newest_only_and_resume_from_olde
     PolicyRole(config, first_rank(config, "policy")).load(f"{boundary_path(copy, 3)}/policy")
 
 
+def test_retention_after_going_back_neither_counts_nor_touches_the_abandoned_branch(committed, tmp_path):
+    """Back at iter_000001 and committing iteration 2 anew: iter_000003 is the
+    abandoned branch; it must not take the newest slot from the boundary just committed."""
+    _, root = committed
+    copy = str(tmp_path / "checkpoints")
+    shutil.copytree(root, copy)
+    pruned = prune_optimizer_state(copy, None, up_to=2)
+    assert sorted(pruned) == sorted(f"{boundary_path(copy, 1)}/{r}" for r in ("policy", "critic"))
+    assert (tmp_path / "checkpoints" / "iter_000002" / "policy" / "optimizer.pt").exists()
+    assert (tmp_path / "checkpoints" / "iter_000003" / "policy" / "optimizer.pt").exists()
+
+
 def test_marker_without_loop_state_is_unknown_not_a_mismatch(committed, caplog):
     config, _ = committed
     logger = logging.getLogger("ppo.resume")  # outside a flow run, resume logs here

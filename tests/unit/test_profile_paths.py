@@ -107,7 +107,7 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
     profile, _ = evil_profile(tmp_path / "mine")
     seen = []
 
-    def flow_body(profile, overrides, resume):
+    def flow_body(profile, overrides, resume, resume_from=None):
         seen.append(resolve_config(profile, overrides, None, None).job.name)
         raise ResumeError("stopped by the test")
 
