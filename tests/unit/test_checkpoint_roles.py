@@ -6,11 +6,10 @@ import logging
 import shutil
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from checkpoint.boundary import boundary_path, update_latest, write_marker
-from checkpoint.export import export_boundary, main as export_main
+from checkpoint.export import main as export_main
 from checkpoint.retention import prune_optimizer_state
 from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE, RoleCheckpointError
 from configs.loading import load_config
