@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup run test test-slow test-vllm lock clean-runs serve stop bench bench-learning bench-overhead bench-arith
+.PHONY: setup run lint test test-slow test-vllm lock clean-runs serve stop bench bench-learning bench-overhead bench-arith
 
 setup: $(STAMP)
 
@@ -21,7 +21,11 @@ $(STAMP): requirements.lock pyproject.toml
 run: setup
 	$(VPY) -m flows.ppo --config configs/ppo_tiny_cpu.py -- $(ARGS)
 
-test: setup
+# ruff, configured in pyproject.toml [tool.ruff]; `make test` runs it first, and so does CI.
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
 	$(VPY) -m pytest -q
 
 test-slow: setup
