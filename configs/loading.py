@@ -70,7 +70,10 @@ def load_profile(profile: str | Path, *, allowed_dirs: Iterable[Path] | None = N
     if allowed_dirs is not None:
         check_profile_path(profile, allowed_dirs)
     if not path.is_file():
-        raise ConfigError([f"profile: no such file {str(profile)!r} (expected a Python file defining CONFIG, e.g. configs/ppo_tiny_cpu.py)"])
+        raise ConfigError([
+            f"profile: no such file {str(profile)!r} "
+            "(expected a Python file defining CONFIG, e.g. configs/ppo_tiny_cpu.py)"
+        ])
     spec = importlib.util.spec_from_file_location(f"_ppo_profile_{path.stem}", path)
     if spec is None or spec.loader is None:  # not a .py file: nothing could load it
         raise ConfigError([f"profile: {str(profile)!r} is not a Python file (a profile is a .py file defining CONFIG)"])

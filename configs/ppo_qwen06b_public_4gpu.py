@@ -31,7 +31,9 @@ CONFIG = PPOConfig(
         kl_coef=0.01,
         save_every=50,
         threads_per_role=4,
-        data=DataConfig(factory="data.synthetic:addition", factory_kwargs={"num_rows": 100000, "seed": 0, "max_operand": 999}),
+        data=DataConfig(
+            factory="data.synthetic:addition", factory_kwargs={"num_rows": 100000, "seed": 0, "max_operand": 999}
+        ),
         optimizer=OptimizerConfig(name="adamw_fused", policy_lr=1e-6, critic_lr=5e-6, warmup_steps=10),
         rollout=RolloutConfig(engine="vllm", max_new_tokens=64, temperature=1.0, gpu_memory_utilization=0.45),
     ),

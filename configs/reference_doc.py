@@ -38,7 +38,8 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         else:
             value = field.default_factory() if field.default_factory is not None else field.default
             default = f"`{value!r}`"
-        rows.append(f"| `{key}` | {_type_name(field.annotation) if section is None else 'section'} | {default} | {field.description or ''} |")
+        type_name = _type_name(field.annotation) if section is None else "section"
+        rows.append(f"| `{key}` | {type_name} | {default} | {field.description or ''} |")
         if section is not None:
             rows.extend(_rows(section, f"{key}."))
     return rows

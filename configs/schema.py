@@ -27,16 +27,29 @@ class TinyVisionSpec(Section):
     hidden_size: int = Field(16, ge=4, description="Width of the tiny vision tower.")
     depth: int = Field(1, ge=1, description="Vision transformer blocks.")
     num_heads: int = Field(2, ge=1, description="Attention heads of the vision tower.")
-    patch_size: int = Field(4, ge=1, description="Side of a square patch in pixels; images are resized to multiples of 2x this.")
-    min_pixels: int = Field(64, ge=1, description="Images and video frames smaller than this many pixels are scaled up (image processor `size.shortest_edge`).")
-    max_pixels: int = Field(1024, ge=1, description="Images and video frames larger than this many pixels are scaled down (image processor `size.longest_edge`).")
+    patch_size: int = Field(
+        4, ge=1, description="Side of a square patch in pixels; images are resized to multiples of 2x this."
+    )
+    min_pixels: int = Field(
+        64,
+        ge=1,
+        description="Images and video frames smaller than this many pixels are scaled up "
+        "(image processor `size.shortest_edge`).",
+    )
+    max_pixels: int = Field(
+        1024,
+        ge=1,
+        description="Images and video frames larger than this many pixels are scaled down "
+        "(image processor `size.longest_edge`).",
+    )
     tokens_per_second: int = Field(2, ge=1, description="m-RoPE temporal positions per second of video.")
 
     @model_validator(mode="after")
     def _pixel_range(self) -> "TinyVisionSpec":
         if self.min_pixels > self.max_pixels:
             raise ValueError(
-                f"model.tiny.vision.min_pixels ({self.min_pixels}) exceeds model.tiny.vision.max_pixels ({self.max_pixels})"
+                f"model.tiny.vision.min_pixels ({self.min_pixels}) exceeds "
+                f"model.tiny.vision.max_pixels ({self.max_pixels})"
             )
         return self
 
@@ -131,14 +144,22 @@ class DataPackerConfig(Section):
 
 
 class JobConfig(Section):
-    name: str = Field("ppo-run", min_length=1, description="Run name: the output folder, the Prefect flow-run name and the Ray namespace.")
+    name: str = Field(
+        "ppo-run",
+        min_length=1,
+        description="Run name: the output folder, the Prefect flow-run name and the Ray namespace.",
+    )
     output_root: str = Field("outputs", description="Folder (or fsspec URL) under which `<job.name>/` is written.")
     seed: int = Field(0, description="Run seed: data shuffle, sampling and the update plan derive from it.")
 
 
 class DataConfig(Section):
-    path: str | None = Field(None, description="Local file of rows (JSONL, JSON stream, JSON array, optionally gzip); any fsspec URL.")
-    name: str | None = Field(None, description="Hugging Face dataset name, loaded through `datasets` from the local cache.")
+    path: str | None = Field(
+        None, description="Local file of rows (JSONL, JSON stream, JSON array, optionally gzip); any fsspec URL."
+    )
+    name: str | None = Field(
+        None, description="Hugging Face dataset name, loaded through `datasets` from the local cache."
+    )
     split: str = Field("train", description="Dataset split when `name` is set.")
     factory: str | None = Field(
         None,
@@ -148,7 +169,10 @@ class DataConfig(Section):
         default_factory=dict, description="Keyword arguments passed to `factory`."
     )
     prompt_key: str = Field("prompt", description="Row key holding the prompt (a string or a list of chat messages).")
-    reference_key: str | None = Field("reference", description="Row key holding the ground truth for rewards that need one; null if the data has none.")
+    reference_key: str | None = Field(
+        "reference",
+        description="Row key holding the ground truth for rewards that need one; null if the data has none.",
+    )
     shuffle: bool = Field(True, description="Shuffle rows each epoch (deterministic from job.seed and the epoch).")
 
     @model_validator(mode="after")
@@ -163,15 +187,24 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    terminal: str = Field("arithmetic_exact_match", description="Terminal reward rule: PPO's `arithmetic_exact_match` or `none`, or a shared rule name.")
-    terminal_callable: str | None = Field(None, description="`package.module:callable` overriding PPO's matcher; not allowed with a shared rule.")
+    terminal: str = Field(
+        "arithmetic_exact_match",
+        description="Terminal reward rule: PPO's `arithmetic_exact_match` or `none`, or a shared rule name.",
+    )
+    terminal_callable: str | None = Field(
+        None, description="`package.module:callable` overriding PPO's matcher; not allowed with a shared rule."
+    )
     correct_reward: float = Field(1.0, description="Reward for a correct completion (PPO's scale).")
     incorrect_reward: float = Field(0.0, description="Reward for an incorrect completion.")
-    process: Literal["none", "linear"] = Field("none", description="Per-token shaping term added beside the terminal reward.")
+    process: Literal["none", "linear"] = Field(
+        "none", description="Per-token shaping term added beside the terminal reward."
+    )
 
 
 class OptimizerConfig(Section):
-    name: Literal["adamw", "adamw_foreach", "adamw_fused"] = Field("adamw", description="AdamW variant: plain for-loop, foreach, or fused kernel.")
+    name: Literal["adamw", "adamw_foreach", "adamw_fused"] = Field(
+        "adamw", description="AdamW variant: plain for-loop, foreach, or fused kernel."
+    )
     policy_lr: float = Field(1e-3, gt=0, description="Policy learning rate.")
     critic_lr: float = Field(1e-3, gt=0, description="Critic learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -182,10 +215,16 @@ class OptimizerConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine: transformers `generate` (CPU) or vLLM (GPU).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation engine: transformers `generate` (CPU) or vLLM (GPU)."
+    )
     max_new_tokens: int = Field(8, ge=1, description="Longest completion in tokens.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are of this tempered distribution).")
-    gpu_memory_utilization: float = Field(0.45, gt=0, le=1, description="vLLM: fraction of its GPU it may use (colocated with the trainer).")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature (log-probs are of this tempered distribution)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.45, gt=0, le=1, description="vLLM: fraction of its GPU it may use (colocated with the trainer)."
+    )
 
 
 class RLConfig(Section):
@@ -193,15 +232,23 @@ class RLConfig(Section):
     batch_size: int = Field(32, ge=1, description="Prompts per iteration (one completion each, S-FLOW-7).")
     epochs: int = Field(2, ge=1, description="Passes over the batch per iteration (update plan).")
     minibatch_size: int = Field(16, ge=1, description="Samples per optimizer step (update plan).")
-    micro_batch_size: int = Field(16, ge=1, description="Samples per forward/backward; gradients accumulate up to a minibatch.")
+    micro_batch_size: int = Field(
+        16, ge=1, description="Samples per forward/backward; gradients accumulate up to a minibatch."
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO policy ratio clip epsilon.")
     value_clip: float = Field(0.2, gt=0, description="Value prediction clip around the old values.")
     kl_coef: float = Field(0.02, ge=0, description="Per-token KL penalty to the frozen reference, added to the reward.")
-    whiten_advantages: bool = Field(True, description="Normalise advantages to zero mean, unit variance over the batch.")
-    critic_warmup_iterations: int = Field(0, ge=0, strict=True, description="Outer iterations 1..N train only the critic (S-CW-1).")
-    save_every: int = Field(5, ge=0, description="Commit a checkpoint boundary every N iterations (0: only the final one).")
+    whiten_advantages: bool = Field(
+        True, description="Normalise advantages to zero mean, unit variance over the batch."
+    )
+    critic_warmup_iterations: int = Field(
+        0, ge=0, strict=True, description="Outer iterations 1..N train only the critic (S-CW-1)."
+    )
+    save_every: int = Field(
+        5, ge=0, description="Commit a checkpoint boundary every N iterations (0: only the final one)."
+    )
     save_final: bool = Field(True, description="Commit a boundary after the last iteration.")
     save_plan: Literal["full", "model"] = Field(
         "full",
@@ -211,7 +258,8 @@ class RLConfig(Section):
     keep_optim_last: int | None = Field(
         None,
         ge=0,
-        description="Keep optimizer state only in the newest K committed boundaries (unset: newest only; 0: keep all, S-CKPT-6).",
+        description="Keep optimizer state only in the newest K committed boundaries "
+        "(unset: newest only; 0: keep all, S-CKPT-6).",
     )
     stage_timeout_seconds: float | None = Field(
         3600.0,
@@ -219,7 +267,9 @@ class RLConfig(Section):
         description="A stage whose actor calls have not finished after this many seconds fails its task, naming the "
         "stage, the stuck role and this key, and the stuck actors are killed (S-FAULT-1); null waits forever.",
     )
-    threads_per_role: int = Field(1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine).")
+    threads_per_role: int = Field(
+        1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine)."
+    )
     colocated_offload: bool = Field(
         True,
         description="Colocated GPU placement only: the trainer parks its weights and optimizer state on the host while "
@@ -227,7 +277,9 @@ class RLConfig(Section):
     )
     data: DataConfig = Field(description="Prompt source (S-DATA).")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward rules (S-REW).")
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer of both trainable roles.")
+    optimizer: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="Optimizer of both trainable roles."
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine settings.")
 
     @model_validator(mode="after")
@@ -236,30 +288,47 @@ class RLConfig(Section):
             raise ValueError(f"rl.minibatch_size ({self.minibatch_size}) exceeds rl.batch_size ({self.batch_size})")
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
-                f"rl.minibatch_size ({self.minibatch_size}) must be a multiple of rl.micro_batch_size ({self.micro_batch_size})"
+                f"rl.minibatch_size ({self.minibatch_size}) must be a multiple of "
+                f"rl.micro_batch_size ({self.micro_batch_size})"
             )
         return self
 
 
 class GridConfig(Section):
-    backend: Literal["ray", "local"] = Field("ray", description="Who hosts the role bodies; PPO requires `ray` (S-RUN-5).")
-    gpu_placement: Literal["colocated", "disaggregated"] = Field("colocated", description="Policy and rollout share one device group (colocated) or all four roles own one (S-RUN-4).")
+    backend: Literal["ray", "local"] = Field(
+        "ray", description="Who hosts the role bodies; PPO requires `ray` (S-RUN-5)."
+    )
+    gpu_placement: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="Policy and rollout share one device group (colocated) or all four roles own one (S-RUN-4).",
+    )
     gpus_per_node: int = Field(0, ge=0, description="GPUs the profile declares; 0 runs every role on CPU.")
-    num_nodes: int = Field(1, ge=1, description="Nodes the device groups may spread over (grid.gpus_per_node GPUs each).")
+    num_nodes: int = Field(
+        1, ge=1, description="Nodes the device groups may spread over (grid.gpus_per_node GPUs each)."
+    )
     rollout_tensor_parallel_size: int = Field(
-        1, ge=1, description="GPUs per vLLM engine (tensor parallel); must divide the rollout's GPUs and fit on one node."
+        1,
+        ge=1,
+        description="GPUs per vLLM engine (tensor parallel); must divide the rollout's GPUs and fit on one node.",
     )
     policy_gpus: int = Field(0, ge=0, description="GPUs in the policy (and, colocated, rollout) device group.")
     rollout_gpus: int = Field(0, ge=0, description="GPUs of the rollout group when disaggregated.")
     reference_gpus: int = Field(0, ge=0, description="GPUs of the frozen reference group.")
     critic_gpus: int = Field(0, ge=0, description="GPUs of the critic group.")
     cpu_trainer_ranks: int = Field(
-        1, ge=1, description="Data-parallel ranks (gloo) of a trainer whose group has no GPU; a GPU group has one rank per GPU."
+        1,
+        ge=1,
+        description="Data-parallel ranks (gloo) of a trainer whose group has no GPU; a GPU group has one rank per GPU.",
     )
     cpu_rollout_engines: int = Field(
-        1, ge=1, description="Rollout engines (actors, each a shard of every batch) of a rollout group with no GPU; a GPU group has one per grid.rollout_tensor_parallel_size GPUs."
+        1,
+        ge=1,
+        description="Rollout engines (actors, each a shard of every batch) of a rollout group with no GPU; "
+        "a GPU group has one per grid.rollout_tensor_parallel_size GPUs.",
     )
-    ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works).")
+    ray_address: str | None = Field(
+        None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works)."
+    )
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs given to a locally started Ray (None: all of them).")
 
 
@@ -271,7 +340,8 @@ class PPOConfig(Section):
     model: ModelConfig = Field(description="The model every role loads.")
     rl: RLConfig = Field(description="PPO algorithm, data, reward and rollout.")
     data_packer: DataPackerConfig = Field(
-        default_factory=DataPackerConfig, description="How prompts become model inputs: tokens, and pixels for VLMs (S-RUN-6)."
+        default_factory=DataPackerConfig,
+        description="How prompts become model inputs: tokens, and pixels for VLMs (S-RUN-6).",
     )
     grid: GridConfig = Field(default_factory=GridConfig, description="Backend and device placement.")
 
