@@ -90,14 +90,18 @@ def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
     start_dir = ensure_model(config.model)
     built = time.perf_counter() - started
     before = evaluate_dir(start_dir, max_operand, max_new_tokens)
-    print(f"pre-trained start {start_dir}: held-out exact match {before:.3f} (model ready in {built:.0f} s)", flush=True)
+    print(
+        f"pre-trained start {start_dir}: held-out exact match {before:.3f} (model ready in {built:.0f} s)", flush=True
+    )
 
     started = time.perf_counter()
     if direct:
         from flows.in_process import run_in_process
 
         records, roles = run_in_process(config)
-        after = exact_match_accuracy(roles.policy.model, roles.policy.tokenizer, heldout_sums(max_operand), max_new_tokens)
+        after = exact_match_accuracy(
+            roles.policy.model, roles.policy.tokenizer, heldout_sums(max_operand), max_new_tokens
+        )
         where, way = "policy after the direct loop", "direct loop"
         rewards = [r["train/reward_mean"] for r in records]
         window = min(10, len(rewards))
@@ -123,8 +127,12 @@ def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.arith_eval", description=__doc__.strip().splitlines()[0])
     parser.add_argument("model_dirs", nargs="*", help="Hugging Face model folders to evaluate")
-    parser.add_argument("--run", action="store_true", help="evaluate the profile's start model, run PPO, evaluate the result")
-    parser.add_argument("--direct", action="store_true", help="with --run: PPO through flows.in_process instead of the flow")
+    parser.add_argument(
+        "--run", action="store_true", help="evaluate the profile's start model, run PPO, evaluate the result"
+    )
+    parser.add_argument(
+        "--direct", action="store_true", help="with --run: PPO through flows.in_process instead of the flow"
+    )
     parser.add_argument("--profile", default=ARITH_PROFILE, help=f"profile for --run (default {ARITH_PROFILE})")
     parser.add_argument("--max-operand", type=int, default=99, help="operand range of the held-out sums (model dirs)")
     argv = sys.argv[1:] if argv is None else argv

@@ -47,7 +47,10 @@ def process_group(pid: int, root: int, cmdline: str) -> str:
         return "ray actors"
     if "prefect" in cmdline and ("server" in cmdline or "uvicorn" in cmdline):
         return "prefect server"
-    if any(name in cmdline for name in ("raylet", "gcs_server", "ray/dashboard", "log_monitor", "ray/_private", "runtime_env")):
+    if any(
+        name in cmdline
+        for name in ("raylet", "gcs_server", "ray/dashboard", "log_monitor", "ray/_private", "runtime_env")
+    ):
         return "ray system"
     return "other"
 

@@ -27,18 +27,30 @@ from typing import Any
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
 WINDOW = 10
-CSV_KEYS = ("train/reward_mean", "train/kl", "train/value_loss", "train/explained_variance", "rollout/response_length_mean")
+CSV_KEYS = (
+    "train/reward_mean",
+    "train/kl",
+    "train/value_loss",
+    "train/explained_variance",
+    "rollout/response_length_mean",
+)
 
 
-def run_seed(profile: str, seed: int, iterations: int | None, overrides: list[str], use_flow: bool, output_root: str) -> list[dict[str, Any]]:
+def run_seed(
+    profile: str, seed: int, iterations: int | None, overrides: list[str], use_flow: bool, output_root: str
+) -> list[dict[str, Any]]:
     seeded = [*overrides, f"job.seed={seed}"] + ([f"rl.max_steps={iterations}"] if iterations else [])
     if use_flow:
         from flows.training import ppo
         from flows.run_outputs import read_metrics
 
         name = f"learning-seed{seed}-{os.getpid()}"
-        ppo(profile=profile, overrides=[*seeded, f"job.output_root={output_root}", "rl.save_every=0", "rl.save_final=false"],
-            run_name=name, resume=False)
+        ppo(
+            profile=profile,
+            overrides=[*seeded, f"job.output_root={output_root}", "rl.save_every=0", "rl.save_final=false"],
+            run_name=name,
+            resume=False,
+        )
         return read_metrics(f"{output_root}/{name}/metrics.jsonl")
     from flows.in_process import run_in_process
     from configs.loading import load_config
@@ -71,7 +83,10 @@ def plot(path: Path, runs: dict[int, list[dict[str, Any]]], warmup: int, title: 
     import matplotlib.pyplot as plt
 
     iterations = sorted({r["iteration"] for records in runs.values() for r in records})
-    by_iteration = {i: [r["train/reward_mean"] for records in runs.values() for r in records if r["iteration"] == i] for i in iterations}
+    by_iteration = {
+        i: [r["train/reward_mean"] for records in runs.values() for r in records if r["iteration"] == i]
+        for i in iterations
+    }
     mean = [statistics.fmean(by_iteration[i]) for i in iterations]
     low = [min(by_iteration[i]) for i in iterations]
     high = [max(by_iteration[i]) for i in iterations]
@@ -96,9 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated job.seed values (default 3 seeds)")
-    parser.add_argument("--iterations", type=int, default=None, help="iterations per seed (default: the profile's rl.max_steps)")
-    parser.add_argument("--flow", action="store_true", help="run the real ppo flow (Prefect + Ray) instead of the direct loop")
-    parser.add_argument("--out", default="outputs/bench/learning", help="folder for reward_curve.png and reward_curve.csv")
+    parser.add_argument(
+        "--iterations", type=int, default=None, help="iterations per seed (default: the profile's rl.max_steps)"
+    )
+    parser.add_argument(
+        "--flow", action="store_true", help="run the real ppo flow (Prefect + Ray) instead of the direct loop"
+    )
+    parser.add_argument(
+        "--out", default="outputs/bench/learning", help="folder for reward_curve.png and reward_curve.csv"
+    )
     parser.add_argument("--name", default="reward_curve", help="file stem of the PNG and CSV")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides")
     args = parser.parse_args(argv)
@@ -132,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(out / f"{args.name}.csv", runs)
     title = f"{Path(args.profile).stem}: {len(seeds)} seeds, {'flow' if args.flow else 'direct loop'}"
     plot(out / f"{args.name}.png", runs, config.rl.critic_warmup_iterations, title)
-    rises = [first_last([r["train/reward_mean"] for r in records])[1] - first_last([r["train/reward_mean"] for r in records])[0]
-             for records in runs.values()]
+    rises = [
+        first_last([r["train/reward_mean"] for r in records])[1]
+        - first_last([r["train/reward_mean"] for r in records])[0]
+        for records in runs.values()
+    ]
     print(f"rise (last-{WINDOW} minus first-{WINDOW}) per seed: {', '.join(f'{x:+.3f}' for x in rises)}; "
           f"median {statistics.median(rises):+.3f}")
     print(f"wrote {out / (args.name + '.png')} and {out / (args.name + '.csv')}")

@@ -21,7 +21,8 @@ Prefect task, a no-op actor call, one trajectory hop through an actor).
 
     .venv/bin/python -m bench.overhead                         # CPU profile, batch 64 and 256
     .venv/bin/python -m bench.overhead --iterations 12 --repeats 3 --json overhead.json
-    RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0 .venv/bin/python -m bench.overhead   # without Ray's zero-copy tensors (on by default)
+    # without Ray's zero-copy tensors (on by default):
+    RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0 .venv/bin/python -m bench.overhead
 """
 
 from __future__ import annotations
@@ -214,7 +215,9 @@ class SizeResult:
     flow_cpu_ms: dict[str, float]
 
 
-def measure_size(profile: str, batch_size: int, iterations: int, repeats: int, skip: int, extra: list[str], output_root: str) -> SizeResult:
+def measure_size(
+    profile: str, batch_size: int, iterations: int, repeats: int, skip: int, extra: list[str], output_root: str
+) -> SizeResult:
     overrides = sized_overrides(profile, batch_size, iterations, extra)
     direct_runs, flow_runs, meters = [], [], []
     direct_cpu, flow_cpu = [], []
@@ -227,7 +230,9 @@ def measure_size(profile: str, batch_size: int, iterations: int, repeats: int, s
         direct_cpu.append(cpu_per_iteration(sampler, ended, skip))
         print(f"  batch {batch_size}, repeat {repeat + 1}/{repeats}: flow ...", flush=True)
         sampler = CpuSampler().start()
-        records, meter, ended = run_flow_once(profile, overrides, output_root, f"overhead-b{batch_size}-r{repeat}-{os.getpid()}")
+        records, meter, ended = run_flow_once(
+            profile, overrides, output_root, f"overhead-b{batch_size}-r{repeat}-{os.getpid()}"
+        )
         sampler.stop()
         flow_runs.append(records)
         meters.append(meter)
@@ -387,7 +392,8 @@ def print_report(result: SizeResult) -> None:
     print(f"  in-flow split: rollout stage minus generate {result.rollout_orchestration_ms:.1f} ms; "
           f"train stage minus slower trainer {result.train_orchestration_ms:.1f} ms")
     print(f"  flow process received {result.flow_bytes_per_iteration:.0f} B/iteration in "
-          f"{result.flow_ray_gets_per_iteration:.1f} ray.get calls (largest single value {result.flow_largest_get_bytes} B)")
+          f"{result.flow_ray_gets_per_iteration:.1f} ray.get calls "
+          f"(largest single value {result.flow_largest_get_bytes} B)")
     print("  bytes per iteration by task: " + ", ".join(
         f"{name.removesuffix('_stage')} {size:.0f}" for name, size in sorted(result.flow_bytes_by_task.items())))
     print(f"  metrics identical between direct loop and flow: {result.metrics_identical}")
@@ -414,7 +420,9 @@ def tuning_environment() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
-    parser.add_argument("--batch-sizes", default="64,256", help="comma-separated rl.batch_size values (first: the profile's)")
+    parser.add_argument(
+        "--batch-sizes", default="64,256", help="comma-separated rl.batch_size values (first: the profile's)"
+    )
     parser.add_argument("--iterations", type=int, default=12, help="iterations per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each kind per batch size (medians pool them)")
     parser.add_argument("--skip", type=int, default=2, help="first iterations of each run left out of the medians")
@@ -436,7 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="ppo-overhead-") as output_root:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-            result = measure_size(args.profile, batch_size, args.iterations, args.repeats, args.skip, args.overrides, output_root)
+            result = measure_size(
+                args.profile, batch_size, args.iterations, args.repeats, args.skip, args.overrides, output_root
+            )
             print_report(result)
             results.append(result)
     probe = None if args.no_probe else probe_unit_costs(args.profile)

@@ -96,10 +96,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{'park GB/s':>11}{'unpark GB/s':>13}")
     for way, r in results.items():
         gb = r["bytes"] / 1e9
-        print(f"{way:<10}{gb:>10.2f}{r['freed'] / 1e9:>10.2f}{r['first_park']:>14.3f}{r['park']:>9.3f}{r['unpark']:>10.3f}"
-              f"{gb / r['park']:>11.1f}{gb / r['unpark']:>13.1f}")
-    ratio = (results["pageable"]["park"] + results["pageable"]["unpark"]) / (results["pinned"]["park"] + results["pinned"]["unpark"])
-    print(f"\npark + unpark, pageable / pinned: {ratio:.2f}x (medians of {max(1, args.repeats - 1)} parks, {args.repeats} unparks)")
+        print(f"{way:<10}{gb:>10.2f}{r['freed'] / 1e9:>10.2f}{r['first_park']:>14.3f}"
+              f"{r['park']:>9.3f}{r['unpark']:>10.3f}{gb / r['park']:>11.1f}{gb / r['unpark']:>13.1f}")
+    ratio = (results["pageable"]["park"] + results["pageable"]["unpark"]) / (
+        results["pinned"]["park"] + results["pinned"]["unpark"]
+    )
+    print(f"\npark + unpark, pageable / pinned: {ratio:.2f}x "
+          f"(medians of {max(1, args.repeats - 1)} parks, {args.repeats} unparks)")
     return 0
 
 

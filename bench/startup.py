@@ -45,7 +45,9 @@ def load_average() -> str:
 def timed_run(command: list[str], env: dict[str, str]) -> tuple[dict[str, float], dict[str, float], str]:
     """(moment -> seconds, actor -> seconds after the actors' launch, output)."""
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     moments: dict[str, float] = {}
     actors: dict[str, float] = {}
     lines = []
@@ -57,7 +59,10 @@ def timed_run(command: list[str], env: dict[str, str]) -> tuple[dict[str, float]
             if name not in moments and pattern.search(line):
                 moments[name] = now
         if line.startswith("actors: "):
-            actors = {label: float(seconds) for label, seconds in re.findall(r"([a-z]+(?: rank \d+)?) ([\d.]+)", line.split("(", 1)[1])}
+            actors = {
+                label: float(seconds)
+                for label, seconds in re.findall(r"([a-z]+(?: rank \d+)?) ([\d.]+)", line.split("(", 1)[1])
+            }
     process.wait()
     moments["process exited"] = time.monotonic() - started
     if process.returncode != 0:
@@ -83,14 +88,17 @@ def main() -> None:
     for repeat in range(args.repeats):
         floors.append(import_floor(env))
         name = f"startup-{os.getpid()}-{repeat}"
-        base = [sys.executable, "-m", "flows.ppo", "--config", PROFILE, "--", f"job.output_root={root}", f"job.name={name}"]
+        base = [
+            sys.executable, "-m", "flows.ppo", "--config", PROFILE, "--", f"job.output_root={root}", f"job.name={name}"
+        ]
         moments, actors, _ = timed_run(base + [f"rl.max_steps={args.iterations}"], env)
         fresh.append(moments)
         actor_runs.append(actors)
         moments, _, _ = timed_run(base + [f"rl.max_steps={args.iterations + 1}"], env)
         resumed.append(moments)
         print(f"  repeat {repeat + 1}: import floor {floors[-1]:.1f} s, first iteration at "
-              f"{fresh[-1]['first iteration done']:.1f} s (fresh) / {resumed[-1]['first iteration done']:.1f} s (resumed), "
+              f"{fresh[-1]['first iteration done']:.1f} s (fresh) / "
+              f"{resumed[-1]['first iteration done']:.1f} s (resumed), "
               f"load {load_average()}", flush=True)
 
     def median(runs: list[dict[str, float]], key: str) -> str:

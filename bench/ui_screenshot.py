@@ -94,7 +94,9 @@ def crop(png: Path, box_css: str, scale: float) -> None:
     try:
         left, top, right, bottom = (round(float(v) * scale) for v in box_css.split(","))
     except ValueError:
-        raise SystemExit(f"error: --crop {box_css!r}: expected LEFT,TOP,RIGHT,BOTTOM in CSS pixels, e.g. 1120,110,1260,490")
+        raise SystemExit(
+            f"error: --crop {box_css!r}: expected LEFT,TOP,RIGHT,BOTTOM in CSS pixels, e.g. 1120,110,1260,490"
+        )
     with Image.open(png) as image:
         image.crop((left, top, right, bottom)).save(png)
 
@@ -118,7 +120,9 @@ def screenshot(
         ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if not out.is_file() or out.stat().st_size == 0:
-        raise SystemExit(f"error: Chromium wrote no screenshot of {url} (exit {result.returncode}):\n{result.stderr[-2000:]}")
+        raise SystemExit(
+            f"error: Chromium wrote no screenshot of {url} (exit {result.returncode}):\n{result.stderr[-2000:]}"
+        )
     return out
 
 
@@ -127,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--run-name", help="flow run name (= job.name); the newest such run is used")
     which.add_argument("--flow-run-id", help="flow run id")
-    which.add_argument("--artifact-key", help="shoot the newest artifact with this key instead, e.g. ppo-tiny-cpu-summary")
+    which.add_argument(
+        "--artifact-key", help="shoot the newest artifact with this key instead, e.g. ppo-tiny-cpu-summary"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/images/flow-run-page.png"), help="PNG to write")
     parser.add_argument("--crop", default=None, help="keep only LEFT,TOP,RIGHT,BOTTOM (CSS pixels) of the page")
     parser.add_argument("--ui-url", default=None, help="UI address (default: PREFECT_API_URL without /api)")
