@@ -15,14 +15,22 @@ def parse_args(argv: list[str], prog: str = "python -m flows.ppo") -> tuple[argp
         overrides = []
     parser = argparse.ArgumentParser(prog=prog, description="Run PPO as a Prefect flow over Ray role actors.")
     parser.add_argument("--config", required=True, help="profile file, e.g. configs/ppo_tiny_cpu.py")
-    parser.add_argument("--validate-manifest", action="store_true", help="check the whole run without starting workers, then exit")
+    parser.add_argument(
+        "--validate-manifest", action="store_true", help="check the whole run without starting workers, then exit"
+    )
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--fresh", action="store_true", help="start a new run instead of resuming (refused if the run has a committed boundary)")
+    start.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start a new run instead of resuming (refused if the run has a committed boundary)",
+    )
     start.add_argument(
         "--resume-from", default=None, metavar="iter_NNNNNN",
         help="go back to this earlier committed boundary (verified first); later metrics rows are set aside",
     )
-    parser.add_argument("--critic-warmup-iterations", type=int, default=None, help="override rl.critic_warmup_iterations")
+    parser.add_argument(
+        "--critic-warmup-iterations", type=int, default=None, help="override rl.critic_warmup_iterations"
+    )
     return parser.parse_args(argv), overrides
 
 

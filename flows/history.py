@@ -167,7 +167,9 @@ def summary_markdown(
     first, last = summary.get("first_reward_mean"), summary.get("last_reward_mean")
     if first is not None and last is not None:
         window = summary.get("reward_window", "")
-        lines.append(f"| reward, first-{window} → last-{window} mean | {first:.4f} → {last:.4f} ({last - first:+.4f}) |")
+        lines.append(
+            f"| reward, first-{window} → last-{window} mean | {first:.4f} → {last:.4f} ({last - first:+.4f}) |"
+        )
     if rows and rows[-1].get("train/kl") is not None:
         lines.append(f"| final KL | {rows[-1]['train/kl']:+.5f} |")
     final_model = summary.get("final_model")

@@ -80,7 +80,9 @@ def check_manifest(config: PPOConfig, *, environ: dict[str, str] | None = None) 
     return report
 
 
-def validate_manifest(profile: str, overrides: list[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def validate_manifest(
+    profile: str, overrides: list[str], *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     """The CLI's `--validate-manifest`: prints a short summary and `bind_check: ok`
     (exit 0), or every problem with its key path (exit non-zero)."""
     out = out or sys.stdout
@@ -122,7 +124,9 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
         # from a laptop): here it is a note; `python -m flows.ppo` refuses it.
         report.notes.append(f"{problem} (a launch on this machine would be refused)")
     devices = (
-        f"{plan.gpus_per_node} GPU(s) x {plan.num_nodes} node(s)" if plan.uses_gpus else "CPU only (grid.gpus_per_node=0)"
+        f"{plan.gpus_per_node} GPU(s) x {plan.num_nodes} node(s)"
+        if plan.uses_gpus
+        else "CPU only (grid.gpus_per_node=0)"
     )
     offload = ""
     if plan.mode == "colocated" and plan.uses_gpus:
@@ -145,7 +149,9 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
         source = "grid.ray_address" if config.grid.ray_address else "RAY_ADDRESS"
         report.summary.append(f"ray: joins the cluster at {address} ({source}; not contacted by this check)")
         if config.grid.ray_num_cpus is not None:
-            report.notes.append("grid.ray_num_cpus only sizes a locally started Ray; it is ignored when joining a cluster")
+            report.notes.append(
+                "grid.ray_num_cpus only sizes a locally started Ray; it is ignored when joining a cluster"
+            )
     else:
         cpus = config.grid.ray_num_cpus if config.grid.ray_num_cpus is not None else "all"
         report.summary.append(f"ray: starts a local Ray at launch (num_cpus={cpus}); backend {config.grid.backend}")
@@ -158,8 +164,8 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
     model_config = _read_model_config(config, report)
     rollout = config.rl.rollout
     report.summary.append(
-        f"rollout: engine {rollout.engine}, max_new_tokens {rollout.max_new_tokens}, temperature {rollout.temperature}, "
-        "one completion per prompt"
+        f"rollout: engine {rollout.engine}, max_new_tokens {rollout.max_new_tokens}, "
+        f"temperature {rollout.temperature}, one completion per prompt"
     )
     if model_config is None:
         return
@@ -180,7 +186,8 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
     if isinstance(positions, int) and rollout.max_new_tokens >= positions:
         report.problem(
             "rl.rollout.max_new_tokens",
-            f"is {rollout.max_new_tokens}, not below the model's max_position_embeddings {positions} (prompt plus completion must fit)",
+            f"is {rollout.max_new_tokens}, not below the model's max_position_embeddings {positions} "
+            "(prompt plus completion must fit)",
         )
 
 
@@ -196,8 +203,8 @@ def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, A
         spec = config.model.tiny
         report.summary.append(
             f"model: {path} does not exist yet; the tiny "
-            f"{'Qwen2.5-VL' if getattr(spec, 'vision', None) else 'Qwen3'} model is built there from model.tiny at start-up "
-            f"({spec.num_hidden_layers} layers, hidden {spec.hidden_size}), dtype {config.model.dtype}"
+            f"{'Qwen2.5-VL' if getattr(spec, 'vision', None) else 'Qwen3'} model is built there from model.tiny "
+            f"at start-up ({spec.num_hidden_layers} layers, hidden {spec.hidden_size}), dtype {config.model.dtype}"
         )
         return spec.model_dump()
     elif _HUB_ID.match(path) and not Path(path).exists():
@@ -262,7 +269,11 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
     if matcher is None:
         report.summary.append("reward: no terminal reward (rl.reward.terminal=none)" + _process_text(config))
     else:
-        need = f"needs a reference from column {config.rl.data.reference_key!r}" if matcher.needs_reference else "needs no reference"
+        need = (
+            f"needs a reference from column {config.rl.data.reference_key!r}"
+            if matcher.needs_reference
+            else "needs no reference"
+        )
         report.summary.append(f"reward: terminal {matcher.name} ({need}){_process_text(config)}")
     return matcher, True
 
@@ -277,14 +288,17 @@ def _rule_text(config: PPOConfig, matcher: TerminalMatcher) -> str:
     return f"rule {matcher.name!r} (rl.reward.terminal)"
 
 
-def _check_data(config: PPOConfig, matcher: TerminalMatcher | None, reward_resolved: bool, report: ManifestReport) -> None:
+def _check_data(
+    config: PPOConfig, matcher: TerminalMatcher | None, reward_resolved: bool, report: ManifestReport
+) -> None:
     data = config.rl.data
     needs_reference = matcher is not None and matcher.needs_reference
     if needs_reference and data.reference_key is None:
         report.problem(
             "rl.data.reference_key",
             f"is null, but the reward {_rule_text(config, matcher)} needs a reference answer in every row (S-REW-2); "
-            "set rl.data.reference_key to the column that holds it, or choose a rule that needs none (nonempty, constant)",
+            "set rl.data.reference_key to the column that holds it, or choose a rule that needs none "
+            "(nonempty, constant)",
         )
     if data.path:
         _check_data_file(config, matcher, reward_resolved, report)
@@ -306,12 +320,16 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
     try:
         project_prompt(value, prompt_key=data.prompt_key, where=where)
     except PromptError as error:
-        key = "rl.data.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
+        key = (
+            "rl.data.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
+        )
         report.problem(key, str(error))
         return False
     try:
         required = not reward_resolved or (matcher is not None and matcher.needs_reference)
-        project_reference(value, reference_key=reference_key_for(value, data.reference_key, required=required), where=where)
+        project_reference(
+            value, reference_key=reference_key_for(value, data.reference_key, required=required), where=where
+        )
     except PromptError as error:
         column = data.reference_key
         if not reward_resolved:
@@ -431,14 +449,18 @@ def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestRepor
         report.notes.append("rl.colocated_offload=false has no effect: policy and rollout do not share a GPU")
     if plan.mode == "colocated" and plan.uses_gpus and not rl.colocated_offload and rl.rollout.engine == "vllm":
         report.notes.append(
-            f"rl.colocated_offload=false: vLLM keeps rl.rollout.gpu_memory_utilization={rl.rollout.gpu_memory_utilization} "
-            "of each shared GPU while the trainer holds its weights and optimizer state there too"
+            "rl.colocated_offload=false: vLLM keeps "
+            f"rl.rollout.gpu_memory_utilization={rl.rollout.gpu_memory_utilization} of each shared GPU "
+            "while the trainer holds its weights and optimizer state there too"
         )
     if rl.save_every == 0 and not rl.save_final:
-        report.notes.append("rl.save_every=0 and rl.save_final=false: no boundary is committed, the run cannot be resumed")
+        report.notes.append(
+            "rl.save_every=0 and rl.save_final=false: no boundary is committed, the run cannot be resumed"
+        )
     if rl.critic_warmup_iterations >= rl.max_steps:
         report.notes.append(
-            f"rl.critic_warmup_iterations={rl.critic_warmup_iterations} covers every iteration: the actor is never updated"
+            f"rl.critic_warmup_iterations={rl.critic_warmup_iterations} covers every iteration: "
+            "the actor is never updated"
         )
 
 

@@ -47,7 +47,10 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
         ))
     # User code named in the config must at least be findable before any worker starts
     # (data_packer.factory is checked by the schema itself).
-    for key, path in (("rl.data.factory", rl.data.factory), ("rl.reward.terminal_callable", rl.reward.terminal_callable)):
+    for key, path in (
+        ("rl.data.factory", rl.data.factory),
+        ("rl.reward.terminal_callable", rl.reward.terminal_callable),
+    ):
         if path is not None:
             try:
                 check_callable_module(path, key=key)

@@ -122,7 +122,10 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     paths.ensure()
     started = time.perf_counter()
     started_ray = connect_ray(config)
-    say(f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} in {time.perf_counter() - started:.1f} s")
+    say(
+        f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
     roles = None
     history = None
     try:
@@ -133,13 +136,18 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         if resume_point:
-            say(f"resume: from {resume_point.boundary} (iteration {resume_point.iteration}, policy_version {policy_version})")
+            say(
+                f"resume: from {resume_point.boundary} "
+                f"(iteration {resume_point.iteration}, policy_version {policy_version})"
+            )
         start = resume_point.iteration + 1 if resume_point else 1
         logger.info(
             f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
             f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
         )
-        history = RunHistory.start(config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start)
+        history = RunHistory.start(
+            config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start
+        )
 
         def record_iteration(record: dict[str, Any]) -> None:
             append_metrics(paths.metrics, record)
@@ -172,7 +180,13 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
 
 
 def run_summary(
-    config: PPOConfig, paths: RunPaths, roles: RoleHandles, runner: FlowRunner, policy_version: int, last_commit, exported
+    config: PPOConfig,
+    paths: RunPaths,
+    roles: RoleHandles,
+    runner: FlowRunner,
+    policy_version: int,
+    last_commit,
+    exported,
 ) -> dict[str, Any]:
     updates = runner.get(roles.policy.update_counts.remote())
     return {
