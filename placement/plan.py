@@ -158,12 +158,13 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
     tp = plan.rollout_tensor_parallel_size
     if config.grid.backend != "ray":
         problems.append(
-            ("grid.backend", f"{grid.backend!r} is not supported: PPO runs each role as its own Ray actor group (S-RUN-5); use grid.backend=ray")
+            ("grid.backend", f"{grid.backend!r} is not supported: PPO runs each role as its own Ray actor "
+             "group (S-RUN-5); use grid.backend=ray")
         )
     if plan.mode == "colocated" and grid.rollout_gpus:
         problems.append(
-            ("grid.rollout_gpus", f"is {grid.rollout_gpus} but grid.gpu_placement=colocated puts the rollout on the policy's "
-             "GPUs (grid.policy_gpus); set grid.rollout_gpus=0, or grid.gpu_placement=disaggregated")
+            ("grid.rollout_gpus", f"is {grid.rollout_gpus} but grid.gpu_placement=colocated puts the rollout on the "
+             "policy's GPUs (grid.policy_gpus); set grid.rollout_gpus=0, or grid.gpu_placement=disaggregated")
         )
     if grid.cpu_trainer_ranks > 1 and all(plan.group_of(role).gpus for role in TRAINER_ROLES):  # type: ignore[union-attr]
         problems.append(
@@ -175,7 +176,8 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
     if grid.cpu_rollout_engines > 1 and rollout_group.gpus:
         problems.append(
             ("grid.cpu_rollout_engines", f"is {grid.cpu_rollout_engines} but the rollout has GPUs ({rollout_group.key}="
-             f"{rollout_group.gpus}: one engine per grid.rollout_tensor_parallel_size GPUs); it applies only on the host")
+             f"{rollout_group.gpus}: one engine per grid.rollout_tensor_parallel_size GPUs); "
+             "it applies only on the host")
         )
     engines = plan.ranks("rollout")
     if engines > 1 and config.rl.batch_size % engines:
@@ -190,25 +192,27 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
         key = group.key if group is not None and group.gpus else "grid.cpu_trainer_ranks"
         if ranks > 1 and config.rl.minibatch_size % ranks:
             problems.append(
-                ("rl.minibatch_size", f"is {config.rl.minibatch_size}, not divisible by the {ranks} data-parallel ranks of "
-                 f"the {role} ({key}={ranks}); every rank needs an equal shard")
+                ("rl.minibatch_size", f"is {config.rl.minibatch_size}, not divisible by the {ranks} data-parallel "
+                 f"ranks of the {role} ({key}={ranks}); every rank needs an equal shard")
             )
     if not plan.uses_gpus:
         for group in plan.groups:
             if group.gpus:
                 problems.append(
-                    (group.key, f"declares {group.gpus} GPU(s) but grid.gpus_per_node=0 (a CPU run); set grid.gpus_per_node, or {group.key}=0")
+                    (group.key, f"declares {group.gpus} GPU(s) but grid.gpus_per_node=0 (a CPU run); "
+                     f"set grid.gpus_per_node, or {group.key}=0")
                 )
         if tp != 1:
-            problems.append(("grid.rollout_tensor_parallel_size", f"is {tp} on a CPU run (grid.gpus_per_node=0); tensor parallelism needs GPUs"))
+            problems.append(("grid.rollout_tensor_parallel_size", f"is {tp} on a CPU run (grid.gpus_per_node=0); "
+                             "tensor parallelism needs GPUs"))
         return problems
     for group in plan.groups:
         if group.gpus == 0 and {"policy", "rollout"} & set(group.roles):
             # Reference and critic may stay on the host in a GPU run (a one-GPU
             # workstation); the trainer and the engine may not.
             problems.append(
-                (group.key, f"is 0 but grid.gpus_per_node={plan.gpus_per_node}: the {'+'.join(group.roles)} group of a GPU "
-                 f"run needs at least one GPU ({plan.mode} placement)")
+                (group.key, f"is 0 but grid.gpus_per_node={plan.gpus_per_node}: the {'+'.join(group.roles)} group "
+                 f"of a GPU run needs at least one GPU ({plan.mode} placement)")
             )
     if plan.total_gpus > plan.available_gpus:
         wanted = " + ".join(f"{g.key}={g.gpus}" for g in plan.groups)
@@ -219,12 +223,12 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
         )
     if tp > plan.gpus_per_node:
         problems.append(
-            ("grid.rollout_tensor_parallel_size", f"is {tp} but one node has only grid.gpus_per_node={plan.gpus_per_node} GPUs; "
-             "a tensor-parallel engine must fit on one node")
+            ("grid.rollout_tensor_parallel_size", f"is {tp} but one node has only "
+             f"grid.gpus_per_node={plan.gpus_per_node} GPUs; a tensor-parallel engine must fit on one node")
         )
     if rollout_group.gpus and rollout_group.gpus % tp:
         problems.append(
-            ("grid.rollout_tensor_parallel_size", f"is {tp}, which does not divide the rollout's {rollout_group.gpus} GPUs "
-             f"({rollout_group.key}); each engine takes {tp} GPUs")
+            ("grid.rollout_tensor_parallel_size", f"is {tp}, which does not divide the rollout's "
+             f"{rollout_group.gpus} GPUs ({rollout_group.key}); each engine takes {tp} GPUs")
         )
     return problems

@@ -38,7 +38,9 @@ class LoweredPlacement:
         else:
             bundle = rank
         if bundle >= group.gpus:
-            raise PlacementError(f"{role} rank {rank} has no bundle in device group {group.name!r} ({group.key}={group.gpus})")
+            raise PlacementError(
+                f"{role} rank {rank} has no bundle in device group {group.name!r} ({group.key}={group.gpus})"
+            )
         return {
             "num_cpus": 0,
             "num_gpus": group.fraction_per_role,
@@ -65,8 +67,9 @@ def lower_placement(plan: PlacementPlan, *, namespace: str, ready_timeout_s: flo
     if cluster_gpus < plan.total_gpus:
         wanted = ", ".join(f"{g.key}={g.gpus}" for g in plan.groups)
         raise PlacementError(
-            f"the Ray cluster has {cluster_gpus} GPU(s) but the {plan.mode} placement needs {plan.total_gpus} ({wanted}); "
-            "join a bigger cluster (RAY_ADDRESS / grid.ray_address) or lower the group sizes"
+            f"the Ray cluster has {cluster_gpus} GPU(s) but the {plan.mode} placement needs "
+            f"{plan.total_gpus} ({wanted}); join a bigger cluster (RAY_ADDRESS / grid.ray_address) "
+            "or lower the group sizes"
         )
     groups: dict[str, PlacementGroup] = {}
     for group in (g for g in plan.groups if g.gpus):  # a 0-GPU group runs on the host
