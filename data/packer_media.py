@@ -141,7 +141,9 @@ def _decode_video_file(path: str, fps: float, where: str, key_path: str) -> Vide
     from transformers.video_utils import load_video
 
     if not is_av_available():
-        raise PromptMediaError(where, key_path, f"names video file {path!r}; decoding video files needs PyAV (pip install av)")
+        raise PromptMediaError(
+            where, key_path, f"names video file {path!r}; decoding video files needs PyAV (pip install av)"
+        )
     try:
         array, metadata = load_video(path, fps=fps, backend="pyav")
     except Exception as error:  # decoder errors name neither the row nor the file

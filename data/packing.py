@@ -66,7 +66,9 @@ class MultimodalInputs:
     def has_media(self) -> bool:
         return any(self.per_sample)
 
-    def forward_kwargs(self, sequence_length: int, index: Sequence[int] | torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward_kwargs(
+        self, sequence_length: int, index: Sequence[int] | torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Keyword arguments for the model's forward (or `generate`) over rows `index`
         (all rows when None) of sequences of `sequence_length` (p for generation,
         p + r for scoring and training).
@@ -95,7 +97,10 @@ def concat_multimodal(parts: Sequence[MultimodalInputs], prompt_length: int) -> 
     token types are left-padded (with 0, text) to the merged prompt length, as the
     prompt ids are."""
     token_types = torch.cat(
-        [torch.nn.functional.pad(part.token_types, (prompt_length - part.token_types.shape[1], 0), value=0) for part in parts]
+        [
+            torch.nn.functional.pad(part.token_types, (prompt_length - part.token_types.shape[1], 0), value=0)
+            for part in parts
+        ]
     )
     return dataclasses.replace(
         parts[0], token_types=token_types, per_sample=tuple(row for part in parts for row in part.per_sample)
@@ -209,7 +214,9 @@ def chat_text_packer(model_path: str) -> ChatTextPacker:
 QWEN_VL_MODEL_TYPES = frozenset({"qwen2_5_vl"})
 
 
-def build_packer(model_path: str, factory: str | None = None, factory_kwargs: Mapping[str, Any] | None = None) -> DataPacker:
+def build_packer(
+    model_path: str, factory: str | None = None, factory_kwargs: Mapping[str, Any] | None = None
+) -> DataPacker:
     """The DataPacker of a run (`data_packer.factory`, `data_packer.factory_kwargs`).
 
     A configured factory is called as `factory(model_path, **factory_kwargs)`; without

@@ -147,7 +147,9 @@ class QwenVLPacker:
         min_pixels = _size_value(size, "shortest_edge", "min_pixels")
         max_pixels = _size_value(size, "longest_edge", "max_pixels")
         first = video.frames[0]
-        height, width = smart_resize(first.height, first.width, self.patch_size * self.merge_size, min_pixels, max_pixels)
+        height, width = smart_resize(
+            first.height, first.width, self.patch_size * self.merge_size, min_pixels, max_pixels
+        )
         mean = np.asarray(processor.image_mean, dtype=np.float32).reshape(1, 1, -1)
         std = np.asarray(processor.image_std, dtype=np.float32).reshape(1, 1, -1)
         arrays = []
@@ -162,7 +164,9 @@ class QwenVLPacker:
         return torch.from_numpy(patches), torch.tensor([grid], dtype=torch.int64)
 
 
-def patchify_video(frames: np.ndarray, patch_size: int, merge_size: int, temporal_patch_size: int) -> tuple[np.ndarray, list[int]]:
+def patchify_video(
+    frames: np.ndarray, patch_size: int, merge_size: int, temporal_patch_size: int
+) -> tuple[np.ndarray, list[int]]:
     """(F, C, H, W) with F a multiple of T -> (t*h*w, C*T*P*P) patches and [t, h, w].
 
     Rows are ordered (t, h/m, w/m, m, m) and each row is (C, T, P, P): the layout of
