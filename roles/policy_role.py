@@ -210,7 +210,9 @@ class PolicyRole(TrainerRole):
         """Ranks 1..: take the version rank 0 published; their weights are already the
         same (identical all-reduced steps), only the clock is rank 0's to advance."""
         if version != self.policy_version + 1:
-            raise ValueError(f"policy rank {self.rank} is at policy_version {self.policy_version}, asked to follow {version}")
+            raise ValueError(
+                f"policy rank {self.rank} is at policy_version {self.policy_version}, asked to follow {version}"
+            )
         self.policy_version = version
         return version
 

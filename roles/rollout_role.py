@@ -51,7 +51,9 @@ def merge_shards(parts: list[Trajectory], pad_token_id: int) -> Trajectory:
         return parts[0]
     versions = {part.policy_version for part in parts}
     if len(versions) != 1:
-        raise RuntimeError(f"rollout engines sampled iteration {parts[0].iteration} with different policy_versions {sorted(versions)}")
+        raise RuntimeError(
+            f"rollout engines sampled iteration {parts[0].iteration} with different policy_versions {sorted(versions)}"
+        )
     p = max(part.prompt_length for part in parts)
     r = max(part.response_ids.shape[1] for part in parts)
 

@@ -82,7 +82,9 @@ class Trajectory:
     def require(self, *names: str) -> None:
         missing = [n for n in names if getattr(self, n) is None]
         if missing:
-            raise ValueError(f"trajectory of iteration {self.iteration} lacks {', '.join(missing)}: a stage ran out of order")
+            raise ValueError(
+                f"trajectory of iteration {self.iteration} lacks {', '.join(missing)}: a stage ran out of order"
+            )
 
 
 def batch_identity(trajectory: Trajectory) -> str:

@@ -22,7 +22,9 @@ class GenerationResult:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult: ...
+    def generate(
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int
+    ) -> GenerationResult: ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
         """Install new policy weights; returns the bytes received."""

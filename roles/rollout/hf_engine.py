@@ -21,7 +21,9 @@ class HFEngine:
         self.pad_token_id = pad_token_id
 
     @torch.no_grad()
-    def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult:
+    def generate(
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int
+    ) -> GenerationResult:
         input_ids = prompts.input_ids.to(self.device)
         attention_mask = prompts.attention_mask.to(self.device)
         # Text packers add nothing here, so a text model's call is unchanged.

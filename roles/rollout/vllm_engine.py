@@ -106,7 +106,9 @@ class VLLMEngine:
         self.llm = LLM(**options)
         self.executor = self.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
 
-    def generate(self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int) -> GenerationResult:
+    def generate(
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int
+    ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -146,7 +148,9 @@ class VLLMEngine:
             response_ids[row, :length] = torch.tensor(token_ids, dtype=torch.long)
             response_mask[row, :length] = 1.0
             if completion.logprobs is None or len(completion.logprobs) < length:
-                raise RuntimeError("vLLM returned no sampled-token log-probs; SamplingParams(logprobs=0) was not honoured")
+                raise RuntimeError(
+                    "vLLM returned no sampled-token log-probs; SamplingParams(logprobs=0) was not honoured"
+                )
             for position, token_id in enumerate(token_ids):
                 logprobs[row, position] = float(completion.logprobs[position][token_id].logprob)
         return GenerationResult(response_ids, response_mask, logprobs)
