@@ -117,7 +117,9 @@ def read_marker(boundary: str) -> dict[str, Any] | None:
     try:
         marker = json.loads(text)
     except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+        raise CheckpointError(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+        ) from None
     except (ValueError, RecursionError):  # valid JSON Python will not build: huge integers, deep nesting
         raise CheckpointError(f"{path}: the JSON holds a number too long or nesting too deep to read") from None
     if not isinstance(marker, dict) or type(marker.get("iteration")) is not int or marker["iteration"] < 0:
@@ -190,5 +192,7 @@ def read_latest(checkpoints_root: str) -> str | None:
         raise CheckpointError(f"{pointer} names {name[:80]!r}, expected a boundary like iter_000012")
     boundary = f"{checkpoints_root.rstrip('/')}/{name}"
     if read_marker(boundary) is None:
-        raise CheckpointError(f"{pointer} points at {name}, which has no {MARKER_NAME}: refusing to resume or overwrite")
+        raise CheckpointError(
+            f"{pointer} points at {name}, which has no {MARKER_NAME}: refusing to resume or overwrite"
+        )
     return boundary

@@ -227,7 +227,9 @@ def verify_trainable_role(report: RoleSaveReport) -> None:
         raise RoleCheckpointError(f"{report.role}: {directory}/{MODEL_FILE} does not re-read to the saved weights")
     optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if state_digest(optimizer_state) != report.optimizer_digest:
-        raise RoleCheckpointError(f"{report.role}: {directory}/{OPTIMIZER_FILE} does not re-read to the saved optimizer")
+        raise RoleCheckpointError(
+            f"{report.role}: {directory}/{OPTIMIZER_FILE} does not re-read to the saved optimizer"
+        )
     _torch_load(f"{directory}/{SCHEDULER_FILE}")
     _torch_load(f"{directory}/{RNG_FILE}")
     state = read_trainer_state(directory)
