@@ -94,7 +94,9 @@ class DataParallel:
         """Diagnostics summed over every rank's micro-batches, in place, so each rank's
         receipt reports the whole minibatch schedule, not its shard."""
         names = sorted(sums)
-        packed = torch.tensor([sums[n] for n in names] + [float(counts[n]) for n in names], dtype=torch.float64, device=device)
+        packed = torch.tensor(
+            [sums[n] for n in names] + [float(counts[n]) for n in names], dtype=torch.float64, device=device
+        )
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         for i, name in enumerate(names):
             sums[name] = float(packed[i])
