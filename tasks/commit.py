@@ -40,7 +40,9 @@ def commit(
     files = boundary_files(boundary, skip=(MARKER_NAME,))
     write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state, files=files)
     update_latest(checkpoints_root, iteration)
-    committed = CommittedBoundary(iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version)
+    committed = CommittedBoundary(
+        iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version
+    )
     logger = stage_logger()
     logger.info(f"committed {boundary} (role_steps={role_steps}, policy_version={policy_version})")
     pruned = prune_optimizer_state(checkpoints_root, keep_optim_last, up_to=iteration)
