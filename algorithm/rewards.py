@@ -252,7 +252,9 @@ def _resolve_cli_rule(rule: str) -> TerminalMatcher | None:
     if ":" in rule:
         return resolve_terminal("arithmetic_exact_match", terminal_callable=rule)
     if rule not in RULE_NAMES:
-        raise _UsageError(f"unknown rule {rule!r}; accepted: {', '.join(RULE_NAMES)}, or a package.module:callable path")
+        raise _UsageError(
+            f"unknown rule {rule!r}; accepted: {', '.join(RULE_NAMES)}, or a package.module:callable path"
+        )
     return resolve_terminal(rule)
 
 
