@@ -19,7 +19,9 @@ def test_marker_round_trips_and_loop_state_is_verbatim(tmp_path):
     root = str(tmp_path / "checkpoints")
     boundary = boundary_path(root, 4)
     (tmp_path / "checkpoints" / "iter_000004").mkdir(parents=True)
-    write_marker(boundary, iteration=4, role_steps={"policy": 8, "critic": 16}, loop_state={"critic_warmup_iterations": 2})
+    write_marker(
+        boundary, iteration=4, role_steps={"policy": 8, "critic": 16}, loop_state={"critic_warmup_iterations": 2}
+    )
     update_latest(root, 4)
     assert read_latest(root) == boundary
     assert committed_loop_state(boundary) == {"critic_warmup_iterations": 2}

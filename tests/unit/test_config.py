@@ -17,14 +17,18 @@ def test_both_profiles_load_and_type_check():
     assert tiny.model.tiny is not None and tiny.rl.rollout.engine == "hf"
     assert public.model.path == "Qwen/Qwen3-0.6B" and public.rl.rollout.engine == "vllm"
     assert public.rl.max_steps == 1000
-    assert (public.grid.gpu_placement, public.grid.policy_gpus, public.grid.reference_gpus, public.grid.critic_gpus) == (
-        "colocated", 2, 1, 1,
-    )
+    assert (
+        public.grid.gpu_placement, public.grid.policy_gpus, public.grid.reference_gpus, public.grid.critic_gpus
+    ) == ("colocated", 2, 1, 1)
 
 
 def test_overrides_apply_with_json_values():
-    config = load_config(TINY_PROFILE, ["rl.max_steps=5", "job.name=try1", "rl.kl_coef=0.5", "rl.whiten_advantages=false"])
-    assert (config.rl.max_steps, config.job.name, config.rl.kl_coef, config.rl.whiten_advantages) == (5, "try1", 0.5, False)
+    config = load_config(
+        TINY_PROFILE, ["rl.max_steps=5", "job.name=try1", "rl.kl_coef=0.5", "rl.whiten_advantages=false"]
+    )
+    assert (config.rl.max_steps, config.job.name, config.rl.kl_coef, config.rl.whiten_advantages) == (
+        5, "try1", 0.5, False
+    )
 
 
 @pytest.mark.parametrize(

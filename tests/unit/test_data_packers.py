@@ -245,7 +245,10 @@ def test_a_configured_factory_is_called_with_the_model_path_and_kwargs(vlm_dir):
     assert isinstance(built, _Marker) and (built.model_path, built.label) == (vlm_dir, "mine")
     with pytest.raises(TypeError, match=r"data_packer.factory: .*not_a_packer returned dict"):
         build_packer(vlm_dir, "tests.unit.test_data_packers:not_a_packer")
-    with pytest.raises(ValueError, match=r"data_packer.factory: '.*:nothing_here': module 'tests.unit.test_data_packers' has no attribute"):
+    with pytest.raises(
+        ValueError,
+        match=r"data_packer.factory: '.*:nothing_here': module 'tests.unit.test_data_packers' has no attribute",
+    ):
         build_packer(vlm_dir, "tests.unit.test_data_packers:nothing_here")
 
 

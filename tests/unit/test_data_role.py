@@ -74,7 +74,9 @@ def test_hugging_face_dataset_source_works_offline_from_a_local_folder(tmp_path)
 
 
 def test_factory_must_resolve(tmp_path):
-    with pytest.raises(ValueError, match="rl.data.factory: 'data.synthetic:nope': module 'data.synthetic' has no attribute 'nope'"):
+    with pytest.raises(
+        ValueError, match="rl.data.factory: 'data.synthetic:nope': module 'data.synthetic' has no attribute 'nope'"
+    ):
         DataRole(_config("rl.data.factory=data.synthetic:nope"))
 
 

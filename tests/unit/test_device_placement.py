@@ -183,7 +183,15 @@ def test_targets_stay_the_same_object_on_the_host_and_move_whole_to_a_device():
     targets = _targets()
     assert targets_on(targets, torch.device("cpu")) is targets
     moved = targets_on(targets, torch.device("meta"))
-    tensor_fields = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "old_values", "advantages", "returns")
+    tensor_fields = (
+        "input_ids",
+        "attention_mask",
+        "response_mask",
+        "old_logprobs",
+        "old_values",
+        "advantages",
+        "returns",
+    )
     for name in tensor_fields:
         assert getattr(moved, name).device.type == "meta"
         assert getattr(moved, name).dtype == getattr(targets, name).dtype
@@ -195,8 +203,11 @@ def test_targets_stay_the_same_object_on_the_host_and_move_whole_to_a_device():
     "placement",
     [
         pytest.param([], id="cpu-run"),
-        pytest.param(["grid.gpus_per_node=1", "grid.policy_gpus=1", "rl.colocated_offload=true"], id="gpu-groups-no-cuda",
-                     marks=NO_CUDA),
+        pytest.param(
+            ["grid.gpus_per_node=1", "grid.policy_gpus=1", "rl.colocated_offload=true"],
+            id="gpu-groups-no-cuda",
+            marks=NO_CUDA,
+        ),
     ],
 )
 def test_park_on_the_host_is_a_no_op_that_adds_no_metrics(placement, tiny_model_dir, tmp_path):

@@ -67,7 +67,12 @@ def test_iteration_row_names_columns_in_stage_order_and_leaves_missing_metrics_e
 def test_reward_curve_is_a_png_drawn_from_the_latest_line_of_each_iteration(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     # Iteration 2 ran twice (a crash after it, then a resume from boundary 1): the later line counts.
-    for record in (_record(1, 0.1, 0.0, warmup=True), _record(2, 0.9, 0.5), _record(2, 0.2, 0.01), _record(3, 0.3, 0.02)):
+    for record in (
+        _record(1, 0.1, 0.0, warmup=True),
+        _record(2, 0.9, 0.5),
+        _record(2, 0.2, 0.01),
+        _record(3, 0.3, 0.02),
+    ):
         append_metrics(str(metrics), record)
     points = curve_points([json.loads(line) for line in metrics.read_text().splitlines()])
     assert points.iterations == [1, 2, 3] and points.reward_mean == [0.1, 0.2, 0.3]

@@ -55,7 +55,8 @@ def test_public_profile_validates_on_cpu(public_overrides):
     assert code == 0, err
     assert out.rstrip().endswith("bind_check: ok")
     assert "colocated [policy+rollout: 2 GPUs; reference: 1 GPU; critic: 1 GPU] on 4 GPU(s)" in out
-    assert "data parallel: policy 2 ranks, critic 1 rank, rollout 2 engines" in out  # the second policy GPU trains and generates too
+    # the second policy GPU trains and generates too
+    assert "data parallel: policy 2 ranks, critic 1 rank, rollout 2 engines" in out
     assert "engine vllm" in out
     # Qwen/Qwen3-0.6B is a hub id with no local copy: skipped with a note, never downloaded.
     assert "not in the local Hugging Face cache" in out
@@ -70,7 +71,8 @@ def test_validation_in_a_fresh_process_never_imports_ray_or_torch(tmp_path):
         "from flows.manifest import validate_manifest\n"
         f"rc = validate_manifest({PUBLIC_PROFILE!r}, ['job.output_root={tmp_path}'])\n"
         "print('elapsed', time.perf_counter() - t)\n"
-        "print('imported', sorted(m for m in ('ray', 'torch', 'transformers', 'prefect', 'vllm') if m in sys.modules))\n"
+        "print('imported', sorted(m for m in ('ray', 'torch', 'transformers', 'prefect', 'vllm') "
+        "if m in sys.modules))\n"
         "sys.exit(rc)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
@@ -113,7 +115,10 @@ def test_cli_through_the_flow_module_reports_every_problem(tmp_path):
         (["job.output_root=s3://b/x"], "job.output_root"),  # object store, multi-role (S-CKPT-7)
         (["grid.gpus_per_node=2"], "grid.gpus_per_node"),  # 2+1+1 GPUs needed
         (["grid.num_nodes=1", "grid.gpus_per_node=3"], "grid.gpus_per_node"),
-        (["rl.reward.terminal=gsm8k", f"rl.reward.terminal_callable={SHARED_RULE_CALLABLE}"], "rl.reward.terminal_callable"),  # S-REW-4
+        (
+            ["rl.reward.terminal=gsm8k", f"rl.reward.terminal_callable={SHARED_RULE_CALLABLE}"],
+            "rl.reward.terminal_callable",
+        ),  # S-REW-4
         (["rl.reward.terminal_callable=tests.unit.test_rewards:no_such_function"], "rl.reward.terminal_callable"),
         (["rl.learning_rate=0.1"], "rl.learning_rate"),  # unknown key (S-RUN-2)
         (["grid.rollout_gpus=1"], "grid.rollout_gpus"),  # colocated: rollout shares the policy's GPUs
@@ -138,7 +143,11 @@ def test_minibatch_must_split_evenly_over_data_parallel_ranks(public_overrides):
     # Three policy GPUs are three data-parallel ranks: a minibatch of 64 cannot be
     # split into equal shards (64 % 3 == 1) although it divides the batch.
     overrides = public_overrides + [
-        "grid.gpus_per_node=8", "grid.policy_gpus=3", "rl.batch_size=256", "rl.minibatch_size=64", "rl.micro_batch_size=8",
+        "grid.gpus_per_node=8",
+        "grid.policy_gpus=3",
+        "rl.batch_size=256",
+        "rl.minibatch_size=64",
+        "rl.micro_batch_size=8",
     ]
     code, _, err = run_validate(PUBLIC_PROFILE, overrides)
     assert code != 0
@@ -156,12 +165,19 @@ def test_every_problem_is_listed_not_just_the_first(public_overrides):
     ]
     code, out, err = run_validate(PUBLIC_PROFILE, overrides)
     assert code != 0
-    assert set(error_keys(err)) == {"grid.backend", "grid.gpus_per_node", "rl.reward.terminal_callable", "rl.minibatch_size"}
+    assert set(error_keys(err)) == {
+        "grid.backend",
+        "grid.gpus_per_node",
+        "rl.reward.terminal_callable",
+        "rl.minibatch_size",
+    }
     assert "bind_check: failed (4 problem(s)" in out
 
 
 def test_config_errors_are_all_listed_too(public_overrides):
-    code, out, err = run_validate(PUBLIC_PROFILE, public_overrides + ["rl.critic_warmup_iterations=-1", "rl.max_steps=0"])
+    code, out, err = run_validate(
+        PUBLIC_PROFILE, public_overrides + ["rl.critic_warmup_iterations=-1", "rl.max_steps=0"]
+    )
     assert code == 2
     assert set(error_keys(err)) == {"rl.critic_warmup_iterations", "rl.max_steps"}
     assert "bind_check: failed" in out
@@ -234,7 +250,9 @@ def test_reference_key_pointing_at_the_right_column_passes(tmp_path, public_over
 def test_rule_without_needs_passes_on_data_without_a_reference_column(tmp_path, public_overrides):
     # S-REW-2: nonempty needs no reference, so data without the column is fine as it is.
     path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "hello"}])
-    code, out, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.path={path}", "rl.reward.terminal=nonempty"])
+    code, out, err = run_validate(
+        PUBLIC_PROFILE, public_overrides + [f"rl.data.path={path}", "rl.reward.terminal=nonempty"]
+    )
     assert code == 0, err
     assert "data_rows: 1" in out.splitlines()
 
@@ -252,8 +270,15 @@ def test_callable_declaring_no_reference_needs_no_column(tmp_path, public_overri
 
 def write_model_config(folder, **fields) -> str:
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 28, "hidden_size": 1024,
-              "num_attention_heads": 16, "num_key_value_heads": 8, "max_position_embeddings": 40960}
+    config = {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 28,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 40960,
+    }
     config.update(fields)
     (folder / "config.json").write_text(json.dumps(config))
     return str(folder)
@@ -272,7 +297,9 @@ def test_local_model_config_is_read_and_checked_against_tensor_parallelism(tmp_p
 
 def test_completion_longer_than_the_context_is_refused(tmp_path, public_overrides):
     model = write_model_config(tmp_path / "short", max_position_embeddings=32)
-    code, _, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"model.path={model}", "rl.rollout.max_new_tokens=64"])
+    code, _, err = run_validate(
+        PUBLIC_PROFILE, public_overrides + [f"model.path={model}", "rl.rollout.max_new_tokens=64"]
+    )
     assert code != 0
     assert error_keys(err) == ["rl.rollout.max_new_tokens"]
 
@@ -297,7 +324,12 @@ def test_tiny_cpu_profile_validates_and_notes_the_model_build(tmp_path):
 
 
 def test_reference_and_critic_may_stay_on_the_host_of_a_one_gpu_node(public_overrides):
-    overrides = public_overrides + ["grid.gpus_per_node=1", "grid.policy_gpus=1", "grid.reference_gpus=0", "grid.critic_gpus=0"]
+    overrides = public_overrides + [
+        "grid.gpus_per_node=1",
+        "grid.policy_gpus=1",
+        "grid.reference_gpus=0",
+        "grid.critic_gpus=0",
+    ]
     code, out, err = run_validate(PUBLIC_PROFILE, overrides)
     assert code == 0, err
     assert "grid.critic_gpus=0: the critic runs on the host" in out

@@ -31,7 +31,9 @@ def test_public_profile_is_two_colocated_gpus_plus_reference_plus_critic():
 
 
 def test_disaggregated_gives_each_of_the_four_roles_its_own_group():
-    config = load_config(PUBLIC_PROFILE, ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"])
+    config = load_config(
+        PUBLIC_PROFILE, ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"]
+    )
     plan = plan_placement(config)
     assert [(g.roles, g.gpus) for g in plan.groups] == [
         (("policy",), 1), (("rollout",), 1), (("reference",), 1), (("critic",), 1),
@@ -110,19 +112,30 @@ def test_the_public_profile_runs_one_engine_per_policy_gpu_beside_its_rank():
         rollout = lowered.actor_options("rollout", rank)
         policy = lowered.actor_options("policy", rank)
         assert rollout["num_gpus"] == policy["num_gpus"] == 0.5
-        assert rollout["scheduling_strategy"].placement_group_bundle_index == policy["scheduling_strategy"].placement_group_bundle_index == rank
+        assert (
+            rollout["scheduling_strategy"].placement_group_bundle_index
+            == policy["scheduling_strategy"].placement_group_bundle_index
+            == rank
+        )
 
 
 @pytest.mark.parametrize(
     "profile, overrides, message",
     [
         # Minibatch 8 cannot be cut into 3 equal rank shards.
-        (TINY_PROFILE, ["grid.cpu_trainer_ranks=3", "rl.minibatch_size=8", "rl.micro_batch_size=4"], "not divisible by the 3 data-parallel ranks"),
+        (
+            TINY_PROFILE,
+            ["grid.cpu_trainer_ranks=3", "rl.minibatch_size=8", "rl.micro_batch_size=4"],
+            "not divisible by the 3 data-parallel ranks",
+        ),
         # Every trainer has GPUs: host ranks would be silently ignored.
         (PUBLIC_PROFILE, ["grid.cpu_trainer_ranks=2"], "applies only to a trainer whose group has no GPU"),
         # A batch of 16 does not split over 3 engines.
-        (TINY_PROFILE, ["grid.cpu_rollout_engines=3", "rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8"],
-         "not divisible by the 3 rollout engines"),
+        (
+            TINY_PROFILE,
+            ["grid.cpu_rollout_engines=3", "rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8"],
+            "not divisible by the 3 rollout engines",
+        ),
         (PUBLIC_PROFILE, ["grid.cpu_rollout_engines=2"], "it applies only on the host"),
     ],
 )

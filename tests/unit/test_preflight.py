@@ -31,7 +31,9 @@ def test_a_batch_the_rollout_engines_cannot_split_is_refused_naming_both_keys():
 
 
 def test_a_minibatch_that_does_not_divide_the_batch_is_refused_at_config():
-    problems = config_problems(load_config(TINY_PROFILE, ["rl.batch_size=12", "rl.minibatch_size=8", "rl.micro_batch_size=8"]))
+    problems = config_problems(
+        load_config(TINY_PROFILE, ["rl.batch_size=12", "rl.minibatch_size=8", "rl.micro_batch_size=8"])
+    )
     assert _keys(problems) == ["rl.minibatch_size"] and "does not divide rl.batch_size 12" in problems[0].message
 
 
@@ -85,14 +87,23 @@ def _cli(*args: str, cwd) -> tuple[subprocess.CompletedProcess, float]:
 @pytest.mark.parametrize(
     ("profile", "overrides", "line"),
     [
-        (TINY_PROFILE, UNEVEN_ENGINES,
-         "error: rl.batch_size: is 10, not divisible by the 4 rollout engines (grid.cpu_rollout_engines); "
-         "every engine generates an equal shard"),
-        (PUBLIC_PROFILE, [], "error: grid.gpus_per_node: is 4: the colocated placement needs 4 GPUs, but this machine has 0"),
+        (
+            TINY_PROFILE,
+            UNEVEN_ENGINES,
+            "error: rl.batch_size: is 10, not divisible by the 4 rollout engines (grid.cpu_rollout_engines); "
+            "every engine generates an equal shard",
+        ),
+        (
+            PUBLIC_PROFILE,
+            [],
+            "error: grid.gpus_per_node: is 4: the colocated placement needs 4 GPUs, but this machine has 0",
+        ),
     ],
 )
 def test_the_cli_refuses_in_seconds_before_starting_anything_and_writes_nothing(profile, overrides, line, tmp_path):
-    result, seconds = _cli("--config", profile, "--", f"job.output_root={tmp_path / 'outputs'}", *overrides, cwd=tmp_path)
+    result, seconds = _cli(
+        "--config", profile, "--", f"job.output_root={tmp_path / 'outputs'}", *overrides, cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[0].startswith(line) and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stdout == ""  # not even the run's opening line: nothing started

@@ -75,7 +75,9 @@ def test_custom_prompt_key():
 def test_rows_from_the_reader_project_with_their_position(tmp_path):
     """The two modules together: the reader's position is the projection's ``where``."""
     path = tmp_path / "rows.jsonl"
-    path.write_text('{"prompt": "ok"}\n\n  {"prompt": [{"role": "user", "content": [{"type": "text", "text": null}]}]}\n')
+    path.write_text(
+        '{"prompt": "ok"}\n\n  {"prompt": [{"role": "user", "content": [{"type": "text", "text": null}]}]}\n'
+    )
     rows = list(iter_rows(str(path)))
     assert project_prompt(rows[0].value, where=str(rows[0].position)) == "ok"
     with pytest.raises(PromptError) as info:
@@ -105,10 +107,22 @@ REFUSED = {
     "empty_parts": ({"prompt": [user([])]}, "prompt[0].content", "is an empty list"),
     "part_not_object": ({"prompt": [user(["hi"])]}, "prompt[0].content[0]", "is a string, not a content part"),
     "part_without_type": ({"prompt": [user([{"text": "hi"}])]}, "prompt[0].content[0].type", "is missing"),
-    "unknown_part_type": ({"prompt": [user([{"type": "audio", "audio": "a.wav"}])]}, "prompt[0].content[0].type", "is 'audio'"),
-    "text_not_a_string": ({"prompt": [user([{"type": "text", "text": 5}])]}, "prompt[0].content[0].text", "is a number"),
+    "unknown_part_type": (
+        {"prompt": [user([{"type": "audio", "audio": "a.wav"}])]},
+        "prompt[0].content[0].type",
+        "is 'audio'",
+    ),
+    "text_not_a_string": (
+        {"prompt": [user([{"type": "text", "text": 5}])]},
+        "prompt[0].content[0].text",
+        "is a number",
+    ),
     # S-DATA-5: the null-fill signature.
-    "null_type": ({"prompt": [user([{"type": None, "text": "hi"}])]}, "prompt[0].content[0].type", "is null; this is the null-fill signature"),
+    "null_type": (
+        {"prompt": [user([{"type": None, "text": "hi"}])]},
+        "prompt[0].content[0].type",
+        "is null; this is the null-fill signature",
+    ),
     "image_null_on_text_part": (
         {"prompt": [user("sys"), user([{"type": "text", "text": "hi", "image": None}])]},
         "prompt[1].content[0].image",

@@ -46,8 +46,13 @@ def test_equal_rewards_still_count_only_matched_completions_as_correct():
 def test_fraction_correct_follows_the_matcher_with_distinct_rewards():
     # Three of four match: 0.75, whatever the rewards are worth.
     _, metrics = _score(
-        ["rl.reward.terminal=arithmetic_exact_match", "rl.reward.correct_reward=2.0", "rl.reward.incorrect_reward=-1.0"],
-        ["4", "4", "x", "7"], ["4", "4", "4", "7"],
+        [
+            "rl.reward.terminal=arithmetic_exact_match",
+            "rl.reward.correct_reward=2.0",
+            "rl.reward.incorrect_reward=-1.0",
+        ],
+        ["4", "4", "x", "7"],
+        ["4", "4", "4", "7"],
     )
     assert metrics["reward/fraction_correct"] == pytest.approx(0.75)
     assert metrics["reward/terminal_mean"] == pytest.approx((2.0 + 2.0 - 1.0 + 2.0) / 4)

@@ -481,7 +481,9 @@ def test_cli_prints_a_correct_reward():
 
 
 def test_cli_prints_an_incorrect_reward_on_a_custom_scale():
-    result = run_cli("arithmetic_exact_match", "--reference", "-5", "--correct-reward", "2", "--incorrect-reward", "-1", "-4")
+    result = run_cli(
+        "arithmetic_exact_match", "--reference", "-5", "--correct-reward", "2", "--incorrect-reward", "-1", "-4"
+    )
     assert result.returncode == 0, result.stderr
     assert "matched: no" in result.stdout
     assert "reward: -1.0" in result.stdout

@@ -21,18 +21,30 @@ PAD = 0
 
 @pytest.fixture(scope="module")
 def packer(tmp_path_factory):
-    return build_packer(str(build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-vlm", TinyModelSpec(vision=TinyVisionSpec()))))
+    return build_packer(
+        str(build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-vlm", TinyModelSpec(vision=TinyVisionSpec())))
+    )
 
 
 def _prompts() -> PromptBatch:
     image = Image.fromarray(np.full((16, 24, 3), 90, dtype=np.uint8))
     prompts = [
         "2+2=",
-        [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "what colour, in one long word?"}]}],
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": image},
+                    {"type": "text", "text": "what colour, in one long word?"},
+                ],
+            }
+        ],
         "a much longer text prompt than the first one, to widen its shard",
         "1+1=",
     ]
-    return PromptBatch(7, prompts, ["4", "grey", None, "2"], [{}] * 4, [10, 11, 12, 13], [f"rows.jsonl row {i}" for i in range(4)])
+    return PromptBatch(
+        7, prompts, ["4", "grey", None, "2"], [{}] * 4, [10, 11, 12, 13], [f"rows.jsonl row {i}" for i in range(4)]
+    )
 
 
 def _generated(packer, prompts: PromptBatch, response_length: int) -> Trajectory:
@@ -67,7 +79,10 @@ def test_gathered_shards_are_the_one_engine_layout(packer):
         assert all(torch.equal(mm.per_sample[row][k], whole_mm.per_sample[row][k]) for k in mm.per_sample[row])
     # Responses: right-padded to the longest shard, masks and log-probs zero there.
     assert merged.response_ids.shape == (4, 5)
-    assert torch.equal(merged.response_mask[:2, 3:], torch.zeros(2, 2)) and torch.equal(merged.rollout_logprobs[:2, 3:], torch.zeros(2, 2))
+    assert (
+        torch.equal(merged.response_mask[:2, 3:], torch.zeros(2, 2))
+        and torch.equal(merged.rollout_logprobs[:2, 3:], torch.zeros(2, 2))
+    )
     assert torch.equal(merged.response_ids[2:], parts[1].response_ids)
     assert merged.completions == ["c10", "c11", "c12", "c13"] and merged.prompts.row_ids == [10, 11, 12, 13]
     assert merged.prompts.references == ["4", "grey", None, "2"] and merged.policy_version == 3

@@ -20,7 +20,8 @@ def _holder_file(run_dir, pid: int, process_start: str, host: str | None = None,
     now = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOCK_NAME).write_text(json.dumps({
-        "host": host or socket.gethostname(), "pid": pid, "process_start": process_start, "flow_run": "other-run (1234)",
+        "host": host or socket.gethostname(), "pid": pid, "process_start": process_start,
+        "flow_run": "other-run (1234)",
         "acquired_at": now, "heartbeat_at": heartbeat if heartbeat is not None else now, "token": "theirs",
     }))
 

@@ -27,7 +27,9 @@ def test_same_seed_same_bytes_and_loads_with_from_pretrained(tmp_path):
     assert type(model).__name__ == "Qwen3ForCausalLM"
     # Character level: "42" is two tokens, so arithmetic rewards see every digit.
     assert len(tokenizer("42", add_special_tokens=False)["input_ids"]) == 2
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "4+2="}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "4+2="}], add_generation_prompt=True, tokenize=False
+    )
     assert text.endswith("<|im_start|>assistant\n")
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
     # A plain `generate` on the saved model must stop at the tokenizer's <|im_end|>, as a

@@ -31,7 +31,9 @@ def test_train_and_heldout_sums_never_share_an_operand_pair():
 
 
 def test_pretraining_is_deterministic_and_changes_the_weights(tmp_path):
-    spec = TinyModelSpec(task_alphabet="0123456789+=", pretrain_task="addition", pretrain_steps=6, pretrain_batch_size=8)
+    spec = TinyModelSpec(
+        task_alphabet="0123456789+=", pretrain_task="addition", pretrain_steps=6, pretrain_batch_size=8
+    )
     first = build_tiny_model(tmp_path / "a", spec)
     second = build_tiny_model(tmp_path / "b", spec)
     untrained = build_tiny_model(tmp_path / "c", spec.model_copy(update={"pretrain_task": "none"}))
