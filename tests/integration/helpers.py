@@ -48,7 +48,9 @@ def trainer_state(role_dir: Path) -> dict:
 
 def run_dir_snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
     """Every file with its size and mtime, to prove a refusal wrote nothing."""
-    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()
+    }
 
 
 def signal_actor_after(run_dir: Path, rows: int, run_name: str, actor: str, signum: int, timeout: float = 300.0):

@@ -21,7 +21,9 @@ def test_cleanup_kills_the_named_runs_actors_and_leaves_other_runs_alone(ray_clu
     from flows.cleanup import main
 
     def start(role: str, run: str):
-        handle = ray.remote(_Leftover).options(name=role, namespace=f"ppo-{run}", num_cpus=0, lifetime="detached").remote()
+        handle = (
+            ray.remote(_Leftover).options(name=role, namespace=f"ppo-{run}", num_cpus=0, lifetime="detached").remote()
+        )
         ray.get(handle.ready.remote())
         return handle
 

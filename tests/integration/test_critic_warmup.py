@@ -118,7 +118,9 @@ def test_task_history_shows_no_policy_training_or_weight_sync_during_warmup(warm
         assert f"train_policy[iter={i}]" in names and f"weight_sync[iter={i}]" in names
 
 
-def test_warmup_covering_the_whole_run_leaves_the_actor_untouched(prefect_api, ray_cluster, tiny_overrides, tiny_model_dir, tmp_path):
+def test_warmup_covering_the_whole_run_leaves_the_actor_untouched(
+    prefect_api, ray_cluster, tiny_overrides, tiny_model_dir, tmp_path
+):
     from flows.training import ppo
 
     summary = ppo(profile=TINY_PROFILE, overrides=tiny_overrides + ["rl.max_steps=2"],

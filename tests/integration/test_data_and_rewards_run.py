@@ -29,7 +29,9 @@ def _conversation_file(path) -> str:
     return str(path)
 
 
-def test_conversation_jsonl_with_arithmetic_reward_trains_two_iterations(prefect_api, ray_cluster, tiny_overrides, tmp_path):
+def test_conversation_jsonl_with_arithmetic_reward_trains_two_iterations(
+    prefect_api, ray_cluster, tiny_overrides, tmp_path
+):
     from flows.training import ppo
 
     data_file = _conversation_file(tmp_path / "chats.jsonl")
@@ -49,5 +51,7 @@ def test_image_row_is_refused_by_the_text_packer_naming_the_row(tiny_model_dir, 
     data.next_batch(1, 32)
     batch, _ = data.next_batch(2, 1)
     assert batch.prompts[0][0]["content"][0] == {"type": "image", "image": "cat.png"}  # untouched
-    with pytest.raises(UnsupportedPromptError, match=r"chats.jsonl row 32 \(line 33, column 1\): prompt\[0\]\.content\[0\]"):
+    with pytest.raises(
+        UnsupportedPromptError, match=r"chats.jsonl row 32 \(line 33, column 1\): prompt\[0\]\.content\[0\]"
+    ):
         RolloutRole(config, first_rank(config, "rollout")).generate(batch, 0)

@@ -97,15 +97,27 @@ def stack(tmp_path_factory) -> Stack:
     env.pop("PREFECT_API_URL", None)
     api_url = f"http://127.0.0.1:{port}/api"
     serve = subprocess.run(
-        [str(REPO_ROOT / "deployments" / "serve.sh")], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+        [str(REPO_ROOT / "deployments" / "serve.sh")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     try:
         assert serve.returncode == 0, serve.stdout[-3000:] + serve.stderr[-3000:]
         assert (state_dir / "home" / "prefect.db").exists()  # the temporary PREFECT_HOME holds the database
-        yield Stack(state_dir, api_url, dict(env, PREFECT_HOME=str(state_dir / "home"), PREFECT_API_URL=api_url), marker)
+        yield Stack(
+            state_dir, api_url, dict(env, PREFECT_HOME=str(state_dir / "home"), PREFECT_API_URL=api_url), marker
+        )
     finally:
         stop = subprocess.run(
-            [str(REPO_ROOT / "deployments" / "stop.sh")], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+            [str(REPO_ROOT / "deployments" / "stop.sh")],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         _kill_pids(_pids_with_env(f"{MARKER_VARIABLE}={marker}"))  # Ray last
         assert stop.returncode == 0, stop.stdout + stop.stderr
@@ -124,7 +136,9 @@ def _client(stack: Stack):
             yield client
 
 
-def _deployment_run(stack: Stack, params: dict, watch: bool = True, timeout: int = 900) -> tuple[str, subprocess.CompletedProcess]:
+def _deployment_run(
+    stack: Stack, params: dict, watch: bool = True, timeout: int = 900
+) -> tuple[str, subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "prefect", "deployment", "run", "ppo/tiny-cpu", "--params", json.dumps(params)]
     if watch:
         command += ["--watch", "--watch-timeout", str(timeout)]
@@ -269,7 +283,11 @@ def test_a_killed_flow_run_shows_crashed_and_retry_resumes_from_the_last_boundar
         )
     assert final.state.is_completed(), final.state
     names = Counter(
-        run.name for run in _poll(lambda: _task_runs(stack, flow_run_id), lambda runs: any(r.name == f"commit[iter={max_steps}]" for r in runs))
+        run.name
+        for run in _poll(
+            lambda: _task_runs(stack, flow_run_id),
+            lambda runs: any(r.name == f"commit[iter={max_steps}]" for r in runs),
+        )
     )
     assert names["rollout[iter=1]"] == 1  # iteration 1 ran once: the retry resumed, it did not start over
     assert names[f"rollout[iter={committed + 1}]"] >= 1 and names[f"commit[iter={max_steps}]"] == 1

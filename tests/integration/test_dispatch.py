@@ -33,7 +33,9 @@ def test_a_failed_update_publishes_nothing_and_the_rollout_keeps_its_version(rol
     # would refuse this config; a copy skips validation so the actors meet it.
     rl = config.rl.model_copy(update={"minibatch_size": 5, "micro_batch_size": 5})
     config = config.model_copy(update={"rl": rl})
-    with pytest.raises(StageFailed, match=r"^train_policy\[iter=1\] failed: ValueError: .*not a multiple of the minibatch size 5"):
+    with pytest.raises(
+        StageFailed, match=r"^train_policy\[iter=1\] failed: ValueError: .*not a multiple of the minibatch size 5"
+    ):
         ppo_iteration(FlowRunner(prefect_tasks=False), handles, config, 1, 0)
     assert ray.get(handles.policy.current_weights.remote())[1] == 0  # publish_weights took the failed receipt
     assert ray.get(handles.rollout.ready.remote())["policy_version"] == 0

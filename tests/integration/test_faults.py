@@ -55,7 +55,13 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
 # The critic in the default suite (the case); every other role under -m slow.
 @pytest.mark.parametrize(
     "role",
-    ["critic", *(pytest.param(r, marks=pytest.mark.slow) for r in ("data", "rollout", "reward", "replay", "reference", "policy"))],
+    [
+        "critic",
+        *(
+            pytest.param(r, marks=pytest.mark.slow)
+            for r in ("data", "rollout", "reward", "replay", "reference", "policy")
+        ),
+    ],
 )
 def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     role, prefect_api, ray_cluster, tiny_overrides, tmp_path
@@ -72,7 +78,9 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
         ppo(profile=TINY_PROFILE, overrides=overrides)
     failed_after = time.monotonic() - killer.hit_at
     print(f"\nkilled {role} actor: failed {failed_after:.1f} s after SIGKILL: {str(caught.value)[:160]}")
-    assert re.match(rf"^\w+\[iter=[34]\] failed: Actor\w+Error: the {role} actor .*is gone", str(caught.value)), str(caught.value)
+    assert re.match(
+        rf"^\w+\[iter=[34]\] failed: Actor\w+Error: the {role} actor .*is gone", str(caught.value)
+    ), str(caught.value)
     assert failed_after < 30, failed_after
     assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == "iter_000002"
 
@@ -84,7 +92,9 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     straight = tmp_path / "outputs" / f"straight-{role}"
     for trained in ("policy", "critic"):
         assert weights_digest(boundary(run_dir, 4) / trained) == weights_digest(boundary(straight, 4) / trained)
-    assert [without_timings(r) for r in metric_records(run_dir)] == [without_timings(r) for r in metric_records(straight)]
+    assert [without_timings(r) for r in metric_records(run_dir)] == [
+        without_timings(r) for r in metric_records(straight)
+    ]
 
 
 def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing(

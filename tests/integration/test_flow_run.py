@@ -39,5 +39,10 @@ def test_two_iterations_write_metrics_commit_a_boundary_and_advance_policy_versi
     boundary = checkpoints / "iter_000002"
     marker = json.loads((boundary / "_SUCCESS").read_text())
     assert marker["iteration"] == 2 and marker["role_steps"] == {"policy": 4, "critic": 4}
-    for role_file in ("policy/model.safetensors", "policy/optimizer.pt", "critic/model.safetensors", "data/cursor.json"):
+    for role_file in (
+        "policy/model.safetensors",
+        "policy/optimizer.pt",
+        "critic/model.safetensors",
+        "data/cursor.json",
+    ):
         assert (boundary / role_file).is_file(), role_file

@@ -95,7 +95,9 @@ def test_every_role_computes_on_its_gpu_and_hands_host_tensors_on(tiny_model_dir
     trajectory, _ = roles.critic.predict(trajectory)
     targets, metrics = roles.policy.prepare_batch(trajectory)
     assert trajectory.ref_logprobs.device.type == trajectory.values.device.type == "cpu"
-    assert {getattr(targets, name).device.type for name in ("input_ids", "old_logprobs", "advantages", "returns")} == {"cpu"}
+    assert {
+        getattr(targets, name).device.type for name in ("input_ids", "old_logprobs", "advantages", "returns")
+    } == {"cpu"}
     assert metrics["rollout/logprob_abs_diff"] < 1e-2  # the trainer's GPU forward agrees with the engine's
 
     roles.critic.install_targets(targets)

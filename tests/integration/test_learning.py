@@ -28,7 +28,9 @@ def _rewards(tiny_model_dir: str, extra: list[str]) -> list[float]:
     from flows.in_process import run_in_process
     from configs.loading import load_config
 
-    config = load_config(TINY_PROFILE, [f"model.path={tiny_model_dir}", "job.seed=0", f"rl.max_steps={ITERATIONS}", *extra])
+    config = load_config(
+        TINY_PROFILE, [f"model.path={tiny_model_dir}", "job.seed=0", f"rl.max_steps={ITERATIONS}", *extra]
+    )
     return [record["train/reward_mean"] for record in run_in_process(config)[0]]
 
 

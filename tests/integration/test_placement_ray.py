@@ -39,7 +39,10 @@ class Probe:
 def place(overrides, namespace):
     plan = plan_placement(load_config(PROFILE, overrides))
     lowered = lower_placement(plan, namespace=namespace, ready_timeout_s=30)
-    probes = {role: Probe.options(**lowered.actor_options(role)).remote() for role in ("policy", "rollout", "reference", "critic", "data")}
+    probes = {
+        role: Probe.options(**lowered.actor_options(role)).remote()
+        for role in ("policy", "rollout", "reference", "critic", "data")
+    }
     seen = {role: ray.get(p.gpus.remote()) for role, p in probes.items()}
     for p in probes.values():
         ray.kill(p)
@@ -49,10 +52,13 @@ def place(overrides, namespace):
 result = {
     "colocated": place([], "t-colocated"),
     "disaggregated": place(["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"], "t-dis"),
-    "one_gpu": place(["grid.gpus_per_node=1", "grid.policy_gpus=1", "grid.reference_gpus=0", "grid.critic_gpus=0"], "t-one"),
+    "one_gpu": place(
+        ["grid.gpus_per_node=1", "grid.policy_gpus=1", "grid.reference_gpus=0", "grid.critic_gpus=0"], "t-one"
+    ),
 }
 try:
-    lower_placement(plan_placement(load_config(PROFILE, ["grid.gpus_per_node=8", "grid.policy_gpus=6"])), namespace="t-big")
+    too_big = plan_placement(load_config(PROFILE, ["grid.gpus_per_node=8", "grid.policy_gpus=6"]))
+    lower_placement(too_big, namespace="t-big")
 except PlacementError as error:
     result["too_big"] = str(error)
 print("RESULT " + json.dumps(result))

@@ -18,7 +18,9 @@ JOIN = "import ray, sys; ray.init(address=sys.argv[1]); print('joined', int(ray.
 
 
 def _join(gcs_address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", JOIN, gcs_address], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", JOIN, gcs_address], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_local_ray_refuses_a_client_without_the_runs_token(ray_cluster):
@@ -27,7 +29,10 @@ def test_the_local_ray_refuses_a_client_without_the_runs_token(ray_cluster):
     gcs = ray.get_runtime_context().gcs_address
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
     others = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    for env in ({**others, "RAY_AUTH_MODE": "disabled"}, {**others, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):
+    for env in (
+        {**others, "RAY_AUTH_MODE": "disabled"},
+        {**others, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+    ):
         refused = _join(gcs, env)
         assert refused.returncode != 0 and "joined" not in refused.stdout, refused.stdout
     joined = _join(gcs, dict(os.environ))  # the run's own processes inherit the token

@@ -41,7 +41,10 @@ def _run(root: Path, model_dir: str, name: str, *extra: str, warmup: int | None 
 
 
 def _final_digests(run_dir: Path, iteration: int) -> tuple[str, str]:
-    return (weights_digest(boundary(run_dir, iteration) / "policy"), weights_digest(boundary(run_dir, iteration) / "critic"))
+    return (
+        weights_digest(boundary(run_dir, iteration) / "policy"),
+        weights_digest(boundary(run_dir, iteration) / "critic"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +114,9 @@ def test_newer_boundary_without_success_is_never_used(straight_runs, tiny_model_
     assert json.loads((stale / "_SUCCESS").read_text())["iteration"] == 4
 
 
-def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(prefect_api, ray_cluster, tiny_model_dir, tmp_path):
+def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(
+    prefect_api, ray_cluster, tiny_model_dir, tmp_path
+):
     _run(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=2", warmup=2)
     before = run_dir_snapshot(tmp_path / "mismatch")
     with pytest.raises(ResumeError) as caught:
@@ -132,7 +137,9 @@ def test_cli_reports_the_warmup_mismatch_and_exits_non_zero(prefect_api, ray_clu
 
 
 @pytest.mark.parametrize("damage", ["corrupt_marker", "pointer_to_missing", "truncated_policy"])
-def test_damaged_checkpoints_are_refused_clearly_and_left_alone(prefect_api, ray_cluster, tiny_model_dir, tmp_path, damage):
+def test_damaged_checkpoints_are_refused_clearly_and_left_alone(
+    prefect_api, ray_cluster, tiny_model_dir, tmp_path, damage
+):
     _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=2")
     run_dir = tmp_path / "damaged"
     if damage == "corrupt_marker":

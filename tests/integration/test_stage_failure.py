@@ -38,14 +38,20 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
     ]
     # The real command in its own process; it joins this session's Prefect API and Ray
     # cluster instead of starting its own (half a minute saved, nothing else changed).
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+    }
     result = subprocess.run(
         [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 1, result.stderr[-3000:]
     last_lines = result.stderr.strip().splitlines()[-2:]
-    assert last_lines[0] == "error: reward[iter=1] failed: ZeroDivisionError: the user's reward rule divided by zero", result.stderr[-3000:]
+    assert last_lines[0] == "error: reward[iter=1] failed: ZeroDivisionError: the user's reward rule divided by zero", (
+        result.stderr[-3000:]
+    )
     assert last_lines[1].strip() == "run it again to resume from the last committed boundary"
 
     deadline = time.time() + 60
@@ -53,14 +59,19 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
         flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["explodes"])))
         assert len(flow_runs) == 1 and flow_runs[0].state.is_failed()
         while True:  # task-run history is recorded asynchronously
-            runs = {run.name: run for run in client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_runs[0].id]}))}
+            runs = {
+                run.name: run
+                for run in client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_runs[0].id]}))
+            }
             settled = "reward[iter=1]" in runs and runs["reward[iter=1]"].state.is_final()
             if settled or time.time() > deadline:
                 break
             time.sleep(0.5)
     assert runs["rollout[iter=1]"].state.is_completed()
     assert runs["reward[iter=1]"].state.is_failed()
-    assert not any(name.startswith(("reference_score", "train_", "weight_sync", "commit")) for name in runs), sorted(runs)
+    assert not any(
+        name.startswith(("reference_score", "train_", "weight_sync", "commit")) for name in runs
+    ), sorted(runs)
     assert not (tmp_path / "outputs" / "explodes" / "checkpoints" / "latest_checkpoint.txt").exists()
 
 

@@ -50,7 +50,9 @@ def test_engine_logprobs_match_the_trainer_and_weights_load(vllm_model_dir):
     input_ids = torch.cat([packed.input_ids, result.response_ids], dim=1)
     attention_mask = torch.cat([packed.attention_mask, result.response_mask.long()], dim=1)
     with torch.no_grad():
-        expected = response_logprobs(model, input_ids, attention_mask, packed.input_ids.shape[1], 0.7) * result.response_mask
+        expected = (
+            response_logprobs(model, input_ids, attention_mask, packed.input_ids.shape[1], 0.7) * result.response_mask
+        )
     # processed_logprobs: the tempered distribution vLLM sampled from (measured 4.8e-7 at T=1).
     assert float((expected - result.logprobs).abs().max()) < 1e-4
 
@@ -64,7 +66,11 @@ def test_engine_logprobs_match_the_trainer_and_weights_load(vllm_model_dir):
     assert received == sum(t.numel() * t.element_size() for t in zeros.values())
     uniform = engine.generate(packed, max_new_tokens=2, temperature=1.0, seed=11)
     vocab = model.config.vocab_size
-    assert torch.allclose(uniform.logprobs[uniform.response_mask.bool()], torch.tensor(-float(torch.log(torch.tensor(float(vocab))))), atol=1e-5)
+    assert torch.allclose(
+        uniform.logprobs[uniform.response_mask.bool()],
+        torch.tensor(-float(torch.log(torch.tensor(float(vocab))))),
+        atol=1e-5,
+    )
 
 
 def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_model_dir, tmp_path):

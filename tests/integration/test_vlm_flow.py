@@ -22,7 +22,9 @@ VLM_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_vlm_cpu.py")
 def test_two_ppo_iterations_with_the_tiny_vlm_on_mixed_jsonl(prefect_api, ray_cluster, tmp_path):
     from flows.training import ppo
 
-    model_dir = build_tiny_vlm(tmp_path / "models" / "tiny-vlm", TinyModelSpec(task_alphabet="0123456789", vision=TinyVisionSpec()))
+    model_dir = build_tiny_vlm(
+        tmp_path / "models" / "tiny-vlm", TinyModelSpec(task_alphabet="0123456789", vision=TinyVisionSpec())
+    )
     rows = mixed_rows(tmp_path / "media")
     data_file = write_rows(tmp_path / "rows.jsonl", rows)
     result = ppo(

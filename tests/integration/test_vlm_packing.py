@@ -120,7 +120,9 @@ def test_reference_critic_and_policy_score_with_the_rollout_pixels(vlm_dir, tmp_
     multimodal = trajectory.extras[MULTIMODAL_EXTRA]
     no_pixels = {MULTIMODAL_EXTRA: dataclasses.replace(multimodal, per_sample=tuple({} for _ in multimodal.per_sample))}
     blind = response_logprobs(policy.model, input_ids, attention_mask, trajectory.prompt_length, 1.0, no_pixels)
-    seeing = response_logprobs(policy.model, input_ids, attention_mask, trajectory.prompt_length, 1.0, trajectory.extras)
+    seeing = response_logprobs(
+        policy.model, input_ids, attention_mask, trajectory.prompt_length, 1.0, trajectory.extras
+    )
     difference = ((blind - seeing).abs() * trajectory.response_mask).sum(dim=1)
     assert torch.all(difference[2:] > 1e-4) and torch.all(difference[:2] < 1e-6)
 
