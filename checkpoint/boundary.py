@@ -144,6 +144,28 @@ def committed_loop_state(boundary: str) -> dict[str, Any] | None:
     return marker.get("loop_state")
 
 
+METRICS_ROW = "metrics_row.json"
+"""The boundary's own iteration's metrics row (S-FAULT-2), vouched for by the marker."""
+
+
+def write_metrics_row(boundary: str, record: dict[str, Any]) -> None:
+    atomic_write_text(f"{boundary.rstrip('/')}/{METRICS_ROW}", json.dumps(record, sort_keys=True))
+
+
+def read_metrics_row(boundary: str) -> dict[str, Any] | None:
+    """The row the commit kept, or None for a boundary written before rows were kept."""
+    text = _read_text(f"{boundary.rstrip('/')}/{METRICS_ROW}")
+    if text is None:
+        return None
+    try:
+        row = json.loads(text)
+    except ValueError as error:
+        raise CheckpointError(f"{boundary}/{METRICS_ROW} is not valid JSON ({error})") from None
+    if not isinstance(row, dict):
+        raise CheckpointError(f"{boundary}/{METRICS_ROW} holds {type(row).__name__}, expected a JSON object")
+    return row
+
+
 def update_latest(checkpoints_root: str, iteration: int) -> None:
     atomic_write_text(f"{checkpoints_root.rstrip('/')}/{LATEST_POINTER}", boundary_name(iteration) + "\n")
 

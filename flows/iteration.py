@@ -20,7 +20,6 @@ from configs.schema import PPOConfig
 from flows.run_outputs import RunPaths
 from tasks import commit as commit_tasks
 from tasks import stages
-from tasks.faults import fault_point
 from placement.plan import TRAINER_ROLES
 from tasks.stage_names import TRAIN, time_key
 
@@ -123,15 +122,14 @@ def ppo_iteration(
         trainers.insert(0, (stages.train_policy, (policy_receipts, agreed_batch)))
     for metrics in run.concurrent_stages(TRAIN, iteration, *trainers):
         record |= metrics
-    fault_point(iteration, "after_train")
     if not actor_warmup:
         policy_version, synced = run.stage(stages.weight_sync, iteration, loaded, new_version, follows, parks)
         record |= synced
     record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
     record["train/policy_version"] = float(policy_version)
 
-    fault_point(iteration, "before_commit")
-    committed = save_on_cadence(run, roles, config, iteration, policy_version, paths)
+    record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
+    committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record)
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     return IterationResult(record, policy_version, committed)
 
@@ -162,10 +160,13 @@ def save_kind(config: PPOConfig, iteration: int) -> str | None:
 
 
 def save_on_cadence(
-    run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None
+    run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None,
+    record: dict[str, Any],
 ) -> CommittedBoundary | None:
     """Queued only after every stage succeeded, so a failed iteration writes nothing
-    into its boundary. Rank 0 of each trainer saves; every rank loads on resume."""
+    into its boundary. Rank 0 of each trainer saves; every rank loads on resume. The
+    boundary also keeps the iteration's metrics row: a crash after the pointer moved
+    but before the row reached metrics.jsonl must not lose it (S-FAULT-2)."""
     kind = save_kind(config, iteration) if paths is not None else None
     if kind == "full":
         boundary = boundary_path(paths.checkpoints, iteration)
@@ -174,7 +175,7 @@ def save_on_cadence(
         loop_state = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4, S-CW-9
         return run.stage(
             commit_tasks.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
-            config.rl.keep_optim_last,
+            config.rl.keep_optim_last, record,
         )
     if kind == "model":
         folder = f"{paths.artifacts}/{boundary_name(iteration)}"

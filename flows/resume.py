@@ -17,12 +17,13 @@ from checkpoint.boundary import (
     boundary_name,
     read_latest,
     read_marker,
+    read_metrics_row,
     update_latest,
 )
 from checkpoint.boundary_files import verify_marker_files
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
-from flows.run_outputs import RunPaths, read_metrics
+from flows.run_outputs import RunPaths, append_metrics, read_metrics
 
 
 class ResumeError(RuntimeError):
@@ -157,6 +158,7 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
         go_back(paths, point.iteration)
     else:
         truncate_metrics(paths.metrics, point.iteration)
+    restore_boundary_row(paths.metrics, boundary, point.iteration)
     _logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
     return policy_version
 
@@ -168,6 +170,19 @@ def truncate_metrics(path: str, last_iteration: int) -> None:
     kept = [r for r in records if int(r.get("iteration", 0)) <= last_iteration]
     if len(kept) != len(records):
         atomic_write_text(path, _rows(kept))
+
+
+def restore_boundary_row(path: str, boundary: str, iteration: int) -> None:
+    """A run killed after its commit moved the pointer but before the iteration's
+    metrics row was appended: the row is taken from the boundary, so every iteration
+    appears exactly once (S-FAULT-2)."""
+    records = read_metrics(path)
+    if any(int(r.get("iteration", 0)) == iteration for r in records):
+        return
+    row = read_metrics_row(boundary)
+    if row is not None:
+        append_metrics(path, row)
+        _logger().info(f"metrics row of iteration {iteration} restored from {boundary}")
 
 
 def go_back(paths: RunPaths, iteration: int) -> None:

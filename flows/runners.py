@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from flows.failures import naming_failures
+from tasks.faults import fault_point
 
 
 class FlowRunner:
@@ -63,6 +64,7 @@ class FlowRunner:
                 result = stage_task.fn(iteration, *args)
         self.seconds[stage_task.name] = time.perf_counter() - started
         self._upstream = [result]
+        fault_point(iteration, f"after_{stage_task.name}")
         return result
 
     def concurrent_stages(self, label: str, iteration: int, *stages: tuple[Any, tuple[Any, ...]]) -> list[Any]:
@@ -75,6 +77,7 @@ class FlowRunner:
                     with naming_failures(task.name, iteration, self.explain):
                         results.append(task.fn(iteration, *args))
                 self.seconds[label] = time.perf_counter() - started
+                fault_point(iteration, f"after_{label}")
                 return results
             upstream = list(self._upstream) or None
             futures = [(task, task.submit(iteration, *args, wait_for=upstream)) for task, args in stages]
@@ -83,6 +86,7 @@ class FlowRunner:
                     results.append(future.result())
         self.seconds[label] = time.perf_counter() - started
         self._upstream = [future for _, future in futures]
+        fault_point(iteration, f"after_{label}")
         return results
 
     def get(self, pending: Any) -> Any:

@@ -8,7 +8,7 @@ import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from checkpoint.boundary import MARKER_NAME, CommittedBoundary, update_latest, write_marker
+from checkpoint.boundary import MARKER_NAME, CommittedBoundary, update_latest, write_marker, write_metrics_row
 from checkpoint.boundary_files import boundary_files
 from checkpoint.retention import prune_optimizer_state
 from placement.plan import TRAINER_ROLES
@@ -25,6 +25,7 @@ def commit(
     policy_version: int,
     loop_state: dict[str, Any],
     keep_optim_last: int | None = None,
+    record: dict[str, Any] | None = None,
 ) -> CommittedBoundary:
     """Every role has saved into `boundary` and verified its save (inside `save`);
     only then the marker, only then the pointer, only then retention touches older
@@ -33,12 +34,19 @@ def commit(
     `saves` maps each role to its save call's report: the policy's and the critic's
     carry the optimizer step the marker records (S-CKPT-3). The marker also records
     every file's size and sha256 (S-FAULT-3), read back here after the saves were
-    verified, so what resume checks is exactly what this commit vouched for."""
+    verified, so what resume checks is exactly what this commit vouched for.
+
+    `record` (the iteration's metrics row so far) is kept in the boundary too: if the
+    process dies after the pointer moved but before the row reached metrics.jsonl,
+    resume restores it from here (S-FAULT-2)."""
     reports = dict(zip(saves, resolve(list(saves.values()))))
     role_steps = {role: int(reports[role]["optimizer_step"]) for role in TRAINER_ROLES}
+    if record is not None:
+        write_metrics_row(boundary, record)
     fault_point(iteration, "before_marker")
     files = boundary_files(boundary, skip=(MARKER_NAME,))
     write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state, files=files)
+    fault_point(iteration, "after_marker")
     update_latest(checkpoints_root, iteration)
     committed = CommittedBoundary(
         iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version
