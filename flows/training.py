@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 
 from configs.loading import load_config, profile_dirs
 from configs.schema import PPOConfig
+from flows.failures import StageFailed
 from flows.history import RunHistory
 from flows.iteration import run_iterations
 from flows.preflight import require_runnable
@@ -74,6 +75,7 @@ def ppo(
     resume: bool = True,
     run_name: str | None = None,
     resume_from: str | None = None,
+    auto_resume_attempts: int = 0,
 ) -> dict[str, Any]:
     """One PPO training run.
 
@@ -87,6 +89,10 @@ def ppo(
         resume_from: an earlier committed boundary of this run (`iter_000010`) to go
             back to, verified first; the metrics rows after it are set aside and the
             later boundaries are replaced as the run commits them anew (S-FAULT-3).
+        auto_resume_attempts: when a stage fails (a dead or hung actor, a lost node,
+            a failed save), start the role actors afresh and resume from the last
+            committed boundary, up to this many times, within this flow run (S-FAULT-5).
+            Refusals (config, checkpoint, a live run of the same name) are never retried.
     """
     logger = get_run_logger()
     say(f"prefect: flow run {_flow_run_label()} started")
@@ -99,7 +105,16 @@ def ppo(
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
     try:
-        return _train(config, paths, lock, resume, resume_from)
+        attempt = 0
+        while True:
+            try:
+                return _train(config, paths, lock, resume or attempt > 0, resume_from if attempt == 0 else None)
+            except StageFailed as error:
+                if attempt >= auto_resume_attempts:
+                    raise
+                attempt += 1
+                say(f"auto-resume: attempt {attempt} of {auto_resume_attempts} after `{error}`; "
+                    "resuming from the last committed boundary")
     finally:
         lock.release()
 

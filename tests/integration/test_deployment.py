@@ -293,3 +293,57 @@ def test_a_killed_flow_run_shows_crashed_and_retry_resumes_from_the_last_boundar
     assert names[f"rollout[iter={committed + 1}]"] >= 1 and names[f"commit[iter={max_steps}]"] == 1
     lines = (tmp_path / "deploy-crash" / "metrics.jsonl").read_text().splitlines()
     assert sorted({json.loads(line)["iteration"] for line in lines}) == list(range(1, max_steps + 1))
+
+
+def _actor_process(title: str, marker: str) -> int | None:
+    """The pid of the stack's Ray actor process whose title starts with `title`
+    (Ray names an actor's process `ray::<Class>`)."""
+    for pid in _pids_with_env(f"{MARKER_VARIABLE}={marker}"):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_a_deployment_resumes_by_itself_after_an_actor_dies(stack, tiny_model_dir, tmp_path):
+    """S-FAULT-5 through the real server and worker: ppo/tiny-cpu has
+    auto_resume_attempts=1; the reference actor killed once the run committed
+    boundary 2, the same flow run ends Completed with the uninterrupted run's weights,
+    and its log says it resumed."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.in_process import run_in_process
+    from flows.run_outputs import RunPaths
+    from flows.training import resolve_config
+    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+
+    overrides = [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=6", "rl.save_every=2",
+                 *SMALL_BATCH]
+    flow_run_id, result = _deployment_run(stack, {"overrides": overrides, "run_name": "deploy-auto"}, watch=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    latest = tmp_path / "deploy-auto" / "checkpoints" / "latest_checkpoint.txt"
+    _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
+    pid = _poll(lambda: _actor_process("ray::ReferenceRole", stack.marker), bool, timeout=60)
+    os.kill(pid, signal.SIGKILL)
+
+    with _client(stack) as client:
+        final = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda run: run.state.is_final(),
+                      timeout=900, every=2)
+        assert final.state.is_completed(), final.state
+        of_this_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(flow_run_id)]))
+        logs = _poll(
+            lambda: client.read_logs(log_filter=of_this_run),
+            lambda found: any("auto-resume: attempt 1 of 1" in log.message for log in found),
+        )
+    assert any("auto-resume: attempt 1 of 1" in log.message and "the reference actor" in log.message for log in logs)
+    straight = resolve_config("configs/ppo_tiny_cpu.py", overrides, None, "deploy-straight")
+    run_in_process(straight, paths=RunPaths.for_config(straight))
+    for role in ("policy", "critic"):
+        assert weights_digest(boundary(tmp_path / "deploy-auto", 6) / role) == weights_digest(
+            boundary(tmp_path / "deploy-straight", 6) / role
+        )
+    assert [without_timings(r) for r in metric_records(tmp_path / "deploy-auto")] == [
+        without_timings(r) for r in metric_records(tmp_path / "deploy-straight")
+    ]

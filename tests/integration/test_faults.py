@@ -134,3 +134,28 @@ def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing
     # The holder died without releasing: the next launch takes its lock over and runs.
     summary = ppo(profile=TINY_PROFILE, overrides=overrides)
     assert summary["policy_version"] == 2 and not (run_dir / "RUN_LOCK").exists()
+
+
+def test_auto_resume_finishes_a_run_whose_actor_died_within_the_same_flow_run(
+    prefect_api, ray_cluster, tiny_overrides, tmp_path
+):
+    """S-FAULT-5: the deployments' `auto_resume_attempts` (the public one sets 3)."""
+    from flows.in_process import run_in_process
+    from flows.run_outputs import RunPaths
+    from flows.training import ppo, resolve_config
+    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+
+    overrides = tiny_overrides + ["rl.max_steps=4", "rl.save_every=2", "job.name=auto"]
+    run_dir = tmp_path / "outputs" / "auto"
+    signal_actor_after(run_dir, 2, "auto", "reference", signal.SIGKILL)
+    summary = ppo(profile=TINY_PROFILE, overrides=overrides, auto_resume_attempts=1)
+    assert summary["resumed_from"].endswith("iter_000002") and summary["policy_version"] == 4
+
+    straight_config = resolve_config(TINY_PROFILE, overrides + ["job.name=auto-straight"], None, None)
+    run_in_process(straight_config, paths=RunPaths.for_config(straight_config))
+    straight = tmp_path / "outputs" / "auto-straight"
+    for role in ("policy", "critic"):
+        assert weights_digest(boundary(run_dir, 4) / role) == weights_digest(boundary(straight, 4) / role)
+    assert [without_timings(r) for r in metric_records(run_dir)] == [
+        without_timings(r) for r in metric_records(straight)
+    ]

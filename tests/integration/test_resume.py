@@ -1,5 +1,13 @@
 """Resume = run the flow again (S-CKPT-2/3/8, S-CW-7..10): exact on CPU, fail-closed on
-mismatch, never fooled by an uncommitted boundary, never writing on refusal."""
+mismatch, never fooled by an uncommitted boundary, never writing on refusal.
+
+Runs that only set the stage (the uninterrupted references, the run a refusal is
+about) are made by the in-process runner (`_seed`): the same iteration program and
+role code as the flow (tests/integration/test_flow_matches_in_process.py), seconds
+instead of an actor start-up each. What is under test (resuming, refusing) goes
+through the flow or the CLI. Cases the in-process resume tests and the kill-point
+tests already hold are kept under -m slow (test_resume_in_process.py,
+test_kill_points.py, test_faults.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +48,17 @@ def _run(root: Path, model_dir: str, name: str, *extra: str, warmup: int | None 
                critic_warmup_iterations=warmup, run_name=name, resume=resume)
 
 
+def _seed(root: Path, model_dir: str, name: str, *extra: str, warmup: int = 0) -> Path:
+    """A run written by the in-process runner, as the flow would write it."""
+    from flows.in_process import run_in_process
+    from flows.run_outputs import RunPaths
+    from flows.training import resolve_config
+
+    config = resolve_config(TINY_PROFILE, _overrides(root, model_dir, *extra), warmup, name)
+    run_in_process(config, paths=RunPaths.for_config(config))
+    return root / name
+
+
 def _final_digests(run_dir: Path, iteration: int) -> tuple[str, str]:
     return (
         weights_digest(boundary(run_dir, iteration) / "policy"),
@@ -51,12 +70,12 @@ def _final_digests(run_dir: Path, iteration: int) -> tuple[str, str]:
 def straight_runs(prefect_api, ray_cluster, tiny_model_dir, tmp_path_factory) -> dict[int, Path]:
     """Uninterrupted 4-iteration runs, without warmup and with N=2."""
     root = tmp_path_factory.mktemp("straight")
-    _run(root, tiny_model_dir, "straight0", "rl.max_steps=4", warmup=0)
-    _run(root, tiny_model_dir, "straight2", "rl.max_steps=4", warmup=2)
-    return {0: root / "straight0", 2: root / "straight2"}
+    return {warmup: _seed(root, tiny_model_dir, f"straight{warmup}", "rl.max_steps=4", warmup=warmup)
+            for warmup in (0, 2)}
 
 
-@pytest.mark.parametrize("warmup, stop_after", [(0, 2), (2, 1)])
+# (0, 2) is held at flow level by the kill-point and dead-actor tests, and in process.
+@pytest.mark.parametrize("warmup, stop_after", [pytest.param(0, 2, marks=pytest.mark.slow), (2, 1)])
 def test_stop_and_rerun_is_bitwise_the_uninterrupted_run(straight_runs, tiny_model_dir, tmp_path, warmup, stop_after):
     _run(tmp_path, tiny_model_dir, "resumed", f"rl.max_steps={stop_after}", warmup=warmup)
     summary = _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=4", warmup=warmup)
@@ -69,6 +88,7 @@ def test_stop_and_rerun_is_bitwise_the_uninterrupted_run(straight_runs, tiny_mod
     assert got == want
 
 
+@pytest.mark.slow  # the same fault as test_kill_points.py's after_train point, with its own Prefect API
 def test_sigkill_mid_iteration_then_rerun_resumes_from_the_last_commit(straight_runs, tiny_model_dir, tmp_path):
     """The flow process dies without cleanup inside iteration 3 (after training, before
     the weight sync); boundary 2 is the last commit. Re-running finishes bitwise equal."""
@@ -102,7 +122,7 @@ def test_sigkill_mid_iteration_then_rerun_resumes_from_the_last_commit(straight_
 
 
 def test_newer_boundary_without_success_is_never_used(straight_runs, tiny_model_dir, tmp_path):
-    _run(tmp_path, tiny_model_dir, "partial", "rl.max_steps=2")
+    _seed(tmp_path, tiny_model_dir, "partial", "rl.max_steps=2")
     run_dir = tmp_path / "partial"
     # A commit of iteration 4 that died after the role saves, before its marker.
     stale = boundary(run_dir, 4)
@@ -117,7 +137,7 @@ def test_newer_boundary_without_success_is_never_used(straight_runs, tiny_model_
 def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(
     prefect_api, ray_cluster, tiny_model_dir, tmp_path
 ):
-    _run(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=2", warmup=2)
+    _seed(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=2", warmup=2)
     before = run_dir_snapshot(tmp_path / "mismatch")
     with pytest.raises(ResumeError) as caught:
         _run(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=4", warmup=3)
@@ -127,11 +147,14 @@ def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(
 
 
 def test_cli_reports_the_warmup_mismatch_and_exits_non_zero(prefect_api, ray_cluster, tiny_model_dir, tmp_path):
-    _run(tmp_path, tiny_model_dir, "climismatch", "rl.max_steps=1", warmup=2)
+    from prefect.settings import PREFECT_API_URL
+
+    _seed(tmp_path, tiny_model_dir, "climismatch", "rl.max_steps=1", warmup=2)
     command = [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--",
                *_overrides(tmp_path, tiny_model_dir, "rl.max_steps=4", "job.name=climismatch",
                            "rl.critic_warmup_iterations=3")]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}  # the session's API: no server start
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2
     assert "rl.critic_warmup_iterations=2" in result.stderr and "configured with 3" in result.stderr
 
@@ -140,8 +163,7 @@ def test_cli_reports_the_warmup_mismatch_and_exits_non_zero(prefect_api, ray_clu
 def test_damaged_checkpoints_are_refused_clearly_and_left_alone(
     prefect_api, ray_cluster, tiny_model_dir, tmp_path, damage
 ):
-    _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=2")
-    run_dir = tmp_path / "damaged"
+    run_dir = _seed(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=2")
     if damage == "corrupt_marker":
         (boundary(run_dir, 2) / "_SUCCESS").write_text('{"iteration": 2, "role_steps": ')
         expected = r"_SUCCESS is not valid JSON"
@@ -159,13 +181,14 @@ def test_damaged_checkpoints_are_refused_clearly_and_left_alone(
 
 
 def test_fresh_start_refuses_to_overwrite_a_committed_run(prefect_api, ray_cluster, tiny_model_dir, tmp_path):
-    _run(tmp_path, tiny_model_dir, "existing", "rl.max_steps=2")
+    _seed(tmp_path, tiny_model_dir, "existing", "rl.max_steps=2")
     before = run_dir_snapshot(tmp_path / "existing")
     with pytest.raises(ResumeError, match="refusing to start fresh"):
         _run(tmp_path, tiny_model_dir, "existing", "rl.max_steps=2", resume=False)
     assert run_dir_snapshot(tmp_path / "existing") == before
 
 
+@pytest.mark.slow  # held in process by test_resume_in_process.py (same roles, same checkpoint code)
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused"])
 def test_saving_during_warmup_never_changes_the_actor(prefect_api, ray_cluster, tiny_model_dir, tmp_path, optimizer):
     """S-CW-7: save_every=1 (saves at warmup iterations 1 and 2) vs no cadence saves:
