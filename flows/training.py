@@ -24,7 +24,7 @@ from flows.resume import find_resume_point, restore_roles
 from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
-from roles.actors import RoleHandles, connect_ray, start_role_actors, stop_role_actors
+from roles.actors import RoleHandles, connect_ray, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
@@ -144,7 +144,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     roles = None
     history = None
     try:
-        roles = start_role_actors(config, config.rl.stage_timeout_seconds)
+        roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
@@ -177,7 +177,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         )
         exported = None
         if last_commit is not None and last_commit.iteration == config.rl.max_steps:
-            exported = commit_tasks.export(config.rl.max_steps, last_commit.path, paths.final_model)
+            exported = commit_tasks.export(config.rl.max_steps, last_commit.path, paths.final_model, roles.policy)
         summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
         history.finish(summary)

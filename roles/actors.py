@@ -193,6 +193,16 @@ def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -
     )
 
 
+class ActorStartupError(RuntimeError):
+    """A role actor failed in its constructor or never became ready."""
+
+
+def startup_timeout(stage_timeout_s: float | None) -> float | None:
+    """Start-up imports and loads a model in every actor at once: give it at least
+    15 minutes, or the stage timeout if that is longer (a large model from a slow disk)."""
+    return None if stage_timeout_s is None else max(900.0, stage_timeout_s)
+
+
 def wait_until_ready(groups: dict[str, list[Any]], timeout_s: float | None) -> dict[str, float]:
     """Seconds from now until each actor has built its role (imports, model load),
     as they come in; the start-up's breakdown for users and bench/startup.py."""
@@ -209,11 +219,11 @@ def wait_until_ready(groups: dict[str, list[Any]], timeout_s: float | None) -> d
         done, waiting = ray.wait(waiting, num_returns=1, timeout=left)
         if not done:
             late = ", ".join(sorted(labels[ref] for ref in waiting))
-            raise TimeoutError(f"role actors not ready within {timeout_s:g} s (rl.stage_timeout_seconds): {late}")
+            raise ActorStartupError(f"role actors not ready within {timeout_s:g} s of their launch: {late}")
         try:
             ray.get(done[0])
         except Exception as error:
-            raise RuntimeError(f"the {labels[done[0]]} actor failed to start: {error}") from error
+            raise ActorStartupError(f"the {labels[done[0]]} actor failed to start: {error}") from error
         seconds[labels[done[0]]] = time.perf_counter() - started
     return seconds
 

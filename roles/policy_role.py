@@ -243,6 +243,13 @@ class PolicyRole(TrainerRole):
         self.policy_version = int(state["policy_version"])
         return state
 
+    def export_boundary(self, boundary: str, out: str) -> dict[str, str]:
+        """The final export (checkpoint/export.py) in this process, where transformers
+        is already imported; it reads the committed boundary, not this role's state."""
+        from checkpoint.export import export_boundary
+
+        return export_boundary(boundary, out)
+
     def update_counts(self) -> dict[str, int]:
         """Published versions and optimizer steps as this role holds them: the run's
         summary reports whether the actor was updated from these, not from config."""

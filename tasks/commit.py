@@ -69,11 +69,10 @@ def save_artifact(iteration: int, saves: dict[str, Any], folder: str) -> str:
 
 
 @task(name="export", task_run_name="export[iter={iteration}]", cache_policy=NO_CACHE, persist_result=False)
-def export(iteration: int, boundary: str, out: str) -> dict[str, str]:
-    """Plain HF folders of the final boundary, built in a Ray worker so the flow
-    process never loads model weights."""
-    from checkpoint.export import export_boundary
-
-    written = ray.get(ray.remote(num_cpus=0)(export_boundary).remote(boundary, out))
+def export(iteration: int, boundary: str, out: str, exporter: Any) -> dict[str, str]:
+    """Plain HF folders of the final boundary, written by `exporter` (the policy's
+    actor, which has transformers imported already: a fresh worker would spend
+    seconds importing it again), so the flow process never loads model weights."""
+    written = ray.get(exporter.export_boundary.remote(boundary, out))
     stage_logger().info(f"exported {boundary} to {out}")
     return written
