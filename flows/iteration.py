@@ -35,16 +35,11 @@ class Runner(Protocol):
 
 
 class Roles(Protocol):
-    """Actor handles (roles/actors.py) or role objects (flows/in_process.py)."""
+    """Actor handles (roles/actors.py RoleHandles) or role objects (flows/in_process.py
+    InProcessRoles): each role's rank 0 as an attribute (`roles.policy`), every rank
+    through `ranks`."""
 
-    data: Any
-    rollout: Any
-    reward: Any
-    replay: Any
-    reference: Any
-    critic: Any
-    policy: Any
-
+    def __getattr__(self, role: str) -> Any: ...
     def ranks(self, role: str) -> list[Any]: ...
 
 

@@ -82,6 +82,12 @@ def _kill_pids(pids: list[int]) -> None:
             time.sleep(0.2)
 
 
+def _script(name: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(REPO_ROOT / "deployments" / name)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Stack:
     state_dir = tmp_path_factory.mktemp("prefect-stack")
@@ -96,14 +102,7 @@ def stack(tmp_path_factory) -> Stack:
     )
     env.pop("PREFECT_API_URL", None)
     api_url = f"http://127.0.0.1:{port}/api"
-    serve = subprocess.run(
-        [str(REPO_ROOT / "deployments" / "serve.sh")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    serve = _script("serve.sh", env, timeout=600)
     try:
         assert serve.returncode == 0, serve.stdout[-3000:] + serve.stderr[-3000:]
         assert (state_dir / "home" / "prefect.db").exists()  # the temporary PREFECT_HOME holds the database
@@ -111,14 +110,7 @@ def stack(tmp_path_factory) -> Stack:
             state_dir, api_url, dict(env, PREFECT_HOME=str(state_dir / "home"), PREFECT_API_URL=api_url), marker
         )
     finally:
-        stop = subprocess.run(
-            [str(REPO_ROOT / "deployments" / "stop.sh")],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        stop = _script("stop.sh", env, timeout=300)
         _kill_pids(_pids_with_env(f"{MARKER_VARIABLE}={marker}"))  # Ray last
         assert stop.returncode == 0, stop.stdout + stop.stderr
         lines = stop.stdout.splitlines()
