@@ -9,7 +9,8 @@ from typing import Any, Mapping
 import torch
 
 from configs.schema import PPOConfig
-from data.packing import MULTIMODAL_EXTRA, build_packer, concat_multimodal
+from data.packing import MULTIMODAL_EXTRA, concat_multimodal
+from data.packer_choice import build_packer
 from models.model_io import ensure_model, load_tokenizer
 from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from configs.schema import TinyModelSpec, TinyVisionSpec
-from data.packing import build_packer
+from data.packer_choice import build_packer
 from models.tiny_vlm import build_tiny_vlm
 from tests.conftest import REPO_ROOT
 from tests.integration.helpers import metric_records

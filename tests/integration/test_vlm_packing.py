@@ -14,7 +14,8 @@ import torch
 from configs.loading import load_config
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packer_media import PromptMediaError
-from data.packing import MULTIMODAL_EXTRA, build_packer
+from data.packing import MULTIMODAL_EXTRA
+from data.packer_choice import build_packer
 from models.model_io import response_logprobs
 from models.tiny_vlm import build_tiny_vlm
 from roles.critic_role import CriticRole

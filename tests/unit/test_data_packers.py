@@ -16,7 +16,8 @@ from PIL import Image
 from configs.loading import ConfigError, load_config
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packer_media import PromptMediaError
-from data.packing import ChatTextPacker, MultimodalInputs, as_conversation, build_packer
+from data.packing import ChatTextPacker, MultimodalInputs, as_conversation
+from data.packer_choice import build_packer
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, QwenVLPacker, patchify_video
 from models.tiny_vlm import build_tiny_vlm, mrope_section
 from tests.conftest import REPO_ROOT, TINY_PROFILE

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from configs.schema import TinyModelSpec, TinyVisionSpec
-from data.packing import MULTIMODAL_EXTRA, build_packer
+from data.packing import MULTIMODAL_EXTRA
+from data.packer_choice import build_packer
 from models.tiny_vlm import build_tiny_vlm
 from roles.rollout_role import merge_shards
 from roles.trajectory import PromptBatch, Trajectory
