@@ -1,0 +1,61 @@
+"""No module of the project imports one that imports it back (issue 15): the command
+line, the manifest and the flow were a cycle (so `python -m flows.ppo` loaded the flow
+twice and its StageFailed was not the class the CLI caught), and so were the text and
+vision packers. Checked on the source, lazy imports inside functions included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+PACKAGES = ("flows", "tasks", "roles", "algorithm", "data", "checkpoint", "configs", "trainer", "placement", "models")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(Path(path).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                graph[name] |= {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                graph[name] |= {node.module} & modules.keys()
+            elif isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names} & modules.keys()
+    return graph
+
+
+def _cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    path, seen = [start], set()
+
+    def walk(node: str) -> list[str] | None:
+        for target in sorted(graph[node]):
+            if target == start:
+                return path + [start]
+            if target not in seen:
+                seen.add(target)
+                path.append(target)
+                found = walk(target)
+                if found:
+                    return found
+                path.pop()
+        return None
+
+    return walk(start)
+
+
+def test_no_module_imports_itself_back():
+    graph = _import_graph()
+    assert "flows.cli" in graph and graph["flows.ppo.__main__"] == {"flows.environment", "flows.cli"}
+    cycles = [cycle for name in sorted(graph) if (cycle := _cycle_through(graph, name))]
+    assert cycles == [], " -> ".join(cycles[0])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle_through({"a": {"b"}, "b": {"a"}}, "a") == ["a", "b", "a"]
+    assert _cycle_through({"a": {"b"}, "b": set()}, "a") is None
