@@ -8,6 +8,7 @@ that fails ends on the failing stage's task-run name and the way to resume.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from configs.loading import ConfigError, allow_profile_dir, load_config
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
     allow_profile_dir(Path(args.config).parent)
     try:
-        summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh, resume_from=args.resume_from)
+        summary = run_flow(args, overrides, ppo)
     except ConfigError as error:
         return refuse(error.problems)
     except (ResumeError, CheckpointError, RunLocked) as error:
@@ -62,6 +63,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     print_summary(summary)
     return 0
+
+
+def run_flow(args, overrides: list[str], flow_fn) -> dict:
+    """The flow, with Ray and the role actors started while its Prefect API starts,
+    not after it (issue 19): the flow adopts the actors launched for its very config.
+    Everything this process started is stopped before the caller prints its last line."""
+    from flows.training import resolve_config
+    from roles.actors import connect_ray, discard_prelaunched, prelaunch_role_actors
+
+    started_ray = False
+    try:
+        started = time.perf_counter()
+        resolved = resolve_config(args.config, overrides, None, None)
+        started_ray = connect_ray(resolved)
+        prelaunch_role_actors(resolved)
+        print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
+              f"actors in {time.perf_counter() - started:.1f} s", flush=True)
+        return flow_fn(profile=args.config, overrides=overrides, resume=not args.fresh, resume_from=args.resume_from)
+    finally:
+        discard_prelaunched()  # a flow refused before it took them
+        if started_ray:
+            import ray
+
+            ray.shutdown()
 
 
 def refuse(problems: list[str]) -> int:

@@ -154,12 +154,72 @@ def connect_ray(config: PPOConfig) -> bool:
     return True
 
 
+@dataclass
+class LaunchedActors:
+    """Role actors created but not yet awaited: their processes import and load
+    their models while the caller does something else."""
+
+    config: PPOConfig
+    groups: dict[str, list[Any]]
+    launched_at: float
+
+
+_prelaunched: dict[str, LaunchedActors] = {}  # namespace -> actors the CLI launched while the Prefect API starts
+
+
+def prelaunch_role_actors(config: PPOConfig) -> None:
+    """Launch the run's actors now, for `start_role_actors` to adopt: the CLI calls
+    this before the flow starts, so the actors' imports and model loads overlap the
+    Prefect API's start-up instead of following it (issue 19)."""
+    _prelaunched[ray_namespace(config)] = launch_role_actors(config)
+
+
+def discard_prelaunched() -> None:
+    """Actors launched for a flow that never took them (it was refused): kill them."""
+    while _prelaunched:
+        _, launched = _prelaunched.popitem()
+        for ranks in launched.groups.values():
+            for handle in ranks:
+                _kill_quietly(handle)
+        while _live_placements:
+            release_placement(_live_placements.pop())
+
+
 def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -> RoleHandles:
-    """Create every role actor (every rank of a data-parallel trainer) and wait until
-    each has loaded its model; then form each trainer's process group. A leftover
-    actor of the same run name (a killed run whose lock this run took over) is
-    replaced: its state may be ahead of the last commit. An actor that fails to start,
-    or is not ready within `ready_timeout_s`, fails the start-up naming its role."""
+    """Every role actor (every rank of a data-parallel trainer), each waited for until
+    it has loaded its model; then each trainer's process group. Adopts the actors the
+    CLI launched for this very config, else launches them. An actor that fails to
+    start, or is not ready within `ready_timeout_s`, fails the start-up naming its role."""
+    launched = _prelaunched.pop(ray_namespace(config), None)
+    if launched is not None and launched.config != config:
+        _prelaunched[ray_namespace(config)] = launched
+        discard_prelaunched()
+        launched = None
+    launched = launched or launch_role_actors(config)
+    groups = launched.groups
+    try:
+        ready_seconds = wait_until_ready(groups, ready_timeout_s, launched.launched_at)
+    except Exception:
+        for ranks in groups.values():  # none of them may linger on a standing cluster
+            for handle in ranks:
+                _kill_quietly(handle)
+        raise
+    for role, ranks in groups.items():
+        if role in TRAINER_ROLES and len(ranks) > 1:
+            address = ray.get(ranks[0].rendezvous_address.remote())
+            ray.get([handle.join_data_parallel.remote(address, rank, len(ranks)) for rank, handle in enumerate(ranks)])
+    return RoleHandles(
+        **{role: ranks[0] for role, ranks in groups.items()},
+        peers={role: tuple(ranks[1:]) for role, ranks in groups.items() if len(ranks) > 1},
+        ready_seconds=ready_seconds,
+    )
+
+
+def launch_role_actors(config: PPOConfig) -> LaunchedActors:
+    """Create every role actor without waiting for any. A leftover actor of the same
+    run name (a killed run whose lock this run took over) is replaced: its state may
+    be ahead of the last commit."""
+    launched_at = time.perf_counter()
     namespace = ray_namespace(config)
     kill_run_actors(config.job.name)
     # Device groups become placement groups on a GPU run, nothing on CPU (S-RUN-4).
@@ -181,16 +241,7 @@ def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -
             .remote(*args)
             for rank, args in enumerate(arguments)
         ]
-    ready_seconds = wait_until_ready(groups, ready_timeout_s)
-    for role, ranks in groups.items():
-        if role in TRAINER_ROLES and len(ranks) > 1:
-            address = ray.get(ranks[0].rendezvous_address.remote())
-            ray.get([handle.join_data_parallel.remote(address, rank, len(ranks)) for rank, handle in enumerate(ranks)])
-    return RoleHandles(
-        **{role: ranks[0] for role, ranks in groups.items()},
-        peers={role: tuple(ranks[1:]) for role, ranks in groups.items() if len(ranks) > 1},
-        ready_seconds=ready_seconds,
-    )
+    return LaunchedActors(config, groups, launched_at)
 
 
 class ActorStartupError(RuntimeError):
@@ -203,10 +254,12 @@ def startup_timeout(stage_timeout_s: float | None) -> float | None:
     return None if stage_timeout_s is None else max(900.0, stage_timeout_s)
 
 
-def wait_until_ready(groups: dict[str, list[Any]], timeout_s: float | None) -> dict[str, float]:
-    """Seconds from now until each actor has built its role (imports, model load),
-    as they come in; the start-up's breakdown for users and bench/startup.py."""
-    started = time.perf_counter()
+def wait_until_ready(
+    groups: dict[str, list[Any]], timeout_s: float | None, launched_at: float | None = None
+) -> dict[str, float]:
+    """Seconds from the actors' launch until each has built its role (imports, model
+    load), as they come in; the start-up's breakdown for users and bench/startup.py."""
+    started = time.perf_counter() if launched_at is None else launched_at
     labels = {
         handle.ready.remote(): role if len(ranks) == 1 else f"{role} rank {rank}"
         for role, ranks in groups.items()
@@ -228,12 +281,16 @@ def wait_until_ready(groups: dict[str, list[Any]], timeout_s: float | None) -> d
     return seconds
 
 
+def _kill_quietly(handle: Any) -> None:
+    try:
+        ray.kill(handle)
+    except Exception:  # already dead: nothing to release
+        pass
+
+
 def stop_role_actors(handles: RoleHandles | None) -> None:
     for handle in handles.every_actor() if handles is not None else []:
-        try:
-            ray.kill(handle)
-        except Exception:  # already dead: nothing to release
-            pass
+        _kill_quietly(handle)
     # Also when start-up failed half way (handles is None): free the reserved GPUs.
     while _live_placements:
         release_placement(_live_placements.pop())
