@@ -21,7 +21,7 @@ from configs.schema import PPOConfig
 from placement.plan import plan_placement
 from placement.role_placement import role_placements
 from flows.iteration import run_iterations
-from flows.resume import find_resume_point, restore_roles
+from flows.resume import find_resume_point, restore_roles, start_from_scratch
 from flows.run_lock import RunLock, local_run_dir
 from flows.run_outputs import RunPaths, append_metrics
 from flows.runners import InProcessRunner
@@ -121,5 +121,7 @@ def run_in_process(
         if point is not None:
             policy_version = restore_roles(runner, roles, point, config, paths)
             start = point.iteration + 1
+        else:
+            start_from_scratch(paths)
         run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
     return records, roles

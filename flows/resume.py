@@ -163,6 +163,13 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
     return policy_version
 
 
+def start_from_scratch(paths: RunPaths) -> None:
+    """No committed boundary: every iteration runs again from 1, so rows a killed
+    earlier attempt wrote before its first commit are dropped, or they would appear
+    twice (S-FAULT-2)."""
+    truncate_metrics(paths.metrics, 0)
+
+
 def truncate_metrics(path: str, last_iteration: int) -> None:
     """Drop metric lines of iterations after the boundary: they are replayed, and
     the file must read like the uninterrupted run's."""

@@ -20,7 +20,7 @@ from flows.failures import StageFailed
 from flows.history import RunHistory
 from flows.iteration import run_iterations
 from flows.preflight import require_runnable
-from flows.resume import find_resume_point, restore_roles
+from flows.resume import find_resume_point, restore_roles, start_from_scratch
 from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
@@ -135,6 +135,8 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     logger = get_run_logger()
     resume_point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
     paths.ensure()
+    if resume_point is None:
+        start_from_scratch(paths)
     started = time.perf_counter()
     started_ray = connect_ray(config)
     say(

@@ -189,3 +189,14 @@ def test_a_save_failing_part_way_fails_the_commit_naming_role_and_path_and_keeps
     assert not (boundary(run_dir, 4) / "_SUCCESS").exists()
     _run(tmp_path, tiny_model_dir, "run", "rl.max_steps=4")  # resumes from iter_000002
     assert _digests(run_dir, 4) == _digests(straight, 4)
+
+
+def test_rows_of_an_attempt_killed_before_its_first_commit_are_not_repeated(tiny_model_dir, tmp_path):
+    """S-FAULT-2: a run killed in iteration 2 before any commit left row 1; the rerun
+    starts from scratch and metrics.jsonl holds each iteration once."""
+    straight = _run(tmp_path, tiny_model_dir, "straight", "rl.max_steps=2")
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
+    (killed_dir / "metrics.jsonl").write_text((straight / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    _run(tmp_path, tiny_model_dir, "killed", "rl.max_steps=2")
+    assert [r["iteration"] for r in metric_records(killed_dir)] == [1, 2]
