@@ -18,6 +18,7 @@ runner the compute time of the calls that stage waited for.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import re
 import time
 from contextlib import contextmanager
@@ -72,20 +73,17 @@ class FlowRunner:
         started = time.perf_counter()
         results = []
         with self._bounded():
-            if not self.prefect_tasks:
-                for task, args in stages:
-                    with naming_failures(task.name, iteration, self.explain):
-                        results.append(task.fn(iteration, *args))
-                self.seconds[label] = time.perf_counter() - started
-                fault_point(iteration, f"after_{label}")
-                return results
-            upstream = list(self._upstream) or None
-            futures = [(task, task.submit(iteration, *args, wait_for=upstream)) for task, args in stages]
-            for task, future in futures:
+            if self.prefect_tasks:
+                upstream = list(self._upstream) or None
+                futures = [(task, task.submit(iteration, *args, wait_for=upstream)) for task, args in stages]
+                self._upstream = [future for _, future in futures]
+                waits = [(task, future.result) for task, future in futures]
+            else:
+                waits = [(task, partial(task.fn, iteration, *args)) for task, args in stages]
+            for task, wait in waits:
                 with naming_failures(task.name, iteration, self.explain):
-                    results.append(future.result())
+                    results.append(wait())
         self.seconds[label] = time.perf_counter() - started
-        self._upstream = [future for _, future in futures]
         fault_point(iteration, f"after_{label}")
         return results
 
@@ -110,6 +108,7 @@ class FlowRunner:
         """A dead or stuck actor named by its role (and node), instead of Ray's actor id."""
         from ray.exceptions import RayActorError
 
+        from roles.actors import kill_quietly
         from tasks.stages import StageTimeout
 
         if isinstance(error, StageTimeout):
@@ -118,7 +117,7 @@ class FlowRunner:
             stuck = error.late[0].task_id().actor_id().hex()
             name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
             if handle is not None:
-                _kill(handle)
+                kill_quietly(handle)
             return (
                 f"no result from the {name} actor within {error.seconds:g} s "
                 f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device"
@@ -134,22 +133,15 @@ class FlowRunner:
 
 def actor_labels(roles: Any) -> dict[str, tuple[str, Any]]:
     """Ray actor id -> (role name as a user reads it, handle), for every rank."""
+    from roles.actors import actor_label
+
     labels: dict[str, tuple[str, Any]] = {}
     for role, _ in roles.items():
         ranks = roles.ranks(role)
         for rank, handle in enumerate(ranks):
-            label = role if len(ranks) == 1 else f"{role} rank {rank}"
-            labels[handle._actor_id.hex()] = (label, handle)
+            labels[handle._actor_id.hex()] = (actor_label(role, rank, len(ranks)), handle)
     return labels
 
-
-def _kill(handle: Any) -> None:
-    import ray
-
-    try:
-        ray.kill(handle)
-    except Exception:  # already gone: nothing left to release
-        pass
 
 
 @dataclass

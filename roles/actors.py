@@ -177,12 +177,14 @@ def prelaunch_role_actors(config: PPOConfig) -> None:
 def discard_prelaunched() -> None:
     """Actors launched for a flow that never took them (it was refused): kill them."""
     while _prelaunched:
-        _, launched = _prelaunched.popitem()
-        for ranks in launched.groups.values():
-            for handle in ranks:
-                _kill_quietly(handle)
+        _kill_groups(_prelaunched.popitem()[1].groups)
         while _live_placements:
             release_placement(_live_placements.pop())
+
+
+def actor_label(role: str, rank: int, ranks: int) -> str:
+    """How messages name one actor: the role, and its rank when the role has several."""
+    return role if ranks == 1 else f"{role} rank {rank}"
 
 
 def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -> RoleHandles:
@@ -192,17 +194,14 @@ def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -
     start, or is not ready within `ready_timeout_s`, fails the start-up naming its role."""
     launched = _prelaunched.pop(ray_namespace(config), None)
     if launched is not None and launched.config != config:
-        _prelaunched[ray_namespace(config)] = launched
-        discard_prelaunched()
+        _kill_groups(launched.groups)  # launched for another config: of no use here
         launched = None
     launched = launched or launch_role_actors(config)
     groups = launched.groups
     try:
         ready_seconds = wait_until_ready(groups, ready_timeout_s, launched.launched_at)
     except Exception:
-        for ranks in groups.values():  # none of them may linger on a standing cluster
-            for handle in ranks:
-                _kill_quietly(handle)
+        _kill_groups(groups)  # none of them may linger on a standing cluster
         raise
     for role, ranks in groups.items():
         if role in TRAINER_ROLES and len(ranks) > 1:
@@ -261,7 +260,7 @@ def wait_until_ready(
     load), as they come in; the start-up's breakdown for users and bench/startup.py."""
     started = time.perf_counter() if launched_at is None else launched_at
     labels = {
-        handle.ready.remote(): role if len(ranks) == 1 else f"{role} rank {rank}"
+        handle.ready.remote(): actor_label(role, rank, len(ranks))
         for role, ranks in groups.items()
         for rank, handle in enumerate(ranks)
     }
@@ -281,7 +280,13 @@ def wait_until_ready(
     return seconds
 
 
-def _kill_quietly(handle: Any) -> None:
+def _kill_groups(groups: dict[str, list[Any]]) -> None:
+    for ranks in groups.values():
+        for handle in ranks:
+            kill_quietly(handle)
+
+
+def kill_quietly(handle: Any) -> None:
     try:
         ray.kill(handle)
     except Exception:  # already dead: nothing to release
@@ -290,7 +295,7 @@ def _kill_quietly(handle: Any) -> None:
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
     for handle in handles.every_actor() if handles is not None else []:
-        _kill_quietly(handle)
+        kill_quietly(handle)
     # Also when start-up failed half way (handles is None): free the reserved GPUs.
     while _live_placements:
         release_placement(_live_placements.pop())
