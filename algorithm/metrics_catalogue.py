@@ -107,7 +107,8 @@ METRICS: tuple[Metric, ...] = (
            ACTOR_UPDATES, "roles/policy_role.py"),
     Metric("perf/policy_train_seconds", "the policy's time in train_batch (rank 0)", "seconds", ACTOR_UPDATES,
            "roles/policy_role.py"),
-    Metric("perf/policy_allreduce_seconds", "rank 0's time in the policy's gradient collectives", "seconds",
+    Metric("perf/policy_grad_sync_seconds", "rank 0's time in the policy's backward passes that reduce-scatter "
+           "gradients over the FSDP2 ranks (the last micro-batch of each minibatch, compute included)", "seconds",
            (DATA_PARALLEL, ACTOR_UPDATES), "roles/policy_role.py"),
     # the critic's update
     Metric("train/value_loss", "clipped value loss, mean over micro-batches", "loss", EVERY_ITERATION,
@@ -122,7 +123,8 @@ METRICS: tuple[Metric, ...] = (
            EVERY_ITERATION, "roles/critic_role.py"),
     Metric("perf/critic_train_seconds", "the critic's time in train_batch (rank 0)", "seconds", EVERY_ITERATION,
            "roles/critic_role.py"),
-    Metric("perf/critic_allreduce_seconds", "rank 0's time in the critic's gradient collectives", "seconds",
+    Metric("perf/critic_grad_sync_seconds", "rank 0's time in the critic's backward passes that reduce-scatter "
+           "gradients over the FSDP2 ranks (the last micro-batch of each minibatch, compute included)", "seconds",
            DATA_PARALLEL, "roles/critic_role.py"),
     # weights and the park
     Metric("perf/weight_sync_bytes", "bytes of policy weights engine 0 loaded", "bytes", ACTOR_UPDATES,

@@ -99,8 +99,8 @@ class TrainerRole:
         named[f"optim/{self.role}_lr"] = metrics["lr"]
         named[f"optim/{self.role}_optimizer_step"] = float(self.runtime.optimizer_step)
         named[f"perf/{self.role}_train_seconds"] = time.perf_counter() - started
-        if self.runtime.last_allreduce_seconds is not None:  # only with data-parallel ranks
-            named[f"perf/{self.role}_allreduce_seconds"] = self.runtime.last_allreduce_seconds
+        if self.runtime.last_grad_sync_seconds is not None:  # only with sharded ranks
+            named[f"perf/{self.role}_grad_sync_seconds"] = self.runtime.last_grad_sync_seconds
         return TrainReceipt(self.role, batch_id, self.rank, self.runtime.optimizer_step, named)
 
     def _saved_state(self) -> dict[str, Any]:

@@ -1,20 +1,13 @@
-"""Data parallelism for a trainable role: R actors (ranks) of one role, each holding
-the whole model, each computing on its shard of every minibatch (S-FLOW-5).
+"""Data parallelism for a trainable role: R actors (ranks) of one role, one process
+group, each rank computing on its shard of every minibatch (S-FLOW-5) with its model
+sharded by FSDP2 (trainer/sharding.py, S-SCALE-1).
 
-Why hand-written all-reduce rather than `DistributedDataParallel`: DDP's reducer
-binds gradient buckets to the parameters' device when it is built, and the colocated
-policy moves its parameters to the host and back every iteration (S-RUN-4). Summing
-the flattened gradients once per minibatch, after the micro-batches have been
-accumulated, is the same arithmetic, survives the park, and costs one collective per
-optimizer step instead of one per bucket per micro-batch.
-
-Every rank ends every step with bit-identical parameters: they start identical
-(rank 0's tensors are broadcast when the group forms), the all-reduced gradients are
-identical on every rank, and so are the clipping and the optimizer step that follow.
-That is why a checkpoint is written by rank 0 alone and loaded by every rank.
-
-One process group per role: each rank is its own Ray actor process, so the default
-group of torch.distributed is that role's group. NCCL between GPUs, gloo on the host.
+What is left here is what FSDP2 does not do: joining the group (each rank is its
+own Ray actor process, so the default group of torch.distributed is the role's
+group; NCCL between GPUs, gloo on the host), giving every rank rank 0's initial
+weights before sharding (a value head initialised differently on another rank would
+otherwise be stitched together from two draws), and summing the loss diagnostics
+over the ranks so a receipt describes the whole minibatch schedule.
 """
 
 from __future__ import annotations
@@ -22,14 +15,10 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable
 
 import torch
 import torch.distributed as dist
-
-BUCKET_BYTES = 256 * 2**20
-"""Largest flat gradient buffer one all-reduce sends: big enough that a small model
-needs one collective per step, small enough that the copy costs little memory."""
+from torch.distributed.device_mesh import DeviceMesh
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 """How long a rank waits in a collective for a peer that stopped answering before it
@@ -55,40 +44,11 @@ def rendezvous_address() -> str:
 class DataParallel:
     rank: int
     world: int
+    mesh: DeviceMesh | None = None  # the role's FSDP2 mesh, once its model is sharded
 
     @property
     def active(self) -> bool:
         return self.world > 1
-
-    def all_reduce_gradients(self, parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES) -> None:
-        """Sum every gradient over the ranks, in place: one flat collective per bucket
-        of same-dtype gradients (a bucket holds at most `bucket_bytes`, so the flat
-        copy never doubles a large model's gradient memory).
-
-        A parameter that got no gradient on this rank (a vision tower when this rank's
-        shard had no image) contributes zeros, so every rank sends the same layout."""
-        buckets: dict[torch.dtype, list[list[torch.nn.Parameter]]] = {}
-        filled: dict[torch.dtype, int] = {}
-        for param in parameters:
-            if not param.requires_grad:
-                continue
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            size = param.grad.numel() * param.grad.element_size()
-            dtype = param.grad.dtype
-            if dtype not in buckets or (filled[dtype] and filled[dtype] + size > bucket_bytes):
-                buckets.setdefault(dtype, []).append([])
-                filled[dtype] = 0
-            buckets[dtype][-1].append(param)
-            filled[dtype] += size
-        for bucket in (b for per_dtype in buckets.values() for b in per_dtype):
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            offset = 0
-            for p in bucket:
-                count = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + count].view_as(p.grad))
-                offset += count
 
     def all_reduce_sums(self, sums: dict[str, float], counts: dict[str, int], device: torch.device) -> None:
         """Diagnostics summed over every rank's micro-batches, in place, so each rank's

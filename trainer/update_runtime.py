@@ -23,6 +23,7 @@ from configs.schema import OptimizerConfig
 from roles.trajectory import PPOTargets
 from trainer.data_parallel import SINGLE, DataParallel, join_group
 from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
+from trainer.sharding import clip_gradients, is_sharded, set_gradient_sync, shard_model
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -113,24 +114,37 @@ class UpdateRuntime:
             # parameters (fused and foreach kernels need both on one device).
             model.to(self.device)
         self.model = model
-        self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optimizer_config, lr)
-        self.scheduler = build_scheduler(self.optimizer, optimizer_config.warmup_steps)
+        self.optimizer_config = optimizer_config
+        self.lr = lr
+        self._build_optimizer()
         self.max_grad_norm = optimizer_config.max_grad_norm
         self.optimizer_step = 0
         self.plan_shape: tuple[int, int, int] | None = None
         self.data_parallel: DataParallel = SINGLE
-        self.last_allreduce_seconds: float | None = None
+        self.last_grad_sync_seconds: float | None = None
         # Host <-> GPU moves (the colocated park) go through reused pinned buffers;
         # False takes the plain `Module.to` path (bench/park_bench.py compares them).
         self.pin_host_copies = True
         self._host_copies = PinnedHostCopies()
 
+    def _build_optimizer(self) -> None:
+        self.optimizer = build_optimizer(
+            [p for p in self.model.parameters() if p.requires_grad], self.optimizer_config, self.lr
+        )
+        self.scheduler = build_scheduler(self.optimizer, self.optimizer_config.warmup_steps)
+
     def join_data_parallel(self, address: str, rank: int, world: int) -> None:
-        """Form this role's process group with its other ranks and take rank 0's
-        weights. The model must be on its compute device (NCCL needs GPU tensors)."""
+        """Form this role's process group with its other ranks, take rank 0's weights
+        and shard the model over the ranks (S-SCALE-1). The model must be on its
+        compute device (NCCL needs GPU tensors) and never stepped: sharding replaces
+        the parameters, so the optimizer and its scheduler are built anew."""
+        if self.optimizer_step or self.optimizer.state:
+            raise RuntimeError(f"{self.role}: joining a process group after training would drop optimizer state")
         self.data_parallel = join_group(address, rank, world, self.device)
         if self.data_parallel.active:
             self.data_parallel.broadcast_from_rank0(self.model)
+            self.data_parallel.mesh = shard_model(self.model, world, self.device)
+            self._build_optimizer()
 
     def run_plan(self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn) -> dict[str, float]:
         if self.plan_shape is not None and tuple(self.plan_shape) != plan.shape:
@@ -144,22 +158,28 @@ class UpdateRuntime:
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         dp = self.data_parallel
-        reduce_seconds = 0.0
+        sharded = is_sharded(self.model)
+        sync_seconds = 0.0
         for minibatch in plan.minibatches(targets.num_samples, dp.rank, dp.world):
             self.optimizer.zero_grad(set_to_none=True)
-            for micro in minibatch:
+            micro_batches = list(minibatch)
+            for position, micro in enumerate(micro_batches):
+                last = position == len(micro_batches) - 1
+                set_gradient_sync(self.model, last)  # one reduce-scatter per optimizer step
                 loss, diagnostics = loss_fn(targets, micro)
                 # Weighted by the whole minibatch (all ranks' shards), so the sum over
-                # ranks below is the one-rank gradient.
+                # ranks FSDP2 reduces is the one-rank gradient.
+                backward_started = time.perf_counter()
                 (loss * (len(micro) / plan.minibatch_size)).backward()
+                if sharded and last:
+                    sync_seconds += time.perf_counter() - backward_started
                 for name, value in diagnostics.items():
                     sums[name] += float(value)
                     counts[name] += 1
-            if dp.active:
-                reduce_started = time.perf_counter()
-                dp.all_reduce_gradients(self.model.parameters())
-                reduce_seconds += time.perf_counter() - reduce_started
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            if sharded:
+                grad_norm = clip_gradients(list(self.model.parameters()), self.max_grad_norm)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer_step += 1
@@ -169,9 +189,9 @@ class UpdateRuntime:
             dp.all_reduce_sums(sums, counts, self.device)
         metrics = {name: sums[name] / counts[name] for name in sums}
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        # Seconds this rank spent in the gradient collectives (waiting for the slowest
-        # rank included): what data parallelism costs, for the role's perf/ metrics.
-        self.last_allreduce_seconds = reduce_seconds if dp.active else None
+        # Seconds this rank spent in the backward passes that reduce-scatter the
+        # gradients (waiting for the slowest rank included), for the perf/ metrics.
+        self.last_grad_sync_seconds = sync_seconds if sharded else None
         return metrics
 
     def place(self, device: str | torch.device) -> int:

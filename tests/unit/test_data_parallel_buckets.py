@@ -1,36 +1,40 @@
-"""The gradient all-reduce of trainer/data_parallel.py packs gradients into buckets;
-with a one-rank gloo group (a sum over one rank is the identity) every gradient must
-come back exactly, in its own place, however the buckets are cut."""
+"""Weight publication gathers the full weights in bounded buckets (S-SCALE-3,
+trainer/sharding.py): every tensor must come back exactly, under its own name,
+however the buckets are cut, and no bucket may exceed its bound unless one tensor
+alone does. (This file tested the hand-written gradient all-reduce's buckets before
+FSDP2 replaced it; the sharded gather itself is tested in test_fsdp_update.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from trainer.data_parallel import DataParallel, rendezvous_address
+from trainer.sharding import full_weight_buckets, full_weights
 
 
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", init_method=rendezvous_address(), rank=0, world_size=1)
-    yield DataParallel(rank=0, world=1)
-    dist.destroy_process_group()
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16), torch.nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 40, 2**30])  # a bucket per tensor, a few, all in one
-def test_every_gradient_comes_back_in_place_whatever_the_buckets(one_rank_group, bucket_bytes):
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16), torch.nn.Linear(2, 2))
-    model[2].weight.requires_grad_(False)
-    unused = torch.nn.Parameter(torch.ones(5))  # no gradient on this rank: sent as zeros
-    x = torch.randn(6, 4)
-    model[2](model[1](model[0](x).to(torch.bfloat16)).float()).sum().backward()
-    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+def test_every_weight_comes_back_in_place_whatever_the_buckets(bucket_bytes):
+    model = _model()
+    expected = model.state_dict()
+    buckets = list(full_weight_buckets(model, keep=True, bucket_bytes=bucket_bytes))
+    gathered = {name: tensor for bucket in buckets for name, tensor in bucket.items()}
+    assert list(gathered) == list(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(gathered[name], tensor) and gathered[name].dtype == tensor.dtype, name
+    for bucket in buckets:
+        sizes = [t.numel() * t.element_size() for t in bucket.values()]
+        assert len(sizes) == 1 or sum(sizes) <= bucket_bytes
+    if bucket_bytes == 1:
+        assert len(buckets) == len(expected)
 
-    one_rank_group.all_reduce_gradients([*model.parameters(), unused], bucket_bytes=bucket_bytes)
 
-    for name, p in model.named_parameters():
-        if name in expected:
-            assert torch.equal(p.grad, expected[name]) and p.grad.dtype == expected[name].dtype, name
-    assert model[2].weight.grad is None  # frozen: untouched
-    assert torch.equal(unused.grad, torch.zeros(5))
+def test_a_rank_that_does_not_keep_gets_nothing_but_still_walks_every_bucket():
+    model = _model()
+    buckets = list(full_weight_buckets(model, keep=False, bucket_bytes=1))
+    assert len(buckets) == len(model.state_dict()) and all(bucket == {} for bucket in buckets)
+    assert full_weights(model, keep=False) == {}

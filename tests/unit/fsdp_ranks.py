@@ -1,0 +1,104 @@
+"""Gloo ranks in spawned processes for the FSDP2 tests: each rank builds the same
+small Qwen3 model, runs `UpdateRuntime` on its shard of a fixed batch, and writes
+what the test compares (rank 0's gathered weights, the receipt metrics) to files.
+
+Spawned with torch.multiprocessing rather than as Ray actors: a process group of two
+costs about as much as two imports of torch, not a Ray cluster's start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+SEQUENCE = 12
+SAMPLES = 8
+
+
+def small_qwen3(seed: int = 0, layers: int = 2) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def batch() -> SimpleNamespace:
+    """(SAMPLES, SEQUENCE) token ids, the same on every rank."""
+    generator = torch.Generator().manual_seed(1)
+    return SimpleNamespace(num_samples=SAMPLES, input_ids=torch.randint(0, 48, (SAMPLES, SEQUENCE), generator=generator))
+
+
+def language_model_loss(model: torch.nn.Module) -> Callable:
+    def loss_fn(targets: SimpleNamespace, index: torch.Tensor):
+        ids = targets.input_ids[index]
+        loss = model(input_ids=ids, labels=ids).loss
+        return loss, {"loss": loss.detach()}
+
+    return loss_fn
+
+
+def runtime(rank: int, world: int, address: str):
+    from configs.schema import OptimizerConfig
+    from trainer.update_runtime import UpdateRuntime
+
+    torch.set_num_threads(1)
+    model = small_qwen3(seed=rank)  # rank 0's draw must win: the join broadcasts it
+    update = UpdateRuntime("policy", model, OptimizerConfig(max_grad_norm=0.5), lr=1e-2)
+    if world > 1:
+        update.join_data_parallel(address, rank, world)
+    return update
+
+
+def train(update, iterations: int = 2) -> list[dict[str, float]]:
+    from algorithm.update_plan import UpdatePlan
+
+    receipts = []
+    for iteration in range(1, iterations + 1):
+        plan = UpdatePlan(epochs=2, minibatch_size=4, micro_batch_size=2, seed=3, outer_iteration=iteration)
+        receipts.append(update.run_plan(plan, batch(), language_model_loss(update.model)))
+    return receipts
+
+
+def write_result(out: Path, rank: int, update, receipts: list[dict[str, float]]) -> None:
+    from safetensors.torch import save_file
+
+    from trainer.sharding import full_weights
+
+    weights = full_weights(update.model, keep=rank == 0)
+    if rank == 0:
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, str(out / "weights.safetensors"))
+        (out / "receipts.json").write_text(json.dumps(receipts))
+
+
+def train_ranks(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
+    """The spawned body: train, optionally with the gradient reduction switched off."""
+    if not options.get("reduce", True):
+        import trainer.update_runtime
+
+        trainer.update_runtime.set_gradient_sync = lambda model, sync: trainer.sharding.set_gradient_sync(model, False)
+    update = runtime(rank, world, address)
+    receipts = train(update)
+    write_result(Path(out), rank, update, receipts)
+    shard_bytes = sum(p.to_local().numel() for p in update.model.parameters()) if world > 1 else None
+    if rank == 0 and shard_bytes is not None:
+        (Path(out) / "shard_numel.json").write_text(json.dumps(shard_bytes))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def spawn(body: Callable, world: int, out: Path, options: dict[str, Any] | None = None) -> None:
+    import torch.multiprocessing as mp
+
+    from trainer.data_parallel import rendezvous_address
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(body, args=(world, rendezvous_address(), str(out), options or {}), nprocs=world, join=True)

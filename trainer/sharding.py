@@ -1,0 +1,116 @@
+"""FSDP2 for a role's ranks (S-SCALE-1): parameters, gradients and optimizer state
+sharded over a one-dimensional DeviceMesh of the role's process group.
+
+Why FSDP2 (`fully_shard`) rather than the hand-written all-reduce this replaced: each
+rank then holds 1/N of the weights, gradients and AdamW moments instead of a full
+replica, and the reduce-scatter/all-gather are torch's, tested by more people than
+ours. What FSDP2 does not do stays in trainer/data_parallel.py: joining the group,
+rank 0's initial weights, and the loss diagnostics summed over the ranks.
+
+One rank is not sharded: a mesh of one would add DTensor wrappers and no saving, and
+the unsharded path is what the bitwise resume tests pin (S-CKPT-8).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+PUBLISH_BUCKET_BYTES = 256 * 2**20
+"""Largest group of gathered full parameters a rank holds on its device at once while
+publishing weights (S-SCALE-3): one bucket is unsharded, copied to the host, dropped."""
+
+
+def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
+    """bf16 compute with fp32 gradient reduction on GPUs; on the host everything stays
+    in the parameters' own dtype, so a CPU run computes what one rank computes."""
+    if device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks, each its own FSDP unit (gathered one at a time in
+    forward and backward): the classes the model names in `_no_split_modules`."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [module for module in model.modules() if type(module).__name__ in names]
+
+
+def shard_model(model: torch.nn.Module, world: int, device: torch.device) -> DeviceMesh:
+    """Shard `model` in place over a mesh of `world` ranks (the default process group
+    must exist). Parameters become DTensors, so an optimizer must be built after this."""
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    policy = mixed_precision(device)
+    for block in block_modules(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # The loss is weighted by the whole minibatch (every rank's shard), so the
+            # reduction must sum, not average over the ranks; plain SUM, since gloo
+            # has no pre-multiplied sum.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return mesh
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
+    """Reduce-scatter after this backward (the last micro-batch of a minibatch), or
+    only accumulate locally (the others): one reduction per optimizer step."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm_` for sharded gradients: the norm over every rank's shard
+    (a DTensor reduced to a full tensor), then every shard scaled by the same factor."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor, or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def full_weight_buckets(
+    model: torch.nn.Module, keep: bool, bucket_bytes: int = PUBLISH_BUCKET_BYTES
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The full weights as host tensors, in buckets of at most `bucket_bytes` (a
+    larger parameter is a bucket of its own). Every rank must iterate (each gather
+    is a collective); only a rank with `keep` gets tensors, the others empty dicts.
+    An unsharded model yields its own tensors (`.cpu()` copies nothing on the host)."""
+    bucket: dict[str, torch.Tensor] = {}
+    filled = 0
+    for name, tensor in model.state_dict().items():
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        size = full.numel() * full.element_size()
+        if bucket and filled + size > bucket_bytes:
+            yield bucket
+            bucket, filled = {}, 0
+        if keep:
+            bucket[name] = full.detach().cpu()
+        filled += size
+        del full
+    if bucket or filled:
+        yield bucket
+
+
+def full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """Every bucket of `full_weight_buckets` in one host dict (rank 0's publication)."""
+    weights: dict[str, torch.Tensor] = {}
+    for bucket in full_weight_buckets(model, keep):
+        weights.update(bucket)
+    return weights
