@@ -97,7 +97,7 @@ def full_weight_buckets(
     for name, tensor in model.state_dict().items():
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         size = full.numel() * full.element_size()
-        if bucket and filled + size > bucket_bytes:
+        if filled and filled + size > bucket_bytes:
             yield bucket
             bucket, filled = {}, 0
         if keep:
