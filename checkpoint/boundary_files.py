@@ -16,6 +16,7 @@ import fsspec
 
 from checkpoint.boundary import MARKER_NAME, CheckpointError
 from checkpoint.role_state import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE
+from checkpoint.sharded_role import SHARDED_OPTIMIZER_DIR
 
 CHUNK_BYTES = 1 << 20
 
@@ -88,8 +89,10 @@ def refuse_pruned_optimizer(fs: Any, root: str, boundary: str, recorded: dict[st
     """Retention (S-CKPT-6) removes optimizer files from older boundaries on purpose:
     say so, rather than calling the boundary corrupt."""
     for relative in recorded:
-        folder, _, name = relative.rpartition("/")
-        if name == OPTIMIZER_FILE and fs.exists(f"{root}/{folder}/{OPTIMIZER_PRUNED_NOTE}"):
+        parts = relative.split("/")
+        # `policy/optimizer.pt` (one rank) or `policy/optimizer/__0_0.distcp` (DCP shards)
+        is_optimizer = parts[1:] == [OPTIMIZER_FILE] or (len(parts) > 2 and parts[1] == SHARDED_OPTIMIZER_DIR)
+        if is_optimizer and fs.exists(f"{root}/{parts[0]}/{OPTIMIZER_PRUNED_NOTE}"):
             raise BoundaryCorrupt(
                 f"{boundary}: {relative} was removed by retention (rl.keep_optim_last), so this boundary cannot be "
                 "resumed; resume from a newer boundary, or export its weights with `python -m checkpoint.export`"

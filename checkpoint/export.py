@@ -12,8 +12,11 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from checkpoint.boundary import CheckpointError, read_marker
+from checkpoint.dcp_io import load_tensors
+from checkpoint.sharded_role import SHARDED_MODEL_DIR, is_sharded_layout
 
 
 def export_boundary(boundary: str, out: str) -> dict[str, str]:
@@ -28,12 +31,25 @@ def export_boundary(boundary: str, out: str) -> dict[str, str]:
         if _is_vision_language(source):
             written[role] = _export_vision_language(role, source, target)
             continue
-        model = auto_class.from_pretrained(source)
-        model.save_pretrained(target)
+        model = _from_shards(auto_class, source) if is_sharded_layout(source) else auto_class.from_pretrained(source)
+        model.save_pretrained(target)  # consolidated safetensors, whatever layout the boundary holds
         if (Path(source) / "tokenizer_config.json").exists():
             AutoTokenizer.from_pretrained(source).save_pretrained(target)
         written[role] = target
     return written
+
+
+def _from_shards(auto_class: Any, source: str) -> Any:
+    """A role saved by FSDP2 ranks (DCP shards, checkpoint/sharded_role.py), loaded
+    whole in this one process: DCP reassembles every rank's shards into one model."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source)
+    model = auto_class.from_config(config, dtype=getattr(config, "dtype", None))
+    state = model.state_dict()
+    load_tensors(state, f"{source}/{SHARDED_MODEL_DIR}")
+    model.load_state_dict(state)
+    return model
 
 
 def _is_vision_language(source: str) -> bool:

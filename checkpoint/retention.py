@@ -12,6 +12,7 @@ import fsspec
 
 from checkpoint.boundary import read_marker
 from checkpoint.role_state import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE
+from checkpoint.sharded_role import SHARDED_OPTIMIZER_DIR
 from placement.plan import TRAINER_ROLES
 
 
@@ -38,11 +39,14 @@ def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None, up
     for boundary in boundaries[:-keep]:
         for role in TRAINER_ROLES:
             fs, role_dir = fsspec.core.url_to_fs(f"{boundary}/{role}")
-            optimizer_path = f"{role_dir}/{OPTIMIZER_FILE}"
-            if fs.exists(optimizer_path):
+            # One file (one rank's layout) or one DCP folder of every rank's shards.
+            optimizer_paths = [f"{role_dir}/{OPTIMIZER_FILE}", f"{role_dir}/{SHARDED_OPTIMIZER_DIR}"]
+            present = [path for path in optimizer_paths if fs.exists(path)]
+            if present:
                 note = b"optimizer state removed by retention (rl.keep_optim_last)\n"
                 fs.pipe_file(f"{role_dir}/{OPTIMIZER_PRUNED_NOTE}", note)
-                fs.rm(optimizer_path)
+                for path in present:
+                    fs.rm(path, recursive=True)
                 pruned.append(f"{boundary}/{role}")
     return pruned
 

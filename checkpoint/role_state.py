@@ -26,7 +26,13 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
 
 from checkpoint.digest import state_digest
 
@@ -154,11 +160,16 @@ def optimizer_state_for_save(model: torch.nn.Module, optimizer: torch.optim.Opti
     return state, pristine
 
 
-def save_model_only(directory: str, *, model: torch.nn.Module) -> str:
-    """A partial (weights-only) save: an artifact, never a resume point (S-CKPT-5)."""
+def save_model_only(directory: str, *, model: torch.nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> str:
+    """A partial (weights-only) save: an artifact, never a resume point (S-CKPT-5).
+    `tensors`: the full weights when the model holds only a shard of them."""
     fs, root = fsspec.core.url_to_fs(directory)
     fs.makedirs(root, exist_ok=True)
-    write_file(f"{directory}/{MODEL_FILE}", save_safetensors(model_tensors(model), metadata={"format": "pt"}))
+    if tensors is None:
+        tensors = model_tensors(model)
+    else:
+        tensors = {name: tensor.to("cpu", copy=True).contiguous() for name, tensor in tensors.items()}
+    write_file(f"{directory}/{MODEL_FILE}", save_safetensors(tensors, metadata={"format": "pt"}))
     write_file(f"{directory}/config.json", model.config.to_json_string())
     return directory
 
@@ -263,13 +274,46 @@ def load_trainable_role(
             f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
             "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
         )
-    model.load_state_dict(load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}")), strict=True)
+    weights = load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}"))
     optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
+    if isinstance(model, FSDPModule):
+        return _load_full_into_shards(state, model, optimizer, weights, optimizer_state, scheduler, directory)
+    model.load_state_dict(weights, strict=True)
     if state.get("optimizer_pristine"):
-        for group, saved in zip(optimizer.param_groups, optimizer_state["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        restore_param_groups(optimizer, optimizer_state["param_groups"])
     else:
         set_optimizer_state_dict(model, optimizer, optimizer_state)
+    scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
+    torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
+    return state
+
+
+def restore_param_groups(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:
+    """A pristine optimizer's settings (the learning rate lives there) without its
+    state (S-CW-8)."""
+    for group, saved in zip(optimizer.param_groups, saved_groups):
+        group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items() if k != "params"})
+
+
+def _load_full_into_shards(
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    scheduler: Any,
+    directory: str,
+) -> dict[str, Any]:
+    """A one-rank boundary loaded by FSDP2 ranks (S-SCALE-2): rank 0's full tensors
+    are broadcast and each rank keeps its shard (torch's own full-state load path;
+    every rank calls this at once)."""
+    first = torch.distributed.get_rank() == 0
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights if first else {}, options=options)
+    if state.get("optimizer_pristine"):
+        restore_param_groups(optimizer, optimizer_state["param_groups"])
+    else:
+        set_optimizer_state_dict(model, optimizer, optimizer_state if first else {}, options=options)
     scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
     torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
     return state

@@ -98,9 +98,12 @@ def ppo_iteration(
     if not actor_warmup:  # S-CW-2/5: during warmup nothing touches the actor, no weights move
         policy_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in policy_ranks]
         # Takes every rank's receipt: a failed update publishes nothing (S-FLOW-6).
-        weights, new_version = run.call(roles.policy.publish_weights, *policy_receipts, returns=2)
+        # Every rank takes part in gathering the full weights from its shards
+        # (S-SCALE-3); rank 0 hands them to the engines.
+        published = [run.call(rank.publish_weights, *policy_receipts, returns=2) for rank in policy_ranks]
+        weights, new_version = published[0]
         loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.ranks("rollout")]
-        follows = [run.call(rank.follow_version, new_version) for rank in policy_ranks[1:]]
+        follows = [version for _, version in published[1:]]
     # The policy's last call: park on the host so the next rollout has the GPU (S-RUN-4).
     parks = [run.call(rank.park) for rank in policy_ranks]
 
@@ -159,14 +162,15 @@ def save_on_cadence(
     record: dict[str, Any],
 ) -> CommittedBoundary | None:
     """Queued only after every stage succeeded, so a failed iteration writes nothing
-    into its boundary. Rank 0 of each trainer saves; every rank loads on resume. The
+    into its boundary. Every rank of each trainer saves its shards; every rank loads on resume. The
     boundary also keeps the iteration's metrics row: a crash after the pointer moved
     but before the row reached metrics.jsonl must not lose it (S-FAULT-2)."""
     kind = save_kind(config, iteration) if paths is not None else None
     if kind == "full":
         boundary = boundary_path(paths.checkpoints, iteration)
         clear_for_commit(paths.checkpoints, iteration)  # S-FAULT-3: saves never mix with an older folder's files
-        saves = {role: run.call(getattr(roles, role).save, f"{boundary}/{role}") for role in (*TRAINER_ROLES, "data")}
+        saves = rank_saves(run, roles, boundary)
+        saves["data"] = run.call(roles.data.save, f"{boundary}/data")
         loop_state = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4, S-CW-9
         return run.stage(
             commit_tasks.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
@@ -174,6 +178,18 @@ def save_on_cadence(
         )
     if kind == "model":
         folder = f"{paths.artifacts}/{boundary_name(iteration)}"
-        saves = {role: run.call(getattr(roles, role).save, f"{folder}/{role}", "model") for role in TRAINER_ROLES}
+        saves = rank_saves(run, roles, folder, "model")
         run.stage(commit_tasks.save_artifact, iteration, saves, folder)
     return None
+
+
+def rank_saves(run: Runner, roles: Roles, folder: str, plan: str = "full") -> dict[str, Any]:
+    """Every rank of each trainer saves at once (a sharded save is a collective,
+    S-SCALE-2). Keyed by role for rank 0, whose report the marker records, and by
+    `role-rankN` for the others, so the commit waits for every rank's verified save
+    before its `_SUCCESS` (S-CKPT-2)."""
+    saves = {}
+    for role in TRAINER_ROLES:
+        for rank, handle in enumerate(roles.ranks(role)):
+            saves[role if rank == 0 else f"{role}-rank{rank}"] = run.call(handle.save, f"{folder}/{role}", plan)
+    return saves

@@ -118,8 +118,9 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
     vouches for, and hand the rollout the restored weights. Returns the restored
     policy_version."""
     boundary = point.boundary
-    # Every rank of a data-parallel trainer loads the one copy rank 0 saved; all
-    # loads are submitted before any is awaited.
+    # Every rank of a data-parallel trainer loads the boundary, resharded to this
+    # run's rank count (S-SCALE-2); all loads are submitted before any is awaited
+    # (a sharded load is a collective).
     policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.ranks("policy")]
     critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.ranks("critic")]
     states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data")])
@@ -152,7 +153,8 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
             f"{boundary}: restored policy_version {policy_version} but iteration {point.iteration} with "
             f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected} (S-CW-9)"
         )
-    weights, version = run.call(roles.policy.current_weights, returns=2)
+    # Every policy rank gathers (a collective on sharded ranks); rank 0's are the weights.
+    weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.ranks("policy")][0]
     run.get([run.call(engine.load_weights, weights, version) for engine in roles.ranks("rollout")])
     if point.went_back:
         go_back(paths, point.iteration)

@@ -37,6 +37,7 @@ from models.model_io import (
 from placement.role_placement import RolePlacement
 from roles.trainer_role import TrainerRole
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
+from trainer.sharding import full_weights
 
 
 class StaleSampleError(RuntimeError):
@@ -191,7 +192,10 @@ class PolicyRole(TrainerRole):
 
     def publish_weights(self, *after: TrainReceipt) -> tuple[dict[str, torch.Tensor], int]:
         """Advance the policy_version clock and hand out the weights that carry it
-        (S-FLOW-6). Only weight_sync calls this, on rank 0, and only after an actor update.
+        (S-FLOW-6). Only weight_sync calls this, on every rank at once, and only after
+        an actor update: the full weights are gathered from the ranks' shards once per
+        version, in bounded buckets (S-SCALE-3); rank 0 returns them, the other ranks
+        an empty dict and their own (equal) clock.
 
         The flow queues this call before training has finished and passes every
         rank's training receipt reference as `after`: if any rank failed, Ray fails
@@ -200,38 +204,28 @@ class PolicyRole(TrainerRole):
         for receipt in after:
             if receipt.batch_id != held:
                 raise ValueError(
-                    f"policy was asked to publish after rank {receipt.rank} trained on {receipt.batch_id}, "
-                    f"but holds targets for {held}"
+                    f"policy rank {self.rank} was asked to publish after rank {receipt.rank} trained on "
+                    f"{receipt.batch_id}, but holds targets for {held}"
                 )
         self.policy_version += 1
         return self._host_weights(), self.policy_version
 
-    def follow_version(self, version: int) -> int:
-        """Ranks 1..: take the version rank 0 published; their weights are already the
-        same (identical all-reduced steps), only the clock is rank 0's to advance."""
-        if version != self.policy_version + 1:
-            raise ValueError(
-                f"policy rank {self.rank} is at policy_version {self.policy_version}, asked to follow {version}"
-            )
-        self.policy_version = version
-        return version
-
     def current_weights(self) -> tuple[dict[str, torch.Tensor], int]:
         """The weights and version as they stand (after a restore), without
-        advancing the clock."""
+        advancing the clock; like publish_weights, every rank calls it at once."""
         return self._host_weights(), self.policy_version
 
     def _host_weights(self) -> dict[str, torch.Tensor]:
-        """The weights as host tensors for the object store (S-FLOW-6); on the host,
-        the model's own tensors (`.cpu()` copies nothing there)."""
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        """The full weights as host tensors for the object store (S-FLOW-6), on rank 0;
+        on the host and unsharded, the model's own tensors (`.cpu()` copies nothing)."""
+        return full_weights(self.model, keep=self.rank == 0)
 
     def _saved_state(self) -> dict[str, Any]:
         return {"policy_version": self.policy_version}
 
     def save(self, directory: str, plan: str = "full") -> dict[str, Any]:
         report = super().save(directory, plan)
-        if plan != "model":
+        if plan != "model" and self.rank == 0:
             with saving("policy", directory):
                 save_tokenizer(self.tokenizer, directory)  # the boundary exports as a complete HF model
                 if self.image_processor is not None:

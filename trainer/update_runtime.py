@@ -19,11 +19,12 @@ import torch
 
 from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
+from checkpoint.sharded_role import is_sharded_layout, load_sharded_role, save_sharded_role
 from configs.schema import OptimizerConfig
 from roles.trajectory import PPOTargets
 from trainer.data_parallel import SINGLE, DataParallel, join_group
 from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
-from trainer.sharding import clip_gradients, is_sharded, set_gradient_sync, shard_model
+from trainer.sharding import clip_gradients, full_weights, is_sharded, set_gradient_sync, shard_model
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -218,24 +219,38 @@ class UpdateRuntime:
         return module_bytes(self.model) + move_optimizer_state(self.optimizer, device)
 
     def save(self, directory: str, extra_state: dict[str, Any]) -> RoleSaveReport:
+        """On sharded ranks a collective: every rank writes its own shards (S-SCALE-2)."""
+        trainer_state = {
+            "optimizer_step": self.optimizer_step,
+            "plan_shape": list(self.plan_shape) if self.plan_shape else None,
+            **extra_state,
+        }
+        if is_sharded(self.model):
+            return save_sharded_role(
+                directory, role=self.role, rank=self.data_parallel.rank, model=self.model,
+                optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=trainer_state,
+                model_config_json=self.model.config.to_json_string(),
+            )
         return save_trainable_role(
-            directory,
-            role=self.role,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            trainer_state={
-                "optimizer_step": self.optimizer_step,
-                "plan_shape": list(self.plan_shape) if self.plan_shape else None,
-                **extra_state,
-            },
+            directory, role=self.role, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            trainer_state=trainer_state,
         )
 
     def save_model(self, directory: str) -> str:
-        return save_model_only(directory, model=self.model)
+        """A weights-only artifact: sharded ranks gather the full weights (a
+        collective), rank 0 writes them."""
+        if not is_sharded(self.model):
+            return save_model_only(directory, model=self.model)
+        tensors = full_weights(self.model, keep=self.data_parallel.rank == 0)
+        if self.data_parallel.rank == 0:
+            save_model_only(directory, model=self.model, tensors=tensors)
+        return directory
 
     def load(self, directory: str) -> dict[str, Any]:
-        state = load_trainable_role(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        """Either layout at any rank count: a sharded boundary (DCP) reshards to this
+        role's ranks, a one-rank boundary is sliced into them (S-SCALE-2)."""
+        load = load_sharded_role if is_sharded_layout(directory) else load_trainable_role
+        state = load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.optimizer_step = int(state["optimizer_step"])
         self.plan_shape = tuple(state["plan_shape"]) if state.get("plan_shape") else None
         return state

@@ -33,7 +33,8 @@ def small_qwen3(seed: int = 0, layers: int = 2) -> torch.nn.Module:
 def batch() -> SimpleNamespace:
     """(SAMPLES, SEQUENCE) token ids, the same on every rank."""
     generator = torch.Generator().manual_seed(1)
-    return SimpleNamespace(num_samples=SAMPLES, input_ids=torch.randint(0, 48, (SAMPLES, SEQUENCE), generator=generator))
+    ids = torch.randint(0, 48, (SAMPLES, SEQUENCE), generator=generator)
+    return SimpleNamespace(num_samples=SAMPLES, input_ids=ids)
 
 
 def language_model_loss(model: torch.nn.Module) -> Callable:
@@ -57,25 +58,27 @@ def runtime(rank: int, world: int, address: str):
     return update
 
 
-def train(update, iterations: int = 2) -> list[dict[str, float]]:
+def train(update, iterations: tuple[int, ...] = (1, 2)) -> list[dict[str, float]]:
     from algorithm.update_plan import UpdatePlan
 
     receipts = []
-    for iteration in range(1, iterations + 1):
+    for iteration in iterations:
         plan = UpdatePlan(epochs=2, minibatch_size=4, micro_batch_size=2, seed=3, outer_iteration=iteration)
         receipts.append(update.run_plan(plan, batch(), language_model_loss(update.model)))
     return receipts
 
 
-def write_result(out: Path, rank: int, update, receipts: list[dict[str, float]]) -> None:
+def write_result(out: Path, rank: int, update, receipts: list[dict[str, float]], name: str = "weights") -> None:
+    """Rank 0 writes the gathered full weights as `<name>.safetensors` (every rank
+    must call: the gather is a collective)."""
     from safetensors.torch import save_file
 
     from trainer.sharding import full_weights
 
     weights = full_weights(update.model, keep=rank == 0)
     if rank == 0:
-        save_file({k: v.contiguous().clone() for k, v in weights.items()}, str(out / "weights.safetensors"))
-        (out / "receipts.json").write_text(json.dumps(receipts))
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, str(out / f"{name}.safetensors"))
+        (out / f"{name}.json").write_text(json.dumps(receipts))
 
 
 def train_ranks(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
@@ -102,3 +105,23 @@ def spawn(body: Callable, world: int, out: Path, options: dict[str, Any] | None 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out.mkdir(parents=True, exist_ok=True)
     mp.spawn(body, args=(world, rendezvous_address(), str(out), options or {}), nprocs=world, join=True)
+
+
+def save_and_continue(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
+    """Iteration 1, a sharded save into `out/boundary`, iteration 2: the uninterrupted run."""
+    update = runtime(rank, world, address)
+    train(update, (1,))
+    write_result(Path(out), rank, update, [], "after_1")
+    update.save(f"{out}/boundary", {})
+    write_result(Path(out), rank, update, train(update, (2,)), "uninterrupted")
+    torch.distributed.destroy_process_group()
+
+
+def resume_and_continue(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
+    """For each boundary in `options["boundaries"]`: load it into these ranks (either
+    layout, any saving rank count), run iteration 2, write `<name>.safetensors`."""
+    update = runtime(rank, world, address)
+    for name, boundary in options["boundaries"].items():
+        update.load(boundary)
+        write_result(Path(out), rank, update, train(update, (2,)), name)
+    torch.distributed.destroy_process_group()

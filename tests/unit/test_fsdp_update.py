@@ -19,11 +19,12 @@ def one_rank(tmp_path_factory):
     out = tmp_path_factory.mktemp("one-rank")
     update = runtime(0, 1, "")
     write_result(out, 0, update, train(update))
-    return load_file(out / "weights.safetensors"), json.loads((out / "receipts.json").read_text())
+    return load_file(out / "weights.safetensors"), json.loads((out / "weights.json").read_text())
 
 
 def _close(weights, expected, tolerance):
-    return all(torch.allclose(weights[name], tensor, rtol=tolerance, atol=tolerance) for name, tensor in expected.items())
+    return all(torch.allclose(weights[name], tensor, rtol=tolerance, atol=tolerance)
+               for name, tensor in expected.items())
 
 
 def test_two_sharded_ranks_reproduce_the_one_rank_update(one_rank, tmp_path):
@@ -36,7 +37,7 @@ def test_two_sharded_ranks_reproduce_the_one_rank_update(one_rank, tmp_path):
     # Each rank held half of every parameter (tied embeddings counted once).
     total = sum(p.numel() for p in small_qwen3().parameters())
     assert json.loads((tmp_path / "shard_numel.json").read_text()) * 2 == total
-    receipts = json.loads((tmp_path / "receipts.json").read_text())
+    receipts = json.loads((tmp_path / "weights.json").read_text())
     for got, want in zip(receipts, expected_receipts):  # diagnostics summed over both shards
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key

@@ -1,0 +1,94 @@
+"""torch.distributed.checkpoint (DCP) reads and writes without unpickling code.
+
+DCP writes one `.distcp` file per rank and a `.metadata` file beside them, and reloads
+them at any rank count (S-SCALE-2). Two of its read paths unpickle, which S-SEC-2
+forbids for a boundary that others may write to: `.metadata` is read with
+`pickle.load`, and a non-tensor value is read with `torch.load(weights_only=False)`.
+So `.metadata` goes through an unpickler that builds only DCP's own metadata classes
+and the torch types they hold (Python's documented way to restrict globals), and a
+non-tensor value is refused: the state dicts saved here hold tensors only. Tensor
+payloads are read by DCP itself with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+METADATA_FILE = ".metadata"
+
+_ALLOWED_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+class UnsafeCheckpointFile(RuntimeError):
+    """A DCP file that would need more than tensors and DCP's metadata classes to read."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, handle: Any, path: str) -> None:
+        super().__init__(handle)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnsafeCheckpointFile(
+            f"{self.path} is not DCP metadata: it names {module}.{name}, which is not loaded (S-SEC-2)"
+        )
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader with `.metadata` read through the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        path = self._get_metadata_path(rank)
+        with self.fs.create_stream(path, "rb") as handle:
+            metadata = _MetadataUnpickler(handle, str(path)).load()
+        if not isinstance(metadata, Metadata):
+            raise UnsafeCheckpointFile(f"{path} holds {type(metadata).__name__}, not DCP metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class TensorOnlyLoadPlanner(DefaultLoadPlanner):
+    """Refuses a non-tensor value instead of `torch.load(weights_only=False)` on it."""
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        raise UnsafeCheckpointFile(
+            f"{read_item.dest_index.fqn} is stored as pickled bytes; only tensors are loaded (S-SEC-2)"
+        )
+
+
+def save_tensors(state: dict[str, Any], directory: str) -> None:
+    """Every rank writes its own shard file; rank 0 also writes `.metadata`. A
+    collective when a process group exists (every rank must call it)."""
+    dcp.save(state, storage_writer=FileSystemWriter(directory))
+
+
+def load_tensors(state: dict[str, Any], directory: str) -> None:
+    """Fill `state`'s tensors in place from `directory`, resharded to their layout
+    (DTensor shards, or whole tensors on one rank)."""
+    dcp.load(state, storage_reader=SafeReader(directory), planner=TensorOnlyLoadPlanner())

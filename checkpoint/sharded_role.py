@@ -1,0 +1,173 @@
+"""Saving and restoring a trainable role whose ranks hold FSDP2 shards (S-SCALE-2).
+
+Layout of such a role folder (one rank's files beside every other rank's):
+
+    model/.metadata, model/__<rank>_0.distcp          weights, DCP
+    optimizer/.metadata, optimizer/__<rank>_0.distcp  AdamW moments and steps, DCP
+    optimizer_param_groups.json                        learning rate and the other group settings
+    config.json, scheduler.pt, rng.pt, trainer_state.json (rank 0)
+
+Every rank writes its own shards (a DCP save is a collective) and re-reads them
+before its save counts as done: the commit writes `_SUCCESS` only after every rank's
+report has come back (S-CKPT-2). A load reshards to whatever ranks load it: a two-rank
+boundary loads into one unsharded model, and a one-rank boundary (the single-file
+layout of checkpoint/role_state.py) loads into sharded ranks through the full-state
+path of `set_model_state_dict` (in `load_trainable_role`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from checkpoint.dcp_io import METADATA_FILE, UnsafeCheckpointFile, load_tensors, save_tensors
+from checkpoint.digest import state_digest
+from checkpoint.role_state import (
+    OPTIMIZER_PRUNED_NOTE,
+    RNG_FILE,
+    SCHEDULER_FILE,
+    TRAINER_STATE_FILE,
+    RoleCheckpointError,
+    RoleSaveReport,
+    _torch_bytes,
+    _torch_load,
+    optimizer_state_for_save,
+    read_trainer_state,
+    restore_param_groups,
+    saving,
+    write_file,
+)
+
+SHARDED_MODEL_DIR = "model"
+SHARDED_OPTIMIZER_DIR = "optimizer"
+PARAM_GROUPS_FILE = "optimizer_param_groups.json"
+
+
+def is_sharded_layout(directory: str) -> bool:
+    fs, root = fsspec.core.url_to_fs(directory)
+    return fs.exists(f"{root}/{SHARDED_MODEL_DIR}/{METADATA_FILE}")
+
+
+def local_shards(value: Any) -> Any:
+    """`value` with every DTensor replaced by this rank's shard: what a rank wrote."""
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, dict):
+        return {key: local_shards(item) for key, item in value.items()}
+    return value
+
+
+def _empty_like(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value)
+    return {key: _empty_like(item) for key, item in value.items()}
+
+
+def _verify(role: str, state: dict[str, Any], directory: str) -> str:
+    """Re-read this rank's part of what was just saved; its digest, or a refusal."""
+    digest = state_digest(local_shards(state))
+    reread = _empty_like(state)
+    try:
+        load_tensors(reread, directory)
+    except (UnsafeCheckpointFile, FileNotFoundError, RuntimeError) as error:
+        raise RoleCheckpointError(f"{role}: {directory} does not re-read: {error}") from None
+    if state_digest(local_shards(reread)) != digest:
+        raise RoleCheckpointError(f"{role}: {directory} does not re-read to the saved state")
+    return digest
+
+
+def _json_groups(param_groups: list[dict[str, Any]]) -> str:
+    return json.dumps([{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in param_groups])
+
+
+def save_sharded_role(
+    directory: str,
+    *,
+    role: str,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    model_config_json: str,
+) -> RoleSaveReport:
+    """Every rank calls this at once. Host tensors are written whatever the device:
+    DCP stages device shards through the host itself."""
+    model_state = get_model_state_dict(model)
+    optimizer_state, pristine = optimizer_state_for_save(model, optimizer)  # S-CW-7 holds sharded too
+    with saving(role, directory):
+        save_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
+        if not pristine:
+            save_tensors(optimizer_state["state"], f"{directory}/{SHARDED_OPTIMIZER_DIR}")
+        if rank == 0:
+            write_file(f"{directory}/config.json", model_config_json)
+            write_file(f"{directory}/{PARAM_GROUPS_FILE}", _json_groups(optimizer_state["param_groups"]))
+            write_file(f"{directory}/{SCHEDULER_FILE}", _torch_bytes(scheduler.state_dict()))
+            write_file(f"{directory}/{RNG_FILE}", _torch_bytes({"torch": torch.get_rng_state()}))
+            state = dict(trainer_state, optimizer_pristine=pristine, sharded_ranks=_world())
+            write_file(f"{directory}/{TRAINER_STATE_FILE}", json.dumps(state, indent=2, sort_keys=True))
+    model_digest = _verify(role, model_state, f"{directory}/{SHARDED_MODEL_DIR}")
+    optimizer_digest = (
+        _verify(role, optimizer_state["state"], f"{directory}/{SHARDED_OPTIMIZER_DIR}") if not pristine else ""
+    )
+    return RoleSaveReport(
+        role=role,
+        path=directory,
+        optimizer_step=int(trainer_state["optimizer_step"]),
+        optimizer_pristine=pristine,
+        model_digest=model_digest,
+        optimizer_digest=optimizer_digest,
+    )
+
+
+def _world() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def load_sharded_role(
+    directory: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any]:
+    """Every rank calls this at once; the ranks may be more or fewer than saved it."""
+    state = read_trainer_state(directory)  # S-CW-8: the marker before the optimizer
+    fs, root = fsspec.core.url_to_fs(directory)
+    if fs.exists(f"{root}/{OPTIMIZER_PRUNED_NOTE}"):
+        raise RoleCheckpointError(
+            f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
+            "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
+        )
+    model_state = get_model_state_dict(model)
+    load_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
+    set_model_state_dict(model, model_state)
+    groups = json.loads(_read_text(f"{directory}/{PARAM_GROUPS_FILE}"))
+    if state.get("optimizer_pristine"):
+        restore_param_groups(optimizer, groups)
+    else:
+        # The load target: materialised with the right shapes and shards (its values
+        # are all overwritten by the load below).
+        target = get_optimizer_state_dict(model, optimizer)
+        load_tensors(target["state"], f"{directory}/{SHARDED_OPTIMIZER_DIR}")
+        for group in groups:
+            if "betas" in group:
+                group["betas"] = tuple(group["betas"])
+        set_optimizer_state_dict(model, optimizer, {"state": target["state"], "param_groups": groups})
+    scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
+    torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
+    return state
+
+
+def _read_text(path: str) -> str:
+    try:
+        with fsspec.open(path, "r") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise RoleCheckpointError(f"missing checkpoint file {path}") from None
