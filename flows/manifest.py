@@ -35,6 +35,7 @@ from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
 from flows.preflight import Problem, config_problems, joins_cluster, machine_problems
+from placement.mesh import role_meshes
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
 
 EXIT_OK = 0
@@ -137,9 +138,11 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
     if max(ranks.values()) > 1 or engines > 1:
         report.summary.append(
             "data parallel: " + ", ".join(f"{role} {n} rank{'s' if n != 1 else ''}" for role, n in ranks.items())
-            + f", rollout {engines} engine{'s' if engines != 1 else ''} (one actor each; gradients all-reduced every "
-            "optimizer step; each engine generates a shard of every batch)"
+            + f", rollout {engines} engine{'s' if engines != 1 else ''} (one actor each; trainers sharded with FSDP2; "
+            "each engine generates a shard of every batch)"
         )
+    for mesh in role_meshes(plan).values():
+        report.summary.append(f"mesh: {mesh.describe()}")
     if plan.uses_gpus:
         for group in plan.groups:
             if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):

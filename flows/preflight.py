@@ -21,6 +21,7 @@ from configs.callables import check_callable_module
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
 from placement.plan import PlacementPlan, placement_problems, plan_placement
+from placement.mesh import mesh_problems
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
     and user callables that can be found."""
     plan = plan_placement(config) if plan is None else plan
     problems = [Problem(key, message) for key, message in placement_problems(plan, config)]
+    problems += [Problem(key, message) for key, message in mesh_problems(plan)]  # S-SCALE-1
     rl = config.rl
     if rl.batch_size % rl.minibatch_size:
         problems.append(Problem(

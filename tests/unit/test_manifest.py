@@ -354,3 +354,30 @@ def test_ray_address_from_the_environment_is_reported_not_contacted(tmp_path):
     report = check_manifest(config, environ={"RAY_ADDRESS": "ray://head.example:10001"})
     assert report.ok, report.problems
     assert any("joins the cluster at ray://head.example:10001 (RAY_ADDRESS" in line for line in report.summary)
+
+
+# --- meshes (issue 17 item 7, S-SCALE-1) --------------------------------------------
+
+
+def test_the_manifest_prints_each_roles_mesh(tmp_path):
+    code, out, err = run_validate(TINY_PROFILE, [f"job.output_root={tmp_path}", "grid.cpu_trainer_ranks=2"])
+    assert code == 0, err
+    assert "mesh: policy: 2 ranks on cpu (gloo), FSDP2 shard 2" in out
+    assert "mesh: critic: 2 ranks on cpu (gloo), FSDP2 shard 2" in out and "x 1 replica" in out
+    assert "mesh: reference: 1 rank on cpu, unsharded" in out
+
+
+def test_a_trainer_mesh_that_does_not_fit_whole_nodes_is_refused(public_overrides):
+    overrides = public_overrides + ["grid.num_nodes=2", "grid.gpus_per_node=4", "grid.policy_gpus=6",
+                                    "rl.batch_size=288", "rl.minibatch_size=48"]
+    code, out, err = run_validate(PUBLIC_PROFILE, overrides)
+    assert code != 0
+    assert "grid.policy_gpus: is 6: the policy spans nodes of grid.gpus_per_node=4 GPUs" in err
+    assert "use a multiple of 4" in err
+
+
+def test_a_mesh_over_two_whole_nodes_is_hsdp(public_overrides):
+    overrides = public_overrides + ["grid.num_nodes=2", "grid.gpus_per_node=4", "grid.policy_gpus=8",
+                                    "rl.batch_size=256", "rl.minibatch_size=64"]
+    code, out, err = run_validate(PUBLIC_PROFILE, overrides)
+    assert "mesh: policy: 8 ranks on cuda (nccl), HSDP shard 4" in out and "x 2 replicas" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -79,3 +80,22 @@ def test_an_untouched_boundary_still_loads(tmp_path):
     state = load_trainable_role(directory, model=fresh_model, optimizer=fresh_optimizer, scheduler=fresh_scheduler)
     assert state["optimizer_step"] == 1
     assert torch.equal(fresh_model.weight, model.weight)
+
+
+def test_a_malicious_dcp_metadata_is_refused_without_running(tmp_path):
+    """A sharded role's `.metadata` (torch.distributed.checkpoint pickles it) is read
+    through an unpickler that builds only DCP's metadata classes (S-SEC-2, S-SCALE-2)."""
+    from checkpoint.dcp_io import UnsafeCheckpointFile, load_tensors, save_tensors
+
+    model, _, _ = _trainer()
+    directory = str(tmp_path / "model")
+    save_tensors(model.state_dict(), directory)
+    target = {name: torch.empty_like(tensor) for name, tensor in model.state_dict().items()}
+    load_tensors(target, directory)  # the untouched folder loads
+    assert all(torch.equal(target[name], tensor) for name, tensor in model.state_dict().items())
+
+    side_effect = tmp_path / "pwned"
+    (tmp_path / "model" / ".metadata").write_bytes(pickle.dumps(_Payload(str(side_effect))))
+    with pytest.raises(UnsafeCheckpointFile, match=r"\.metadata is not DCP metadata: it names posix\.system"):
+        load_tensors(target, directory)
+    assert not side_effect.exists()
