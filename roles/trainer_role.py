@@ -14,6 +14,8 @@ import torch
 
 from algorithm.update_plan import UpdatePlan
 from configs.schema import OptimizerConfig, PPOConfig
+from placement.mesh import role_mesh
+from placement.plan import plan_placement
 from placement.role_placement import RolePlacement
 from roles.trajectory import PPOTargets, TrainReceipt
 from trainer.data_parallel import rendezvous_address
@@ -73,10 +75,12 @@ class TrainerRole:
         yield
 
     def join_data_parallel(self, address: str, rank: int, world: int) -> dict[str, Any]:
-        """Join the role's process group (every rank at once) and take rank 0's weights
-        (the critic's value head included: each rank drew its own at start-up)."""
+        """Join the role's process group (every rank at once), take rank 0's weights
+        (the critic's value head included: each rank drew its own at start-up) and
+        shard them over the role's mesh (S-SCALE-1)."""
+        mesh = role_mesh(plan_placement(self.config), self.role)  # the mesh the manifest printed
         with self._on_device():  # NCCL broadcasts device tensors
-            self.runtime.join_data_parallel(address, rank, world)
+            self.runtime.join_data_parallel(address, rank, world, mesh.shard if mesh.ranks == world else None)
         return self.ready()
 
     def install_targets(self, targets: PPOTargets) -> dict[str, str]:

@@ -40,10 +40,19 @@ def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if type(module).__name__ in names]
 
 
-def shard_model(model: torch.nn.Module, world: int, device: torch.device) -> DeviceMesh:
-    """Shard `model` in place over a mesh of `world` ranks (the default process group
-    must exist). Parameters become DTensors, so an optimizer must be built after this."""
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+def build_mesh(world: int, device: torch.device, shard: int | None = None) -> DeviceMesh:
+    """One shard dimension over every rank, or (replicas, shard) for a role that
+    spans nodes (HSDP: sharded within a node, replicated across; placement/mesh.py)."""
+    shard = world if shard is None else shard
+    if shard == world:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device.type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+
+
+def shard_model(model: torch.nn.Module, world: int, device: torch.device, shard: int | None = None) -> DeviceMesh:
+    """Shard `model` in place over the role's mesh (the default process group must
+    exist). Parameters become DTensors, so an optimizer must be built after this."""
+    mesh = build_mesh(world, device, shard)
     policy = mixed_precision(device)
     for block in block_modules(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)

@@ -24,7 +24,7 @@ from configs.schema import OptimizerConfig
 from roles.trajectory import PPOTargets
 from trainer.data_parallel import SINGLE, DataParallel, join_group
 from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
-from trainer.sharding import clip_gradients, full_weights, is_sharded, set_gradient_sync, shard_model
+from trainer.sharding import clip_gradients, full_weights, is_sharded, local_part, set_gradient_sync, shard_model
 
 LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -39,6 +39,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank holds: its shard of a sharded (DTensor) parameter or state."""
+    tensor = local_part(tensor)
     return tensor.numel() * tensor.element_size()
 
 
@@ -134,9 +136,9 @@ class UpdateRuntime:
         )
         self.scheduler = build_scheduler(self.optimizer, self.optimizer_config.warmup_steps)
 
-    def join_data_parallel(self, address: str, rank: int, world: int) -> None:
+    def join_data_parallel(self, address: str, rank: int, world: int, shard: int | None = None) -> None:
         """Form this role's process group with its other ranks, take rank 0's weights
-        and shard the model over the ranks (S-SCALE-1). The model must be on its
+        and shard the model over the ranks, `shard` ranks per shard group (S-SCALE-1). The model must be on its
         compute device (NCCL needs GPU tensors) and never stepped: sharding replaces
         the parameters, so the optimizer and its scheduler are built anew."""
         if self.optimizer_step or self.optimizer.state:
@@ -144,7 +146,7 @@ class UpdateRuntime:
         self.data_parallel = join_group(address, rank, world, self.device)
         if self.data_parallel.active:
             self.data_parallel.broadcast_from_rank0(self.model)
-            self.data_parallel.mesh = shard_model(self.model, world, self.device)
+            self.data_parallel.mesh = shard_model(self.model, world, self.device, shard)
             self._build_optimizer()
 
     def run_plan(self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn) -> dict[str, float]:
@@ -197,7 +199,7 @@ class UpdateRuntime:
 
     def place(self, device: str | torch.device) -> int:
         """Move the model (parameters, buffers, gradients) and the optimizer state to
-        `device`; returns the bytes now there.
+        `device`; returns the bytes now there (on sharded ranks, this rank's shards).
 
         Between host and GPU, `Module.to` swaps each parameter's data, not the
         parameter object, so the optimizer goes on stepping the model's own
@@ -207,7 +209,9 @@ class UpdateRuntime:
         """
         device = resolve_device(device)
         current = next(self.model.parameters()).device
-        if self.pin_host_copies and {current.type, device.type} == {"cpu", "cuda"}:
+        # FSDP2 keeps views into each rank's shards: a sharded model moves through its
+        # own `Module.to` (which re-points them), not the pinned buffers' `.data` swaps.
+        if self.pin_host_copies and not is_sharded(self.model) and {current.type, device.type} == {"cpu", "cuda"}:
             return move_state(self.model, self.optimizer, device, self._host_copies)
         before = list(self.model.parameters())
         self.model.to(device)
