@@ -108,8 +108,12 @@ def spawn(body: Callable, world: int, out: Path, options: dict[str, Any] | None 
 
 
 def save_and_continue(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
-    """Iteration 1, a sharded save into `out/boundary`, iteration 2: the uninterrupted run."""
+    """A save before any step (`out/pristine`, S-CW-7), iteration 1, a sharded save
+    into `out/boundary`, iteration 2: the uninterrupted run."""
     update = runtime(rank, world, address)
+    update.save(f"{out}/pristine", {})
+    if update.optimizer.state:  # materialising the state dict must have been rolled back
+        raise AssertionError(f"rank {rank}: a pristine save left optimizer state behind")
     train(update, (1,))
     write_result(Path(out), rank, update, [], "after_1")
     update.save(f"{out}/boundary", {})

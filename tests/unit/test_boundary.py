@@ -126,6 +126,29 @@ def test_optimizer_removed_by_retention_is_named_as_such_not_as_corruption(tmp_p
         verify_marker_files(str(folder), read_marker(str(folder)))
 
 
+def test_retention_removes_a_sharded_optimizer_folder_and_says_so(tmp_path):
+    """S-CKPT-6 on a DCP role folder (S-SCALE-2): every rank's optimizer shard goes,
+    with the note, and resuming from that boundary is refused as pruned."""
+    from checkpoint.boundary_files import BoundaryCorrupt, boundary_files, verify_marker_files
+    from checkpoint.retention import prune_optimizer_state
+
+    root = tmp_path / "checkpoints"
+    for iteration in (2, 4):
+        folder = root / f"iter_{iteration:06d}"
+        for part in ("model", "optimizer"):
+            (folder / "policy" / part).mkdir(parents=True)
+            for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+                (folder / "policy" / part / name).write_bytes(part.encode() + name.encode())
+        files = boundary_files(str(folder), skip=("_SUCCESS",))
+        write_marker(str(folder), iteration=iteration, role_steps={}, loop_state={}, files=files)
+    assert prune_optimizer_state(str(root), None) == [f"{root}/iter_000002/policy"]
+    assert not (root / "iter_000002" / "policy" / "optimizer").exists()
+    assert (root / "iter_000002" / "policy" / "model" / "__1_0.distcp").exists()
+    assert (root / "iter_000004" / "policy" / "optimizer" / "__1_0.distcp").exists()
+    with pytest.raises(BoundaryCorrupt, match=r"policy/optimizer/\.metadata was removed by retention"):
+        verify_marker_files(str(root / "iter_000002"), read_marker(str(root / "iter_000002")))
+
+
 def test_a_commit_clears_a_stale_folder_marker_first_but_never_the_resume_point(tmp_path):
     from checkpoint.boundary import clear_for_commit
 

@@ -43,6 +43,20 @@ def test_a_two_rank_save_is_a_dcp_layout_with_one_file_per_rank(runs):
     assert not (runs / "two" / "boundary" / "model.safetensors").exists()
 
 
+def test_a_pristine_sharded_optimizer_saves_nothing_and_stays_pristine(runs):
+    """S-CW-7 on sharded ranks: the save before any step wrote no optimizer shards and
+    left no state behind (the spawned ranks check `optimizer.state` themselves), and
+    the uninterrupted run trained on after it like the one-rank run."""
+    import json
+
+    pristine = runs / "two" / "pristine"
+    assert json.loads((pristine / "trainer_state.json").read_text())["optimizer_pristine"] is True
+    assert not (pristine / "optimizer").exists() and (pristine / "model" / ".metadata").exists()
+    expected = _weights(runs / "one" / "uninterrupted.safetensors")
+    for name, tensor in _weights(runs / "two" / "uninterrupted.safetensors").items():
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_same_rank_count_resume_is_bitwise(runs):
     uninterrupted = _weights(runs / "two" / "uninterrupted.safetensors")
     resumed = _weights(runs / "resumed" / "from_two.safetensors")
