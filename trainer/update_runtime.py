@@ -148,6 +148,7 @@ class UpdateRuntime:
             self.data_parallel.broadcast_from_rank0(self.model)
             self.data_parallel.mesh = shard_model(self.model, world, self.device, shard)
             self._build_optimizer()
+            self._host_copies = PinnedHostCopies()  # the full-size buffers of a park before sharding
 
     def run_plan(self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn) -> dict[str, float]:
         if self.plan_shape is not None and tuple(self.plan_shape) != plan.shape:
