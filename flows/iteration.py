@@ -88,10 +88,14 @@ def ppo_iteration(
     trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
     trajectory, replay_summary, batch_id = run.call(roles.replay.add, trajectory, returns=3)
     trajectory, reference_summary = run.call(roles.reference.score, trajectory, returns=2)
-    trajectory, critic_summary = run.call(roles.critic.predict, trajectory, returns=2)
+    # A sharded model's forward gathers its weights from every rank, so every rank
+    # runs it on the same batch (S-SCALE-1); rank 0's result goes on.
+    predictions = [run.call(rank.predict, trajectory, returns=2) for rank in critic_ranks]
+    trajectory, critic_summary = predictions[0]
     # Rank 0 of the policy freezes the targets; every other trainer rank receives
-    # that very object (S-FLOW-3).
-    targets, prepare_summary = run.call(roles.policy.prepare_batch, trajectory, returns=2)
+    # that very object (S-FLOW-3), the policy's after computing the same for the forward.
+    prepared = [run.call(rank.prepare_batch, trajectory, returns=2) for rank in policy_ranks]
+    targets, prepare_summary = prepared[0]
     installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
     critic_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in critic_ranks]
     policy_receipts, loaded, new_version, follows = [], [], None, []
@@ -112,9 +116,11 @@ def ppo_iteration(
     record |= run.stage(stages.rollout, iteration, data_summary, rollout_summary)
     record |= run.stage(stages.reward, iteration, reward_summary, replay_summary)
     record |= run.stage(stages.reference_score, iteration, reference_summary)
-    record |= run.stage(stages.critic_predict, iteration, critic_summary)
-    agreed_batch, prepared = run.stage(stages.prepare_batch, iteration, prepare_summary, installs)
-    record |= prepared
+    record |= run.stage(stages.critic_predict, iteration, critic_summary, [s for _, s in predictions[1:]])
+    agreed_batch, prepare_metrics = run.stage(
+        stages.prepare_batch, iteration, prepare_summary, installs, [s for _, s in prepared[1:]]
+    )
+    record |= prepare_metrics
     trainers = [(stages.train_critic, (critic_receipts, agreed_batch, parks if actor_warmup else []))]
     if not actor_warmup:
         trainers.insert(0, (stages.train_policy, (policy_receipts, agreed_batch)))

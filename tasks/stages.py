@@ -104,15 +104,22 @@ def reference_score(iteration: int, summary: Any) -> dict[str, float]:
 
 
 @task(name="critic_predict", task_run_name="critic_predict[iter={iteration}]", **STAGE_TASK)
-def critic_predict(iteration: int, summary: Any) -> dict[str, float]:
-    return numeric_metrics(*resolve([summary]))
+def critic_predict(iteration: int, summary: Any, peers: Sequence[Any] = ()) -> dict[str, float]:
+    """Done when every critic rank has run the forward (a sharded one is a collective):
+    a failure on any rank fails this stage, not a later one."""
+    metrics, *_ = resolve([summary, *peers])
+    return numeric_metrics(metrics)
 
 
 @task(name="prepare_batch", task_run_name="prepare_batch[iter={iteration}]", **STAGE_TASK)
-def prepare_batch(iteration: int, summary: Any, installs: Sequence[Any]) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen and every trainer rank holds them. Returns the
-    batch id all ranks agree on, which their receipts must quote (S-FLOW-5)."""
+def prepare_batch(
+    iteration: int, summary: Any, installs: Sequence[Any], peers: Sequence[Any] = ()
+) -> tuple[str, dict[str, float]]:
+    """Done when the targets are frozen and every trainer rank holds them (and every
+    other policy rank has run the same forward, `peers`). Returns the batch id all
+    ranks agree on, which their receipts must quote (S-FLOW-5)."""
     metrics, *installed = resolve([summary, *installs])
+    resolve(list(peers))
     batch_ids = {held["batch_id"] for held in installed}
     if len(batch_ids) != 1:
         raise RuntimeError(
