@@ -88,9 +88,11 @@ def save_tensors(state: dict[str, Any], directory: str) -> None:
     dcp.save(state, storage_writer=FileSystemWriter(directory))
 
 
-def load_tensors(state: dict[str, Any], directory: str) -> None:
+def load_tensors(state: dict[str, Any], directory: str, *, alone: bool = False) -> None:
     """Fill `state`'s tensors in place from `directory`, resharded to their layout
-    (DTensor shards, or whole tensors on one rank)."""
+    (DTensor shards, or whole tensors on one rank). A collective when a process group
+    exists, unless `alone`: one process reading whole tensors (the export, which runs
+    in policy rank 0's actor while the other ranks do not take part)."""
     reader = SafeReader(directory)
     reader.read_metadata()  # a refusal named here, not folded into DCP's collective error
-    dcp.load(state, storage_reader=reader, planner=TensorOnlyLoadPlanner())
+    dcp.load(state, storage_reader=reader, planner=TensorOnlyLoadPlanner(), no_dist=alone)

@@ -47,7 +47,7 @@ def _from_shards(auto_class: Any, source: str) -> Any:
     config = AutoConfig.from_pretrained(source)
     model = auto_class.from_config(config, dtype=getattr(config, "dtype", None))
     state = model.state_dict()
-    load_tensors(state, f"{source}/{SHARDED_MODEL_DIR}")
+    load_tensors(state, f"{source}/{SHARDED_MODEL_DIR}", alone=True)
     model.load_state_dict(state)
     return model
 
