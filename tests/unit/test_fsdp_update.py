@@ -47,3 +47,15 @@ def test_without_the_sharded_reduction_the_update_differs(one_rank, tmp_path):
     expected, _ = one_rank
     spawn(train_ranks, 2, tmp_path, {"reduce": False})
     assert not _close(load_file(tmp_path / "weights.safetensors"), expected, 1e-5)
+
+
+@pytest.mark.slow
+def test_four_sharded_ranks_reproduce_the_one_rank_update(one_rank, tmp_path):
+    """Issue 17 item 4 at four ranks (slow: four processes on a two-core machine).
+    Minibatch 4 over 4 ranks: one sample per rank per step."""
+    expected, _ = one_rank
+    spawn(train_ranks, 4, tmp_path)
+    weights = load_file(tmp_path / "weights.safetensors")
+    for name, tensor in expected.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=1e-5, msg=name)
+    assert json.loads((tmp_path / "shard_numel.json").read_text()) * 4 == sum(p.numel() for p in small_qwen3().parameters())
