@@ -40,6 +40,7 @@ class Probe:
 ray.init(address=sys.argv[1], log_to_driver=False, runtime_env={"env_vars": worker_env()})
 lowered = lower_placement(plan_placement(load_config(sys.argv[2], ["grid.num_nodes=2"])), namespace="probe")
 handles = RoleHandles(**{role: Probe.options(**lowered.actor_options(role)).remote() for role in ROLE_CLASSES})
+ray.get([handle.ping.remote() for _, handle in handles.items()])  # ready, as the flow's actors are before its runner
 runner = FlowRunner(handles, prefect_tasks=False)  # asks every actor for its node, as the flow does
 print("LAYOUT " + json.dumps(runner.layout()), flush=True)
 sys.stdin.readline()  # the test removes the reference's node
@@ -160,8 +161,8 @@ def test_a_run_spread_over_two_nodes_loses_one_fails_naming_it_and_resumes_bitwi
         failure = stderr.first(r"^error: \w+\[iter=\d+\] failed")
         assert process.returncode == 1 and failure, stdout.text() + stderr.text()
         detected = stderr.first(r"\[iter=\d+\]' - .*(Finished in state Failed|failed)|^error: ")
-        print(f"\nlost node: the flow named it {detected[0] - removed:.1f} s after removal, the CLI ended after "
-              f"{failure[0] - removed:.1f} s: {failure[1][:300]}")
+        print(f"\nlost node: the flow logged the failure {detected[0] - removed:.1f} s after removal "
+              f"({detected[1][:160]}), the CLI ended {failure[0] - removed:.1f} s after it: {failure[1][:300]}")
         held = [role for role, node in by_role.items() if node == lost]
         assert re.match(rf"^error: \w+\[iter=3\] failed: \w+Error: .*node {lost[:8]} \(.*\) left the Ray cluster",
                         failure[1]), failure[1]
