@@ -41,3 +41,15 @@ def host_slot(plan: PlacementPlan) -> int:
     group's first bundle, the rollout's (it reads their prompts; reward reads its output)."""
     slots = node_slots(plan)
     return next(iter(slots.values()))[0] if slots else 0
+
+
+def describe_slots(plan: PlacementPlan) -> str:
+    """`slot 0: policy+rollout (2 bundles), critic, data, reward, replay; slot 1: reference`, for the manifest."""
+    by_slot: dict[int, list[str]] = {slot: [] for slot in range(plan.num_nodes)}
+    groups = {group.name: group for group in plan.groups}
+    for name, slots in node_slots(plan).items():
+        for slot in sorted(set(slots)):
+            count = slots.count(slot)
+            by_slot[slot].append("+".join(groups[name].roles) + (f" ({count} bundles)" if count > 1 else ""))
+    by_slot[host_slot(plan)].append("data, reward, replay")
+    return "; ".join(f"slot {slot}: {', '.join(names) or 'nothing'}" for slot, names in by_slot.items())

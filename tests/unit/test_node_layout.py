@@ -57,3 +57,14 @@ def test_spreading_over_nodes_needs_a_named_cluster():
     (problem,) = machine_problems(config, environ={})
     assert problem.key == "grid.num_nodes" and "no Ray cluster is named" in problem.message
     assert machine_problems(config, environ={"RAY_ADDRESS": "10.0.0.1:6379"}) == []
+
+
+def test_the_manifest_shows_each_slots_groups_before_any_node_is_contacted():
+    from placement.node_layout import describe_slots
+
+    plan = plan_placement(load_config(TINY_PROFILE, ["grid.num_nodes=2"]))
+    assert describe_slots(plan) == "slot 0: policy+rollout, critic, data, reward, replay; slot 1: reference"
+    big = plan_placement(
+        load_config(PUBLIC_PROFILE, ["grid.gpus_per_node=3", "grid.num_nodes=2", "grid.policy_gpus=4"])
+    )
+    assert describe_slots(big).startswith("slot 0: policy+rollout (3 bundles), data, reward, replay; slot 1: ")
