@@ -29,7 +29,7 @@ import ray
 from configs.loading import load_config
 from flows.runners import FlowRunner
 from placement.plan import plan_placement
-from placement.ray_lowering import lower_placement
+from placement.ray_lowering import PlacementError, lower_placement
 from roles.actors import ROLE_CLASSES, RoleHandles, worker_env
 
 @ray.remote
@@ -43,14 +43,20 @@ handles = RoleHandles(**{role: Probe.options(**lowered.actor_options(role)).remo
 ray.get([handle.ping.remote() for _, handle in handles.items()])  # ready, as the flow's actors are before its runner
 runner = FlowRunner(handles, prefect_tasks=False)  # asks every actor for its node, as the flow does
 print("LAYOUT " + json.dumps(runner.layout()), flush=True)
-sys.stdin.readline()  # the test removes the reference's node
-removed = time.monotonic()
+removed = float(sys.stdin.readline())  # when the test began to remove the reference's node (one clock per machine)
 try:
     ray.get(handles.reference.ping.remote(), timeout=60)
     message = "no error"
 except Exception as error:
     message = f"{type(error).__name__}: {runner.explain(error)}"
-print("FAILED " + json.dumps({"message": message, "seconds": time.monotonic() - removed}), flush=True)
+seconds = time.monotonic() - removed
+try:  # a relaunch on the one node left is refused up front, not left pending
+    lower_placement(plan_placement(load_config(sys.argv[2], ["grid.num_nodes=2"])), namespace="again")
+    refused = "not refused"
+except PlacementError as error:
+    refused = str(error)
+print("FAILED " + json.dumps({"message": message, "seconds": seconds, "refused": refused}),
+      flush=True)
 """
 
 
@@ -73,8 +79,9 @@ def test_the_plan_spreads_roles_over_the_worker_nodes_and_a_lost_node_is_named()
             by_role = {label: node for node, labels in layout.items() for label in labels}
             assert len({by_role[r] for r in ("policy", "rollout", "critic", "data", "reward", "replay")}) == 1
             assert by_role["reference"] != by_role["policy"]
+            removed = time.monotonic()
             cluster.remove_node(workers[by_role["reference"]])
-            probe.stdin.write("\n")
+            probe.stdin.write(f"{removed}\n")
             probe.stdin.flush()
             line = probe.stdout.readline()
             assert line.startswith("FAILED "), line + probe.stderr.read()[-3000:]
@@ -87,6 +94,7 @@ def test_the_plan_spreads_roles_over_the_worker_nodes_and_a_lost_node_is_named()
     assert re.match(rf"Actor\w+Error: the reference actor on node {node} \(.*\) is gone: node {node} .* left the "
                     r"Ray cluster \(it held reference\)", failed["message"]), failed["message"]
     assert failed["seconds"] < 30
+    assert failed["refused"].startswith("grid.num_nodes=2 but the Ray cluster has 1 alive node(s) with CPUs")
 
 
 class Output:
@@ -153,8 +161,8 @@ def test_a_run_spread_over_two_nodes_loses_one_fails_naming_it_and_resumes_bitwi
             workers = {node.node_id: node for node in cluster.worker_nodes}
             assert set(by_role.values()) == set(workers), (by_role, list(workers))  # both workers, not the head
             lost = by_role["policy"]
-            cluster.remove_node(workers[lost])  # mid-iteration 3: the rows of 1 and 2 are written
             removed = time.monotonic()
+            cluster.remove_node(workers[lost])  # mid-iteration 3: the rows of 1 and 2 are written
             process.wait(timeout=300)
         finally:
             process.kill()
