@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from flows.failures import naming_failures
-from placement.nodes import actor_nodes, node_addresses, node_name
+from placement.nodes import actor_nodes, is_lost, node_addresses, node_name
 from tasks.faults import fault_point
 
 
@@ -140,13 +140,13 @@ class FlowRunner:
                 where = f" on node {address.group(1)}" if address else ""
                 return f"the {name} actor{where} is gone: {first_line}"
             addresses = node_addresses()
-            lost = "" if addresses.get(node, ("", False))[1] else f": {self._lost(node, addresses)}"
+            lost = f": {self._lost(node, addresses)}" if is_lost(node, addresses) else ""
             return f"the {name} actor on {node_name(node, addresses)} is gone{lost}: {first_line}"
         if isinstance(error, RayError) and self._nodes:
             # An input held on a lost node (ObjectLostError and kin) names no actor:
             # name the node and what ran there.
             addresses = node_addresses()
-            lost = [self._lost(node, addresses) for node in self.layout() if not addresses.get(node, ("", False))[1]]
+            lost = [self._lost(node, addresses) for node in self.layout() if is_lost(node, addresses)]
             if lost:
                 return f"{'; '.join(lost)}: {first_line}"
         return None

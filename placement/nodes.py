@@ -26,10 +26,20 @@ def actor_nodes(actors: dict[str, Any], timeout_s: float = 30.0) -> dict[str, st
 
 
 def node_addresses() -> dict[str, tuple[str, bool]]:
-    """Node id -> (IP address, alive) for every node the cluster has known."""
+    """Node id -> (IP address, alive) for every node the cluster has known (a dead node
+    stays listed, not alive); empty when the cluster cannot be asked, so a failure is
+    still named, without the node."""
     import ray
 
-    return {node["NodeID"]: (node["NodeManagerAddress"], bool(node["Alive"])) for node in ray.nodes()}
+    try:
+        return {node["NodeID"]: (node["NodeManagerAddress"], bool(node["Alive"])) for node in ray.nodes()}
+    except Exception:  # the GCS itself is unreachable
+        return {}
+
+
+def is_lost(node_id: str, addresses: dict[str, tuple[str, bool]]) -> bool:
+    """Only what the cluster says: a node it lists as not alive."""
+    return node_id in addresses and not addresses[node_id][1]
 
 
 def node_name(node_id: str, addresses: dict[str, tuple[str, bool]]) -> str:
