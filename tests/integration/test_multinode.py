@@ -170,7 +170,7 @@ def test_a_run_spread_over_two_nodes_loses_one_fails_naming_it_and_resumes_bitwi
         assert process.returncode == 1 and failure, stdout.text() + stderr.text()
         detected = stderr.first(r"\[iter=\d+\]' - .*(Finished in state Failed|failed)|^error: ")
         print(f"\nlost node: the flow logged the failure {detected[0] - removed:.1f} s after removal "
-              f"({detected[1][:160]}), the CLI ended {failure[0] - removed:.1f} s after it: {failure[1][:300]}")
+              f"({detected[1][:160]}); its last line {failure[0] - removed:.1f} s after removal: {failure[1][:300]}")
         held = [role for role, node in by_role.items() if node == lost]
         assert re.match(rf"^error: \w+\[iter=3\] failed: \w+Error: .*node {lost[:8]} \(.*\) left the Ray cluster",
                         failure[1]), failure[1]
