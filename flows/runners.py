@@ -127,9 +127,11 @@ class FlowRunner:
             name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
             if handle is not None:
                 kill_quietly(handle)
+            node = self._nodes.get(stuck)
+            where = f"; it ran on {node_name(node, node_addresses())}" if node and len(self.layout()) > 1 else ""
             return (
                 f"no result from the {name} actor within {error.seconds:g} s "
-                f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device"
+                f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device{where}"
             )
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if isinstance(error, RayActorError):
