@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.job.output_root}/{config.job.name}", flush=True)
     from flows.failures import StageFailed
     from flows.training import ppo
+    from placement.ray_lowering import PlacementError
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_flow(args, overrides, ppo)
     except ConfigError as error:
         return refuse(error.problems)
-    except (ResumeError, CheckpointError, RunLocked) as error:
-        # Refusals about the run's own state: the message is the whole story.
+    except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
+        # Refusals about the run's own state or the cluster's: the message is the whole story.
         return refuse([str(error)])
     except StageFailed as error:
         # The traceback is above (Prefect logs it) and in the UI; end on where it broke.

@@ -25,6 +25,7 @@ from flows.resume import find_resume_point, restore_roles, start_from_scratch
 from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
+from placement.nodes import describe_layout
 from roles.actors import RoleHandles, connect_ray, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
 
@@ -197,6 +198,8 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
         runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
+        if len(runner.layout()) > 1:  # on a cluster: where the plan put each role (S-RUN-4)
+            say(f"nodes: {describe_layout(runner.layout())}")
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         if resume_point:
             say(
