@@ -298,9 +298,8 @@ def test_a_crashed_auto_resume_run_is_rescheduled_and_ends_like_the_uninterrupte
     from flows.training import AUTO_RESUME_STATE, resolve_config
     from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
 
-    automations = subprocess.run([sys.executable, "-m", "prefect", "automation", "ls"], cwd=REPO_ROOT, env=stack.env,
-                                 capture_output=True, text=True, timeout=120)
-    assert "ppo-resume-crashed-runs" in automations.stdout, automations.stdout + automations.stderr
+    with _client(stack) as client:
+        assert [a.enabled for a in client.read_automations_by_name("ppo-resume-crashed-runs")] == [True]
     overrides = [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=6", "rl.save_every=2",
                  *SMALL_BATCH]
     flow_run_id, result = _deployment_run(
