@@ -42,14 +42,23 @@ def _event(state: str, message: str, tags: list[str]) -> ReceivedEvent:
     )
 
 
-def test_the_automation_reschedules_crashed_runs_of_auto_resume_deployments_only():
+def test_the_automation_waits_for_a_restart_of_a_crashed_auto_resume_run_then_reschedules_it():
     automation = _automation()
     trigger = automation.trigger
-    for report in (RUNNER_REPORT, WORKER_REPORT):  # Prefect 3.9 may send both for one killed process
+    # A crash opens a window per flow run (Prefect 3.9 may report one crash twice).
+    assert trigger.posture == "Proactive" and trigger.for_each == {"prefect.resource.id"}
+    for report in (RUNNER_REPORT, WORKER_REPORT):
         assert trigger.covers(_event("Crashed", report, ["ppo", "gpu", "auto-resume"]))
+        assert trigger.starts_after("prefect.flow-run.Crashed")
         assert not trigger.covers(_event("Crashed", report, ["ppo", "cpu"]))  # not opted in
-    # Failed (a raised error, AutoResumeExhausted included) is left alone.
-    assert not trigger.covers(_event("Failed", "Flow run encountered an exception", ["auto-resume"]))
+    # A restart within the window (a person's Retry, a worker taking the run) means no
+    # reschedule; a second crash report does not count as a restart.
+    for restarted in ("AwaitingRetry", "Pending", "Running", "AutoResume"):
+        assert trigger.expects(f"prefect.flow-run.{restarted}")
+    assert not trigger.expects("prefect.flow-run.Crashed")
+    assert trigger.within.total_seconds() >= 60  # past the worker's late second report (about 30 s under load)
+    # Failed (a raised error, AutoResumeExhausted included) never opens a window.
+    assert not trigger.starts_after("prefect.flow-run.Failed")
     (action,) = automation.actions
     assert action.type == "change-flow-run-state" and action.state == StateType.SCHEDULED
     assert action.name == AUTO_RESUME_STATE
