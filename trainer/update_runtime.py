@@ -156,15 +156,18 @@ class UpdateRuntime:
                 f"{self.role}: update plan shape {plan.shape} (epochs, minibatch, micro-batch) differs from "
                 f"{tuple(self.plan_shape)} this role was trained and checkpointed with (S-FLOW-4)"
             )
+        dp = self.data_parallel
+        # Cut first: a batch the plan cannot cut is refused before the role records
+        # anything, so a failed update leaves it as it was (S-FLOW-6).
+        schedule = plan.minibatches(targets.num_samples, dp.rank, dp.world)
         self.plan_shape = plan.shape
         targets = targets_on(targets, self.device)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        dp = self.data_parallel
         sharded = is_sharded(self.model)
         sync_seconds = 0.0
-        for minibatch in plan.minibatches(targets.num_samples, dp.rank, dp.world):
+        for minibatch in schedule:
             self.optimizer.zero_grad(set_to_none=True)
             micro_batches = list(minibatch)
             for position, micro in enumerate(micro_batches):
