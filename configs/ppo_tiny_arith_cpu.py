@@ -17,6 +17,7 @@ from configs.schema import (
     RLConfig,
     RolloutConfig,
     TinyModelSpec,
+    ValidationConfig,
 )
 
 CONFIG = PPOConfig(
@@ -54,5 +55,10 @@ CONFIG = PPOConfig(
         ),
         optimizer=OptimizerConfig(policy_lr=3e-4, critic_lr=1e-3, warmup_steps=10),
         rollout=RolloutConfig(engine="hf", max_new_tokens=4, temperature=0.5),
+        # S-OPS-2: every held-out sum once, greedy, as bench/arith_eval.py measures it.
+        validation=ValidationConfig(
+            data=DataConfig(factory="data.synthetic:heldout_sums", factory_kwargs={"max_operand": 99}, shuffle=False),
+            every=10,
+        ),
     ),
 )

@@ -63,6 +63,13 @@ def run_iterations(
     """Iterations `start..last`; each record goes to `on_record` as soon as it is
     complete. Returns the policy_version reached and the last boundary committed."""
     last_commit = None
+    if start == 1 and evaluates_at(config, 0):
+        # The starting policy's row, iteration 0: every later evaluation compares with it.
+        run.start_iteration()
+        record = {"iteration": 0, **evaluate(run, roles, 0, policy_version)}
+        record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
+        if on_record is not None:
+            on_record(record)
     for iteration in range(start, last + 1):
         started = time.perf_counter()
         result = ppo_iteration(run, roles, config, iteration, policy_version, paths)
@@ -122,11 +129,35 @@ def ppo_iteration(
         record |= synced
     record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
     record["train/policy_version"] = float(policy_version)
+    if evaluates_at(config, iteration):
+        # After weight_sync (every policy rank parked, the engines hold the new
+        # version) and before the commit, which keeps this row (S-OPS-2, S-FAULT-2).
+        record |= evaluate(run, roles, iteration, policy_version)
 
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record)
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     return IterationResult(record, policy_version, committed)
+
+
+def evaluates_at(config: PPOConfig, iteration: int) -> bool:
+    """Whether the policy after `iteration` is evaluated (0: the starting policy)."""
+    validation = config.rl.validation
+    if validation is None:
+        return False
+    if iteration == 0:
+        return validation.before_training
+    return validation.every > 0 and iteration % validation.every == 0
+
+
+def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> dict[str, float]:
+    """Held-out prompts through rollout engine 0 with the current weights, scored by
+    the reward role (S-OPS-2). Nothing here moves the data cursor or any sampling
+    stream training uses, so evaluating never changes training."""
+    prompts = run.call(roles.data.validation_batch, iteration)
+    trajectory, summary = run.call(roles.rollout.evaluate, prompts, policy_version, returns=2)
+    scores = run.call(roles.reward.score_validation, trajectory)
+    return run.stage(stages.evaluate, iteration, summary, scores)
 
 
 def generate(run: Runner, roles: Roles, prompts: Any, policy_version: int) -> tuple[Any, Any]:

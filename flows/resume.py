@@ -166,8 +166,8 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
 def start_from_scratch(paths: RunPaths) -> None:
     """No committed boundary: every iteration runs again from 1, so rows a killed
     earlier attempt wrote before its first commit are dropped, or they would appear
-    twice (S-FAULT-2)."""
-    truncate_metrics(paths.metrics, 0)
+    twice (S-FAULT-2); that includes the before-training evaluation's row 0."""
+    truncate_metrics(paths.metrics, -1)
 
 
 def truncate_metrics(path: str, last_iteration: int) -> None:

@@ -222,7 +222,9 @@ def run_summary(
 def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, float | None]:
     """First-`window` vs last-`window` mean reward over the whole run (resumed parts
     included): the one number that says whether the policy learned."""
-    rewards = [r["train/reward_mean"] for r in sorted(records, key=lambda r: r["iteration"])]
+    # The before-training evaluation's row 0 has no training reward.
+    ordered = sorted(records, key=lambda r: r["iteration"])
+    rewards = [r["train/reward_mean"] for r in ordered if "train/reward_mean" in r]
     if not rewards:
         return {"first_reward_mean": None, "last_reward_mean": None, "reward_window": window}
     # Disjoint windows when the run is short, so "rise" compares different iterations.
@@ -233,11 +235,21 @@ def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, fl
 
 
 def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:
+    evaluated = validation_text(record)
+    if "train/reward_mean" not in record:  # iteration 0: the starting policy's evaluation only
+        return f"iter {record['iteration']:>4}/{config.rl.max_steps}  before training: {evaluated.strip()}"
     policy_loss = record.get("train/policy_loss")
     phase = "critic-warmup" if record["train/actor_warmup"] else f"pv={int(record['train/policy_version'])}"
     return (
         f"iter {record['iteration']:>4}/{config.rl.max_steps}  reward {record['train/reward_mean']:.3f}  "
         f"policy_loss {'   -   ' if policy_loss is None else f'{policy_loss:+.4f}'}  "
         f"value_loss {record['train/value_loss']:.4f}  kl {record['train/kl']:+.4f}  {phase}  "
-        f"{record['time/iteration_seconds']:.2f}s"
+        f"{record['time/iteration_seconds']:.2f}s{evaluated}"
     )
+
+
+def validation_text(record: dict[str, Any]) -> str:
+    if "val/reward_mean" not in record:
+        return ""
+    exact = record.get("val/exact_match")
+    return f"  val reward {record['val/reward_mean']:.3f}" + ("" if exact is None else f" exact {exact:.3f}")

@@ -178,3 +178,11 @@ def weight_sync(
     metrics = {**results[0], **park_metrics(parked)}  # engine 0's load metrics
     log_metrics(metrics)
     return int(version), metrics
+
+
+@task(name="evaluate", task_run_name="evaluate[iter={iteration}]", **STAGE_TASK)
+def evaluate(iteration: int, generate_summary: Any, scores: Any) -> dict[str, float]:
+    """Held-out evaluation of the policy after this iteration's update (iteration 0:
+    the starting policy), generated on the rollout engine and scored with the run's
+    reward; its `val/*` metrics join the iteration's record (S-OPS-2)."""
+    return numeric_metrics(*resolve([generate_summary, scores]))
