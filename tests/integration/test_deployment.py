@@ -35,7 +35,7 @@ STAGES = (
     "rollout", "reward", "reference_score", "critic_predict",
     "prepare_batch", "train_policy", "train_critic", "weight_sync",
 )
-SMALL_BATCH = ["rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1"]
+SMALL_BATCH = ["rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1", "rl.validation=null"]
 MARKER_VARIABLE = "PPO_TEST_STACK"
 
 
