@@ -17,6 +17,7 @@ from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
+from flows.history import artifact_key
 from flows.run_outputs import RunPaths
 from tasks import commit as commit_tasks
 from tasks import stages
@@ -99,6 +100,9 @@ def ppo_iteration(
     # Rank 0 of the policy freezes the targets; every other trainer rank receives
     # that very object (S-FLOW-3).
     targets, prepare_summary = run.call(roles.policy.prepare_batch, trajectory, returns=2)
+    experience = None
+    if paths is not None and config.job.experience.keep != "off":  # S-OPS-3: the samples behind the numbers
+        experience = run.call(roles.replay.keep_experience, trajectory, targets, paths.experience)
     installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
     critic_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in critic_ranks]
     policy_receipts, loaded, new_version, follows = [], [], None, []
@@ -117,7 +121,9 @@ def ppo_iteration(
     record |= run.stage(stages.reward, iteration, reward_summary, replay_summary)
     record |= run.stage(stages.reference_score, iteration, reference_summary)
     record |= run.stage(stages.critic_predict, iteration, critic_summary)
-    agreed_batch, prepared = run.stage(stages.prepare_batch, iteration, prepare_summary, installs)
+    agreed_batch, prepared = run.stage(
+        stages.prepare_batch, iteration, prepare_summary, installs, experience, artifact_key(config.job.name, "samples")
+    )
     record |= prepared
     trainers = [(stages.train_critic, (critic_receipts, agreed_batch, parks if actor_warmup else []))]
     if not actor_warmup:

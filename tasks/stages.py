@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
 from roles.trajectory import TrainReceipt
+from tasks.samples_table import publish_samples
 
 STAGE_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 
@@ -109,10 +110,16 @@ def critic_predict(iteration: int, summary: Any) -> dict[str, float]:
 
 
 @task(name="prepare_batch", task_run_name="prepare_batch[iter={iteration}]", **STAGE_TASK)
-def prepare_batch(iteration: int, summary: Any, installs: Sequence[Any]) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen and every trainer rank holds them. Returns the
-    batch id all ranks agree on, which their receipts must quote (S-FLOW-5)."""
+def prepare_batch(
+    iteration: int, summary: Any, installs: Sequence[Any], experience: Any = None, samples_key: str | None = None
+) -> tuple[str, dict[str, float]]:
+    """Done when the targets are frozen, every trainer rank holds them and the replay
+    role has written the iteration's experience file (S-OPS-3), a few of whose samples
+    this task run shows as a table. Returns the batch id all ranks agree on, which
+    their receipts must quote (S-FLOW-5)."""
     metrics, *installed = resolve([summary, *installs])
+    if experience is not None:
+        publish_samples(resolve([experience])[0], samples_key)
     batch_ids = {held["batch_id"] for held in installed}
     if len(batch_ids) != 1:
         raise RuntimeError(
