@@ -156,6 +156,11 @@ def evaluates_at(config: PPOConfig, iteration: int) -> bool:
     return validation.every > 0 and iteration % validation.every == 0
 
 
+def first_step(config: PPOConfig, start: int) -> int:
+    """The first metrics row a run starting at iteration `start` writes."""
+    return 0 if start == 1 and evaluates_at(config, 0) else start
+
+
 def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> dict[str, float]:
     """Held-out prompts through rollout engine 0 with the current weights, scored by
     the reward role (S-OPS-2). Nothing here moves the data cursor or any sampling

@@ -18,12 +18,13 @@ from configs.loading import load_config, profile_dirs
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from flows.history import RunHistory
-from flows.iteration import run_iterations
+from flows.iteration import first_step, run_iterations
 from flows.preflight import require_runnable
 from flows.resume import find_resume_point, restore_roles, start_from_scratch
 from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
+from flows.trackers import open_trackers
 from roles.actors import RoleHandles, connect_ray, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
 
@@ -145,6 +146,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     )
     roles = None
     history = None
+    trackers = None
     try:
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
@@ -165,9 +167,11 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         history = RunHistory.start(
             config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start
         )
+        trackers = open_trackers(config, paths, first_step(config, start))
 
         def record_iteration(record: dict[str, Any]) -> None:
             append_metrics(paths.metrics, record)
+            trackers.log(record)
             lock.renew()
             history.add_iteration(record)
             line = progress_line(config, record)
@@ -189,6 +193,8 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
             history.fail(error)
         raise
     finally:
+        if trackers is not None:
+            trackers.close()
         stop_role_actors(roles)
         if started_ray:
             import ray
