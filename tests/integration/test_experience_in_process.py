@@ -43,7 +43,8 @@ def test_each_iteration_writes_its_samples_readable_with_datasets_and_keeps_the_
         cache_dir=str(run_dir / "hf-cache"),
     )
     assert table.num_rows == 2 * 16  # one object per sample, rl.batch_size=16
-    assert {"prompt", "completion", "reward", "advantage", "return", "policy_version", "row_id"} <= set(table.column_names)
+    required = {"prompt", "completion", "reward", "advantage", "return", "policy_version", "row_id"}
+    assert required <= set(table.column_names)
     records = {r["iteration"]: r for r in metric_records(run_dir)}
     for iteration in (2, 3):
         rows = _rows(run_dir / "experience" / f"iter_{iteration:06d}.jsonl.gz")
