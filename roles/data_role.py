@@ -36,7 +36,7 @@ def load_rows(data: DataConfig, reference_required: bool, key: str) -> list[Proj
     """Every row of a source, projected while loading, row 0 first, so a bad file fails
     when the role is built, before any model is trained (S-DATA-5)."""
     rows: list[ProjectedRow] = []
-    for sourced in iter_source_rows(data):
+    for sourced in iter_source_rows(data, key):
         prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
         reference_key = reference_key_for(sourced.value, data.reference_key, required=reference_required)
         reference = project_reference(sourced.value, reference_key=reference_key, where=sourced.where)
