@@ -5,7 +5,8 @@ a short supervised pass over two-digit sums (`model.tiny.pretrain_*`, about a mi
 cached in the model folder), then PPO with the default `arithmetic_exact_match` reward
 raises its exact-match accuracy. Prompts come from the training side of a fixed
 split; `python -m bench.arith_eval --run` measures greedy accuracy on the held-out
-side before and after (docs/performance.md quotes the figures).
+side before and after (docs/performance.md quotes the figures), and the run's own
+`evaluate[iter=N]` task measures the same during training (`val/exact_match`).
 """
 
 from configs.schema import (
