@@ -75,7 +75,8 @@ def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
                 axes.axvspan(iteration - 0.5, iteration + 0.5, color="tab:orange", alpha=0.15, linewidth=0)
     evaluated = [(i, v) for i, v in zip(points.iterations, points.val_reward_mean or []) if v is not None]
     if evaluated:
-        reward_axes.plot(*zip(*evaluated), marker="s", markersize=4, color="tab:purple", label="held-out reward")
+        label = "evaluation reward (rl.validation)"
+        reward_axes.plot(*zip(*evaluated), marker="s", markersize=4, color="tab:purple", label=label)
         reward_axes.plot([], [], color="tab:green", label="training reward (sampled)")
         reward_axes.legend(loc="lower right", fontsize=8)
     kl_axes.set_xlabel("outer iteration")
