@@ -368,7 +368,10 @@ class GridConfig(Section):
     )
     gpus_per_node: int = Field(0, ge=0, description="GPUs the profile declares; 0 runs every role on CPU.")
     num_nodes: int = Field(
-        1, ge=1, description="Nodes the device groups may spread over (grid.gpus_per_node GPUs each)."
+        1,
+        ge=1,
+        description="Nodes the device groups spread over (grid.gpus_per_node GPUs each); above 1, each group is "
+        "pinned to a node of the joined cluster, as CPU bundles on a CPU run.",
     )
     rollout_tensor_parallel_size: int = Field(
         1,

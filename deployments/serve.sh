@@ -4,7 +4,8 @@
 #      database under the state directory (PREFECT_HOME); another address
 #      (PPO_PREFECT_HOST) only with PREFECT_SERVER_API_AUTH_STRING set (S-SEC-1),
 #   2. the `ppo-process` work pool (type process),
-#   3. both deployments from deployments/prefect.yaml (ppo/public-4gpu, ppo/tiny-cpu),
+#   3. both deployments from deployments/prefect.yaml (ppo/public-4gpu, ppo/tiny-cpu)
+#      and the automation that resumes their crashed runs (deployments/automations.yaml),
 #   4. a worker polling the pool.
 # Pids and logs go to $PPO_PREFECT_STATE_DIR (default .prefect/local); stop it all
 # with deployments/stop.sh (`make stop`: worker first, then server). Running this
@@ -139,6 +140,18 @@ if ! prefect_cli --no-prompt deploy --all --prefect-file deployments/prefect.yam
   exit 1
 fi
 echo "serve: deployed ppo/public-4gpu and ppo/tiny-cpu"
+
+# 3b. the automation that reschedules crashed runs of `auto-resume` deployments
+#     (deployments/automations.yaml; S-FAULT-5)
+if prefect_cli automation inspect ppo-resume-crashed-runs >/dev/null 2>&1; then
+  echo "serve: automation ppo-resume-crashed-runs exists"
+elif prefect_cli automation create --from-file deployments/automations.yaml >>"$STATE_DIR/deploy.log" 2>&1; then
+  echo "serve: created automation ppo-resume-crashed-runs (crashed runs resume by themselves)"
+else
+  echo "serve: creating the automation failed; see $STATE_DIR/deploy.log" >&2
+  tail -n 20 "$STATE_DIR/deploy.log" >&2
+  exit 1
+fi
 
 # 4. worker
 if alive worker; then

@@ -40,12 +40,18 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(error.problems)
     except RunLocked as error:
         return refuse([str(error)])
+    from checkpoint.boundary import CheckpointError
+    from flows.resume import ResumeError
+
+    try:
+        check_resume_point(args, overrides)
+    except (ConfigError, ResumeError, CheckpointError) as error:
+        return refuse(getattr(error, "problems", None) or [str(error)])
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
-    from checkpoint.boundary import CheckpointError
     from flows.failures import StageFailed
-    from flows.resume import ResumeError
     from flows.training import ppo
+    from placement.ray_lowering import PlacementError
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
@@ -54,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_flow(args, overrides, ppo)
     except ConfigError as error:
         return refuse(error.problems)
-    except (ResumeError, CheckpointError, RunLocked) as error:
-        # Refusals about the run's own state: the message is the whole story.
+    except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
+        # Refusals about the run's own state or the cluster's: the message is the whole story.
         return refuse([str(error)])
     except StageFailed as error:
         # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
@@ -63,6 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     print_summary(summary)
     return 0
+
+
+def check_resume_point(args, overrides: list[str]) -> None:
+    """A run that cannot resume (another warmup, a missing or uncommitted boundary,
+    a damaged marker or pointer) is refused before the Prefect API, Ray or any actor
+    starts. The flow checks again, with the boundary's files read back."""
+    from flows.resume import resume_boundary
+    from flows.run_outputs import RunPaths
+    from flows.training import resolve_config
+
+    config = resolve_config(args.config, overrides, None, None)
+    resume_boundary(config, RunPaths.for_config(config), resume=not args.fresh, resume_from=args.resume_from)
 
 
 def run_flow(args, overrides: list[str], flow_fn) -> dict:

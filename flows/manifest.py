@@ -35,6 +35,7 @@ from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
 from flows.preflight import Problem, config_problems, joins_cluster, machine_problems
+from placement.node_layout import describe_slots
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
 
 EXIT_OK = 0
@@ -132,6 +133,8 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
     if plan.mode == "colocated" and plan.uses_gpus:
         offload = f"; colocated offload {'on' if plan.offload_active else 'off (rl.colocated_offload=false)'}"
     report.summary.append(f"placement: {plan.describe()} on {devices}{offload}")
+    if plan.spreads_over_nodes:  # the plan's node for every group, before any node is contacted
+        report.summary.append(f"nodes: {describe_slots(plan)} (slots map onto the cluster's alive nodes at launch)")
     ranks = {role: plan.ranks(role) for role in TRAINER_ROLES}
     engines = plan.ranks("rollout")
     if max(ranks.values()) > 1 or engines > 1:

@@ -89,6 +89,12 @@ def machine_problems(
     if joins_cluster(config, environ):
         return []
     plan = plan_placement(config) if plan is None else plan
+    if plan.spreads_over_nodes:
+        return [Problem(
+            "grid.num_nodes",
+            f"is {plan.num_nodes} but no Ray cluster is named (RAY_ADDRESS or grid.ray_address): a Ray started "
+            "here is one node; join a cluster of that many nodes, or set grid.num_nodes=1",
+        )]
     if not plan.uses_gpus:
         return []
     here = visible_gpus(environ) if gpus is None else gpus

@@ -54,6 +54,19 @@ def find_resume_point(
     """Decide where this flow run starts: the latest committed boundary, or the one
     named by `resume_from` (S-FAULT-3). Reads only; writes nothing, so a refusal
     (a corrupt file included) leaves the run directory exactly as it was."""
+    point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
+    if point is not None and not verify_marker_files(point.boundary, point.marker):
+        _logger().warning(
+            f"{point.boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"
+        )
+    return point
+
+
+def resume_boundary(
+    config: PPOConfig, paths: RunPaths, *, resume: bool, resume_from: str | None = None
+) -> ResumePoint | None:
+    """`find_resume_point` without reading the boundary's files back: cheap enough for
+    the command line to refuse a run that cannot resume before it starts anything."""
     if resume_from is not None:
         if not resume:
             raise ResumeError(
@@ -75,10 +88,6 @@ def find_resume_point(
     marker = read_marker(boundary)
     assert marker is not None  # read_latest and chosen_boundary refuse uncommitted boundaries
     check_loop_state(marker, config, boundary)
-    if not verify_marker_files(boundary, marker):
-        _logger().warning(
-            f"{boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"
-        )
     return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,
                        went_back=resume_from is not None)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from flows.failures import naming_failures
+from placement.nodes import actor_nodes, is_lost, node_addresses, node_name
 from tasks.faults import fault_point
 
 
@@ -46,6 +47,14 @@ class FlowRunner:
         self.seconds: dict[str, float] = {}
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
         self._actors = actor_labels(roles) if roles is not None else {}
+        self._nodes = actor_nodes({key: handle for key, (_, handle) in self._actors.items()}) if self._actors else {}
+
+    def layout(self) -> dict[str, list[str]]:
+        """Node id -> the actors on it (role and rank), as found at start-up."""
+        layout: dict[str, list[str]] = {}
+        for key, node in self._nodes.items():
+            layout.setdefault(node, []).append(self._actors[key][0])
+        return layout
 
     def start_iteration(self) -> None:
         self.seconds = {}
@@ -106,7 +115,7 @@ class FlowRunner:
 
     def explain(self, error: BaseException) -> str | None:
         """A dead or stuck actor named by its role (and node), instead of Ray's actor id."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayError
 
         from roles.actors import kill_quietly
         from tasks.stages import StageTimeout
@@ -118,17 +127,34 @@ class FlowRunner:
             name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
             if handle is not None:
                 kill_quietly(handle)
+            node = self._nodes.get(stuck)
+            where = f"; it ran on {node_name(node, node_addresses())}" if node and len(self.layout()) > 1 else ""
             return (
                 f"no result from the {name} actor within {error.seconds:g} s "
-                f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device"
+                f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device{where}"
             )
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if isinstance(error, RayActorError):
             name = self._actors.get(error.actor_id or "", (f"actor {error.actor_id}", None))[0]
-            node = re.search(r"\bip: ([0-9a-fA-F.:]+)", str(error))
-            where = f" on node {node.group(1)}" if node else ""
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            return f"the {name} actor{where} is gone: {first_line}"
+            node = self._nodes.get(error.actor_id or "")
+            if node is None:
+                address = re.search(r"\bip: ([0-9a-fA-F.:]+)", str(error))
+                where = f" on node {address.group(1)}" if address else ""
+                return f"the {name} actor{where} is gone: {first_line}"
+            addresses = node_addresses()
+            lost = f": {self._lost(node, addresses)}" if is_lost(node, addresses) else ""
+            return f"the {name} actor on {node_name(node, addresses)} is gone{lost}: {first_line}"
+        if isinstance(error, RayError) and self._nodes:
+            # An input held on a lost node (ObjectLostError and kin) names no actor:
+            # name the node and what ran there.
+            addresses = node_addresses()
+            lost = [self._lost(node, addresses) for node in self.layout() if is_lost(node, addresses)]
+            if lost:
+                return f"{'; '.join(lost)}: {first_line}"
         return None
+
+    def _lost(self, node: str, addresses: dict[str, tuple[str, bool]]) -> str:
+        return f"{node_name(node, addresses)} left the Ray cluster (it held {', '.join(self.layout()[node])})"
 
 
 def actor_labels(roles: Any) -> dict[str, tuple[str, Any]]:

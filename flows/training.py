@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import StateType
 
 from configs.loading import load_config, profile_dirs
 from configs.schema import PPOConfig
@@ -25,6 +26,7 @@ from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
 from flows.trackers import open_trackers
+from placement.nodes import describe_layout
 from roles.actors import RoleHandles, connect_ray, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
 
@@ -106,7 +108,7 @@ def ppo(
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
     try:
-        attempt = 0
+        attempt = crash_resumes(auto_resume_attempts)
         while True:
             try:
                 return _train(config, paths, lock, resume or attempt > 0, resume_from if attempt == 0 else None)
@@ -118,6 +120,51 @@ def ppo(
                     "resuming from the last committed boundary")
     finally:
         lock.release()
+
+
+AUTO_RESUME_STATE = "AutoResume"  # the state name deployments/automations.yaml reschedules a crashed run under
+
+
+class AutoResumeExhausted(RuntimeError):
+    """A crashed run came back more often than its `auto_resume_attempts` allow."""
+
+
+def crash_resumes(auto_resume_attempts: int) -> int:
+    """How many automatic resumes this flow run has used: the times the automation
+    rescheduled it after its process crashed. Past the bound the run fails (Failed,
+    which the automation leaves alone) instead of crashing again and again."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return 0
+    with get_client(sync_client=True) as client:
+        used = automatic_resumes(client.read_flow_run_states(flow_run.id))
+    if used > auto_resume_attempts:
+        raise AutoResumeExhausted(
+            f"the flow process crashed {used} times and auto_resume_attempts={auto_resume_attempts}; not resuming "
+            "again by itself. Find the cause in the crashed attempts' logs, then run it again (or press Retry)."
+        )
+    if used:
+        say(f"auto-resume: attempt {used} of {auto_resume_attempts} after the flow process crashed; "
+            "resuming from the last committed boundary")
+    return used
+
+
+def automatic_resumes(states: list[Any]) -> int:
+    """Crashed attempts the automation rescheduled since a person last scheduled the
+    run (created it, or pressed Retry: a Retry after the bound starts a fresh budget).
+    Two reschedules with no attempt running between them are one crash."""
+    used, ran = 0, False
+    for state in sorted(states, key=lambda state: state.timestamp):
+        if state.name == AUTO_RESUME_STATE:
+            used += ran
+            ran = False
+        elif state.type == StateType.SCHEDULED:
+            used, ran = 0, False
+        elif state.type == StateType.RUNNING:
+            ran = True
+    return used
 
 
 def say(line: str) -> None:
@@ -153,6 +200,8 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
         runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
+        if len(runner.layout()) > 1:  # on a cluster: where the plan put each role (S-RUN-4)
+            say(f"nodes: {describe_layout(runner.layout())}")
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         if resume_point:
             say(

@@ -93,6 +93,27 @@ class PlacementPlan:
         really share a device."""
         return self.mode == "colocated" and self.uses_gpus and self.colocated_offload
 
+    @property
+    def spreads_over_nodes(self) -> bool:
+        """More than one node: every device group is then reserved as a placement group
+        (CPU bundles on a CPU run) and pinned to the nodes `placement.node_layout`
+        gives it, so where a role lands is the plan's choice, not the scheduler's."""
+        return self.num_nodes > 1
+
+    def reserved_groups(self) -> tuple[DeviceGroup, ...]:
+        """Groups lowered onto placement groups: those with GPUs, and on a multi-node
+        CPU run every group (a 0-GPU group of a GPU run stays on the host, unreserved)."""
+        if self.uses_gpus:
+            return tuple(group for group in self.groups if group.gpus)
+        return self.groups if self.spreads_over_nodes else ()
+
+    def bundles(self, group: DeviceGroup) -> int:
+        """Bundles a reserved group holds: one per GPU; on the host one CPU per rank of
+        its biggest role (colocated, engine i shares bundle i with policy rank i)."""
+        if group.gpus:
+            return group.gpus
+        return max(self.ranks(role) if role in RANKED_ROLES else 1 for role in group.roles)
+
     def group_of(self, role: str) -> DeviceGroup | None:
         for group in self.groups:
             if role in group.roles:

@@ -113,7 +113,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **options)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+        # "local": a new Ray of this run's own, never a cluster some other process
+        # started on this machine (plain ray.init() would join that one).
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
 
 
 def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:

@@ -71,12 +71,11 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture
-def tiny_overrides(tmp_path, tiny_model_dir) -> list[str]:
-    """Overrides that point a short CPU-profile run at temp outputs and the shared model."""
+def short_run_overrides(output_root, model_dir: str) -> list[str]:
+    """Overrides that point a short CPU-profile run at `output_root` and the shared model."""
     return [
-        f"job.output_root={tmp_path / 'outputs'}",
-        f"model.path={tiny_model_dir}",
+        f"job.output_root={output_root}",
+        f"model.path={model_dir}",
         "rl.batch_size=16",
         "rl.minibatch_size=8",
         "rl.micro_batch_size=8",
@@ -85,3 +84,8 @@ def tiny_overrides(tmp_path, tiny_model_dir) -> list[str]:
         # (tests/integration/test_evaluation_in_process.py).
         "rl.validation=null",
     ]
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path, tiny_model_dir) -> list[str]:
+    return short_run_overrides(tmp_path / "outputs", tiny_model_dir)

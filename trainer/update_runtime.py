@@ -138,14 +138,17 @@ class UpdateRuntime:
                 f"{self.role}: update plan shape {plan.shape} (epochs, minibatch, micro-batch) differs from "
                 f"{tuple(self.plan_shape)} this role was trained and checkpointed with (S-FLOW-4)"
             )
+        dp = self.data_parallel
+        # Cut first: a batch the plan cannot cut is refused before the role records
+        # anything, so a failed update leaves it as it was (S-FLOW-6).
+        schedule = plan.minibatches(targets.num_samples, dp.rank, dp.world)
         self.plan_shape = plan.shape
         targets = targets_on(targets, self.device)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        dp = self.data_parallel
         reduce_seconds = 0.0
-        for minibatch in plan.minibatches(targets.num_samples, dp.rank, dp.world):
+        for minibatch in schedule:
             self.optimizer.zero_grad(set_to_none=True)
             for micro in minibatch:
                 loss, diagnostics = loss_fn(targets, micro)

@@ -129,9 +129,10 @@ def _client(stack: Stack):
 
 
 def _deployment_run(
-    stack: Stack, params: dict, watch: bool = True, timeout: int = 900
+    stack: Stack, params: dict, watch: bool = True, timeout: int = 900, tags: tuple[str, ...] = ()
 ) -> tuple[str, subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "prefect", "deployment", "run", "ppo/tiny-cpu", "--params", json.dumps(params)]
+    command += [arg for tag in tags for arg in ("--tag", tag)]
     if watch:
         command += ["--watch", "--watch-timeout", str(timeout)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=stack.env, capture_output=True, text=True, timeout=timeout + 60)
@@ -289,6 +290,60 @@ def test_a_killed_flow_run_shows_crashed_and_retry_resumes_from_the_last_boundar
     assert names[f"rollout[iter={committed + 1}]"] >= 1 and names[f"commit[iter={max_steps}]"] == 1
     lines = (tmp_path / "deploy-crash" / "metrics.jsonl").read_text().splitlines()
     assert sorted({json.loads(line)["iteration"] for line in lines}) == list(range(1, max_steps + 1))
+
+
+def test_a_crashed_auto_resume_run_is_rescheduled_and_ends_like_the_uninterrupted_run(stack, tiny_model_dir, tmp_path):
+    """S-FAULT-5 for a crash: the flow process SIGKILLed once boundary 2 is committed;
+    the automation `make serve` creates (deployments/automations.yaml) reschedules the
+    run (the tag `auto-resume`, as ppo/public-4gpu has), a worker runs it again from
+    the boundary, and it ends Completed with the uninterrupted run's weights."""
+    from flows.in_process import run_in_process
+    from flows.run_outputs import RunPaths
+    from flows.training import AUTO_RESUME_STATE, resolve_config
+    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+
+    automations = subprocess.run([sys.executable, "-m", "prefect", "automation", "ls"], cwd=REPO_ROOT, env=stack.env,
+                                 capture_output=True, text=True, timeout=120)
+    assert "ppo-resume-crashed-runs" in automations.stdout, automations.stdout + automations.stderr
+    overrides = [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=6", "rl.save_every=2",
+                 *SMALL_BATCH]
+    flow_run_id, result = _deployment_run(
+        stack, {"overrides": overrides, "run_name": "deploy-crash-auto"}, watch=False, tags=("auto-resume",)
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    latest = tmp_path / "deploy-crash-auto" / "checkpoints" / "latest_checkpoint.txt"
+    _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
+    pid = _flow_run_pid(flow_run_id)
+    assert pid is not None, "no flow-run process found under the worker"
+    os.kill(pid, signal.SIGKILL)
+
+    with _client(stack) as client:
+        final = _poll(
+            lambda: client.read_flow_run(uuid.UUID(flow_run_id)),
+            lambda run: run.state.is_final() and not run.state.is_crashed() and run.run_count >= 2,
+            timeout=900,
+            every=2,
+        )
+        states = client.read_flow_run_states(uuid.UUID(flow_run_id))
+    assert final.state.is_completed(), final.state
+    assert [s.type.value for s in states].count("CRASHED") >= 1
+    assert any(s.name == AUTO_RESUME_STATE for s in states)  # the attempt is in the run's history
+    names = Counter(
+        run.name
+        for run in _poll(
+            lambda: _task_runs(stack, flow_run_id), lambda runs: any(r.name == "commit[iter=6]" for r in runs)
+        )
+    )
+    assert names["rollout[iter=1]"] == 1  # it resumed, it did not start over
+    straight = resolve_config("configs/ppo_tiny_cpu.py", overrides, None, "deploy-crash-straight")
+    run_in_process(straight, paths=RunPaths.for_config(straight))
+    for role in ("policy", "critic"):
+        assert weights_digest(boundary(tmp_path / "deploy-crash-auto", 6) / role) == weights_digest(
+            boundary(tmp_path / "deploy-crash-straight", 6) / role
+        )
+    assert [without_timings(r) for r in metric_records(tmp_path / "deploy-crash-auto")] == [
+        without_timings(r) for r in metric_records(tmp_path / "deploy-crash-straight")
+    ]
 
 
 def _actor_process(title: str, marker: str) -> int | None:

@@ -2,22 +2,28 @@
 (flows/iteration.py). These tests hold the guarantees that design rests on, with real
 Ray actors: a failed update never publishes weights (S-FLOW-6), the failure is named
 by the stage that raised it, and a good iteration ends with the rollout holding the
-newly published version."""
+newly published version.
+
+Both tests use one set of actors (a module fixture; start-up is most of their cost):
+the good iteration runs second, on actors that have just seen a failed update, so a
+failure that left any of them half-updated fails it too.
+"""
 
 import pytest
 import ray
 
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TINY_PROFILE, short_run_overrides
 
 pytestmark = [pytest.mark.ray]
 
 
-@pytest.fixture
-def roles(ray_cluster, tiny_overrides):
+@pytest.fixture(scope="module")
+def roles(ray_cluster, tiny_model_dir, tmp_path_factory):
     from configs.loading import load_config
     from roles.actors import start_role_actors, stop_role_actors
 
-    config = load_config(TINY_PROFILE, tiny_overrides + ["job.name=dispatch-guard"])
+    overrides = short_run_overrides(tmp_path_factory.mktemp("dispatch"), tiny_model_dir)
+    config = load_config(TINY_PROFILE, overrides + ["job.name=dispatch-guard"])
     handles = start_role_actors(config)
     yield config, handles
     stop_role_actors(handles)

@@ -20,14 +20,12 @@ from tests.integration.helpers import boundary, metric_records, weights_digest, 
 pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 
 
-def test_flow_with_zero_warmup_equals_the_in_process_run(prefect_api, ray_cluster, tiny_overrides, tmp_path):
-    from flows.training import ppo
-
-    overrides = tiny_overrides + ["rl.max_steps=3", "job.name=golden"]
-    ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=0)
-    run_dir = tmp_path / "outputs" / "golden"
-
-    config = resolve_config(TINY_PROFILE, overrides + ["job.name=golden-in-process"], 0, None)
+def test_flow_with_zero_warmup_equals_the_in_process_run(golden_run, tmp_path):
+    run_dir = golden_run.run_dir
+    in_process_overrides = [o for o in golden_run.overrides if not o.startswith("job.output_root=")] + [
+        f"job.output_root={tmp_path / 'outputs'}", "job.name=golden-in-process",
+    ]
+    config = resolve_config(TINY_PROFILE, in_process_overrides, 0, None)
     in_process, roles = run_in_process(config, paths=RunPaths.for_config(config))
 
     records = metric_records(run_dir)

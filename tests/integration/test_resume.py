@@ -48,14 +48,15 @@ def _run(root: Path, model_dir: str, name: str, *extra: str, warmup: int | None 
                critic_warmup_iterations=warmup, run_name=name, resume=resume)
 
 
-def _seed(root: Path, model_dir: str, name: str, *extra: str, warmup: int = 0) -> Path:
-    """A run written by the in-process runner, as the flow would write it."""
+def _seed(root: Path, model_dir: str, name: str, *extra: str, warmup: int = 0, resume: bool = False) -> Path:
+    """A run written by the in-process runner, as the flow would write it (resuming
+    the one already there with `resume`)."""
     from flows.in_process import run_in_process
     from flows.run_outputs import RunPaths
     from flows.training import resolve_config
 
     config = resolve_config(TINY_PROFILE, _overrides(root, model_dir, *extra), warmup, name)
-    run_in_process(config, paths=RunPaths.for_config(config))
+    run_in_process(config, paths=RunPaths.for_config(config), resume=resume)
     return root / name
 
 
@@ -67,15 +68,18 @@ def _final_digests(run_dir: Path, iteration: int) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def straight_runs(prefect_api, ray_cluster, tiny_model_dir, tmp_path_factory) -> dict[int, Path]:
+def straight_runs(tiny_model_dir, tmp_path_factory) -> dict[int, Path]:
     """Uninterrupted 4-iteration runs, without warmup and with N=2."""
     root = tmp_path_factory.mktemp("straight")
     return {warmup: _seed(root, tiny_model_dir, f"straight{warmup}", "rl.max_steps=4", warmup=warmup)
             for warmup in (0, 2)}
 
 
-# (0, 2) is held at flow level by the kill-point and dead-actor tests, and in process.
-@pytest.mark.parametrize("warmup, stop_after", [pytest.param(0, 2, marks=pytest.mark.slow), (2, 1)])
+# Both cases are held in process (test_resume_in_process.py: the same roles, resume
+# and checkpoint code, run by the other runner), and a flow-level resume by the
+# kill-point and dead-actor tests; through the flow they cost two actor start-ups each.
+@pytest.mark.slow
+@pytest.mark.parametrize("warmup, stop_after", [(0, 2), (2, 1)])
 def test_stop_and_rerun_is_bitwise_the_uninterrupted_run(straight_runs, tiny_model_dir, tmp_path, warmup, stop_after):
     _run(tmp_path, tiny_model_dir, "resumed", f"rl.max_steps={stop_after}", warmup=warmup)
     summary = _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=4", warmup=warmup)
@@ -122,14 +126,16 @@ def test_sigkill_mid_iteration_then_rerun_resumes_from_the_last_commit(straight_
 
 
 def test_newer_boundary_without_success_is_never_used(straight_runs, tiny_model_dir, tmp_path):
+    """The boundary choice is flows/resume.py's, shared by both runners: held here in
+    process (a flow-level resume is in the kill-point and dead-actor tests)."""
     _seed(tmp_path, tiny_model_dir, "partial", "rl.max_steps=2")
     run_dir = tmp_path / "partial"
     # A commit of iteration 4 that died after the role saves, before its marker.
     stale = boundary(run_dir, 4)
     (stale / "policy").mkdir(parents=True)
     (stale / "policy" / "model.safetensors").write_bytes(b"half-written")
-    summary = _run(tmp_path, tiny_model_dir, "partial", "rl.max_steps=4")
-    assert summary["resumed_from"].endswith("iter_000002")
+    _seed(tmp_path, tiny_model_dir, "partial", "rl.max_steps=4", resume=True)
+    assert [r["iteration"] for r in metric_records(run_dir)] == [1, 2, 3, 4]
     assert _final_digests(run_dir, 4) == _final_digests(straight_runs[0], 4)
     assert json.loads((stale / "_SUCCESS").read_text())["iteration"] == 4
 
@@ -146,17 +152,17 @@ def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(
     assert run_dir_snapshot(tmp_path / "mismatch") == before
 
 
-def test_cli_reports_the_warmup_mismatch_and_exits_non_zero(prefect_api, ray_cluster, tiny_model_dir, tmp_path):
-    from prefect.settings import PREFECT_API_URL
-
+def test_cli_refuses_the_warmup_mismatch_before_starting_anything(tiny_model_dir, tmp_path):
     _seed(tmp_path, tiny_model_dir, "climismatch", "rl.max_steps=1", warmup=2)
     command = [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--",
                *_overrides(tmp_path, tiny_model_dir, "rl.max_steps=4", "job.name=climismatch",
                            "rl.critic_warmup_iterations=3")]
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}  # the session's API: no server start
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    before = run_dir_snapshot(tmp_path / "climismatch")
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2
     assert "rl.critic_warmup_iterations=2" in result.stderr and "configured with 3" in result.stderr
+    assert result.stdout == ""  # refused before the Prefect API, Ray or any actor started
+    assert run_dir_snapshot(tmp_path / "climismatch") == before
 
 
 @pytest.mark.parametrize("damage", ["corrupt_marker", "pointer_to_missing", "truncated_policy"])
