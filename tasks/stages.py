@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
 from roles.trajectory import TrainReceipt
+from tasks.samples_table import publish_samples
 
 STAGE_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 
@@ -109,10 +110,16 @@ def critic_predict(iteration: int, summary: Any) -> dict[str, float]:
 
 
 @task(name="prepare_batch", task_run_name="prepare_batch[iter={iteration}]", **STAGE_TASK)
-def prepare_batch(iteration: int, summary: Any, installs: Sequence[Any]) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen and every trainer rank holds them. Returns the
-    batch id all ranks agree on, which their receipts must quote (S-FLOW-5)."""
+def prepare_batch(
+    iteration: int, summary: Any, installs: Sequence[Any], experience: Any = None, samples_key: str | None = None
+) -> tuple[str, dict[str, float]]:
+    """Done when the targets are frozen, every trainer rank holds them and the replay
+    role has written the iteration's experience file (S-OPS-3), a few of whose samples
+    this task run shows as a table. Returns the batch id all ranks agree on, which
+    their receipts must quote (S-FLOW-5)."""
     metrics, *installed = resolve([summary, *installs])
+    if experience is not None:
+        publish_samples(resolve([experience])[0], samples_key)
     batch_ids = {held["batch_id"] for held in installed}
     if len(batch_ids) != 1:
         raise RuntimeError(
@@ -178,3 +185,11 @@ def weight_sync(
     metrics = {**results[0], **park_metrics(parked)}  # engine 0's load metrics
     log_metrics(metrics)
     return int(version), metrics
+
+
+@task(name="evaluate", task_run_name="evaluate[iter={iteration}]", **STAGE_TASK)
+def evaluate(iteration: int, generate_summary: Any, scores: Any) -> dict[str, float]:
+    """Held-out evaluation of the policy after this iteration's update (iteration 0:
+    the starting policy), generated on the rollout engine and scored with the run's
+    reward; its `val/*` metrics join the iteration's record (S-OPS-2)."""
+    return numeric_metrics(*resolve([generate_summary, scores]))
