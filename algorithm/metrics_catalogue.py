@@ -21,9 +21,15 @@ DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of th
 POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
 SEVERAL_ENGINES = "only with more than one rollout engine"
 SAVE_ITERATIONS = "save iterations only (rl.save_every, and the final iteration with rl.save_final)"
+EVALUATIONS = (
+    "evaluation iterations only (rl.validation: every rl.validation.every-th iteration, and iteration 0 with "
+    "rl.validation.before_training)"
+)
+WITH_REFERENCES = "only when every evaluation prompt has a reference"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
+    EVALUATIONS, WITH_REFERENCES,
 )
 
 
@@ -147,8 +153,25 @@ METRICS: tuple[Metric, ...] = (
     _stage_time("prepare_batch", "advantages, returns and the frozen targets"),
     _stage_time("train", "the policy's and the critic's updates, side by side"),
     _stage_time("weight_sync", "publishing the policy's weights to the engines and the park", ACTOR_UPDATES),
+    _stage_time("evaluate", "the held-out evaluation (S-OPS-2)", EVALUATIONS),
     _stage_time("commit", "the committed checkpoint boundary of this iteration", SAVE_ITERATIONS),
     _stage_time("save_artifact", "the weights-only artifact of this iteration (rl.save_plan=model)", SAVE_ITERATIONS),
+    # held-out evaluation (S-OPS-2)
+    Metric("val/reward_mean", "mean terminal reward of the evaluation prompts' completions, the run's own reward "
+           "rule on PPO's scale", "reward", EVALUATIONS, "roles/reward_role.py"),
+    Metric("val/fraction_correct", "fraction of evaluation completions the terminal matcher judged correct",
+           "fraction in [0, 1]", (EVALUATIONS, WITH_MATCHER), "roles/reward_role.py"),
+    Metric("val/exact_match", "fraction of evaluation completions equal to their reference (both stripped of "
+           "surrounding whitespace), whatever the reward rule", "fraction in [0, 1]",
+           (EVALUATIONS, WITH_REFERENCES), "roles/reward_role.py"),
+    Metric("val/response_length_mean", "mean generated length of the evaluation completions", "tokens",
+           EVALUATIONS, "roles/rollout_role.py"),
+    Metric("val/generate_seconds", "time inside the engine's generate for the evaluation prompts", "seconds",
+           EVALUATIONS, "roles/rollout_role.py"),
+    Metric("val/policy_version", "the policy version that was evaluated", "version number", EVALUATIONS,
+           "roles/rollout_role.py"),
+    Metric("val/prompts", "how many evaluation prompts were generated and scored", "count", EVALUATIONS,
+           "roles/rollout_role.py"),
     Metric("time/iteration_seconds", "wall-clock seconds of the whole iteration", "seconds", EVERY_ITERATION,
            "flows/iteration.py"),
 )
@@ -175,7 +198,9 @@ def render() -> str:
         [
             "Generated from `algorithm/metrics_catalogue.py` by `python -m algorithm.metrics_catalogue`; do not edit",
             "by hand. Each line of a run's `metrics.jsonl` is one iteration's record; these are its keys. A key",
-            "that does not apply to an iteration is absent from its record, never written as zero.",
+            "that does not apply to an iteration is absent from its record, never written as zero. With",
+            "`rl.validation.before_training` the file starts with a row for iteration 0: the starting policy's",
+            "evaluation, with only the `val/*` keys, `time/evaluate_seconds` and `iteration`.",
         ],
         ["key", "meaning", "unit", "in the record", "written by"],
         [f"| `{m.key}` | {m.meaning} | {m.unit} | {'; '.join(m.conditions)} | `{m.source}` |" for m in METRICS],

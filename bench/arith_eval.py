@@ -103,7 +103,7 @@ def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
             roles.policy.model, roles.policy.tokenizer, heldout_sums(max_operand), max_new_tokens
         )
         where, way = "policy after the direct loop", "direct loop"
-        rewards = [r["train/reward_mean"] for r in records]
+        rewards = [r["train/reward_mean"] for r in records if "train/reward_mean" in r]  # row 0: evaluation only
         window = min(10, len(rewards))
         first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
     else:

@@ -51,16 +51,21 @@ def run_seed(
             run_name=name,
             resume=False,
         )
-        return read_metrics(f"{output_root}/{name}/metrics.jsonl")
+        return training_rows(read_metrics(f"{output_root}/{name}/metrics.jsonl"))
     from flows.in_process import run_in_process
     from configs.loading import load_config
 
     config = load_config(profile, seeded)
-    return run_in_process(
+    return training_rows(run_in_process(
         config,
         on_iteration=lambda r: print(f"    iter {r['iteration']:>4}  reward {r['train/reward_mean']:.3f}", flush=True)
-        if r["iteration"] % 10 == 0 else None,
-    )[0]
+        if r["iteration"] % 10 == 0 and "train/reward_mean" in r else None,
+    )[0])
+
+
+def training_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The curve is the training reward: the before-training evaluation's row 0 has none."""
+    return [record for record in records if "train/reward_mean" in record]
 
 
 def first_last(rewards: list[float], window: int = WINDOW) -> tuple[float, float]:

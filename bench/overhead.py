@@ -42,11 +42,11 @@ from typing import Any, Iterator
 
 from bench.cpu_accounting import CpuSampler
 from flows.environment import apply_default_environment
-from tasks.stage_names import SAVE_ARTIFACT_TASK, TIMED_STAGES
+from tasks.stage_names import EVALUATE, SAVE_ARTIFACT_TASK, TIMED_STAGES
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
-# The timed stages of an iteration (commits are off here).
-STAGES = tuple(stage for stage in TIMED_STAGES if stage not in ("commit", SAVE_ARTIFACT_TASK))
+# The timed stages of every iteration (commits are off here; evaluation runs on its own cadence).
+STAGES = tuple(stage for stage in TIMED_STAGES if stage not in ("commit", SAVE_ARTIFACT_TASK, EVALUATE))
 
 
 @dataclass
@@ -110,6 +110,7 @@ def sized_overrides(profile: str, batch_size: int, iterations: int, extra: list[
         f"rl.max_steps={iterations}",
         "rl.save_every=0",
         "rl.save_final=false",
+        "rl.validation=null",  # evaluation runs on its own cadence, not in every iteration measured here
         *extra,
     ]
 

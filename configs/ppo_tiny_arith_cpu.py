@@ -5,7 +5,8 @@ a short supervised pass over two-digit sums (`model.tiny.pretrain_*`, about a mi
 cached in the model folder), then PPO with the default `arithmetic_exact_match` reward
 raises its exact-match accuracy. Prompts come from the training side of a fixed
 split; `python -m bench.arith_eval --run` measures greedy accuracy on the held-out
-side before and after (docs/performance.md quotes the figures).
+side before and after (docs/performance.md quotes the figures), and the run's own
+`evaluate[iter=N]` task measures the same during training (`val/exact_match`).
 """
 
 from configs.schema import (
@@ -17,6 +18,7 @@ from configs.schema import (
     RLConfig,
     RolloutConfig,
     TinyModelSpec,
+    ValidationConfig,
 )
 
 CONFIG = PPOConfig(
@@ -54,5 +56,10 @@ CONFIG = PPOConfig(
         ),
         optimizer=OptimizerConfig(policy_lr=3e-4, critic_lr=1e-3, warmup_steps=10),
         rollout=RolloutConfig(engine="hf", max_new_tokens=4, temperature=0.5),
+        # S-OPS-2: every held-out sum once, greedy, as bench/arith_eval.py measures it.
+        validation=ValidationConfig(
+            data=DataConfig(factory="data.synthetic:heldout_sums", factory_kwargs={"max_operand": 99}, shuffle=False),
+            every=10,
+        ),
     ),
 )

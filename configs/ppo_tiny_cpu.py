@@ -13,6 +13,7 @@ from configs.schema import (
     RLConfig,
     RolloutConfig,
     TinyModelSpec,
+    ValidationConfig,
 )
 
 CONFIG = PPOConfig(
@@ -29,5 +30,7 @@ CONFIG = PPOConfig(
         save_every=10,
         data=DataConfig(factory="data.synthetic:copy_digit", factory_kwargs={"num_rows": 2000, "seed": 0}),
         rollout=RolloutConfig(engine="hf", max_new_tokens=1),
+        # S-OPS-2: greedy on each digit once, before training and every 10 iterations.
+        validation=ValidationConfig(data=DataConfig(factory="data.synthetic:each_digit", shuffle=False), every=10),
     ),
 )

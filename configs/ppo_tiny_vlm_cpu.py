@@ -18,6 +18,7 @@ from configs.schema import (
     RolloutConfig,
     TinyModelSpec,
     TinyVisionSpec,
+    ValidationConfig,
 )
 
 CONFIG = PPOConfig(
@@ -39,5 +40,14 @@ CONFIG = PPOConfig(
             factory="data.synthetic_vision:copy_digit_with_pictures", factory_kwargs={"num_rows": 300, "seed": 0}
         ),
         rollout=RolloutConfig(engine="hf", max_new_tokens=1),
+        # S-OPS-2: rows of the same three kinds from another seed, greedy. The copy task
+        # has only ten answers, so these prompts differ from training's in pictures only.
+        validation=ValidationConfig(
+            data=DataConfig(
+                factory="data.synthetic_vision:copy_digit_with_pictures", factory_kwargs={"num_rows": 12, "seed": 1},
+                shuffle=False,
+            ),
+            every=10,
+        ),
     ),
 )

@@ -143,6 +143,22 @@ class DataPackerConfig(Section):
         return check_callable_module(value, key="data_packer.factory")
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+class ExperienceConfig(Section):
+    """The per-iteration samples the replay role writes to `<run>/experience/` (S-OPS-3)."""
+
+    keep: Literal["off", "last", "all"] = Field(
+        "last", description="`off` writes none, `last` keeps the newest `job.experience.last` iterations, `all` keeps "
+        "every iteration's file.",
+    )
+    last: int = Field(100, ge=1, description="With keep=last: how many iterations' files stay on disk.")
+    table_rows: int = Field(
+        4, ge=0, description="Samples of each iteration shown in the Prefect UI's samples table (0: no table)."
+    )
+
+
 class JobConfig(Section):
     name: str = Field(
         "ppo-run",
@@ -151,6 +167,23 @@ class JobConfig(Section):
     )
     output_root: str = Field("outputs", description="Folder (or fsspec URL) under which `<job.name>/` is written.")
     seed: int = Field(0, description="Run seed: data shuffle, sampling and the update plan derive from it.")
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Where each metrics.jsonl row also goes, stepped by iteration: `tensorboard` (event files under "
+        "`<run>/tensorboard/`, the default), `wandb` (offline, under `<run>/wandb/`; needs the `wandb` extra), "
+        "`mlflow` (a local file store `<run>/mlruns/`; needs the `mlflow` extra). [] writes metrics.jsonl only.",
+    )
+    experience: ExperienceConfig = Field(
+        default_factory=ExperienceConfig, description="Each iteration's samples kept as experience files (S-OPS-3)."
+    )
+
+    @field_validator("trackers")
+    @classmethod
+    def _each_tracker_once(cls, value: list[str]) -> list[str]:
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"job.trackers: {', '.join(repeated)} listed more than once")
+        return value
 
 
 class DataConfig(Section):
@@ -182,6 +215,34 @@ class DataConfig(Section):
             raise ValueError(
                 "set exactly one of rl.data.path, rl.data.name, rl.data.factory "
                 f"(got {', '.join('rl.data.' + k for k in chosen) or 'none'})"
+            )
+        return self
+
+
+class ValidationConfig(Section):
+    """Held-out evaluation during training (S-OPS-2): the current policy generates on the
+    rollout engine for a fixed set of prompts, scored with the run's reward."""
+
+    data: DataConfig = Field(
+        description="Evaluation prompts, a source like rl.data (keep them out of the training data)."
+    )
+    every: int = Field(10, ge=0, description="Evaluate after every N-th iteration (0: never during training).")
+    before_training: bool = Field(
+        True, description="Also evaluate the starting policy, logged as iteration 0 of metrics.jsonl."
+    )
+    greedy: bool = Field(
+        True, description="Greedy decoding (deterministic); false samples at rl.rollout.temperature with its own seed."
+    )
+    num_prompts: int | None = Field(
+        None, ge=1, description="Evaluate on the first N prompts of the source (after its shuffle); null: all of them."
+    )
+
+    @model_validator(mode="after")
+    def _runs_at_some_point(self) -> "ValidationConfig":
+        if self.every == 0 and not self.before_training:
+            raise ValueError(
+                "rl.validation.every is 0 and rl.validation.before_training is false: the evaluation would never run; "
+                "set one of them, or rl.validation=null to turn evaluation off"
             )
         return self
 
@@ -281,6 +342,9 @@ class RLConfig(Section):
         default_factory=OptimizerConfig, description="Optimizer of both trainable roles."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine settings.")
+    validation: ValidationConfig | None = Field(
+        None, description="Held-out evaluation as an `evaluate[iter=N]` task logging `val/*` (S-OPS-2); null: none."
+    )
 
     @model_validator(mode="after")
     def _plan_shape(self) -> "RLConfig":

@@ -16,7 +16,9 @@ class SourcedRow:
     where: str  # e.g. "prompts.jsonl row 3 (line 7, column 1)" or "factory data.synthetic:copy_digit row 3"
 
 
-def iter_source_rows(data: DataConfig) -> Iterator[SourcedRow]:
+def iter_source_rows(data: DataConfig, key: str = "rl.data") -> Iterator[SourcedRow]:
+    """`key`: the config section `data` came from (`rl.validation.data` for evaluation
+    prompts), so a refusal names the key to change."""
     if data.path:
         from data.row_reader import iter_rows
 
@@ -24,9 +26,9 @@ def iter_source_rows(data: DataConfig) -> Iterator[SourcedRow]:
             pos = row.position
             yield SourcedRow(row.value, f"{pos.path} row {pos.row} (line {pos.line}, column {pos.column})")
     elif data.factory:
-        factory = import_callable(data.factory, key="rl.data.factory")
+        factory = import_callable(data.factory, key=f"{key}.factory")
         for index, value in enumerate(factory(**data.factory_kwargs)):
-            where = f"rl.data.factory {data.factory} row {index}"
+            where = f"{key}.factory {data.factory} row {index}"
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: expected a dict row, got {type(value).__name__}")
             yield SourcedRow(value, where)

@@ -20,6 +20,15 @@ def copy_digit(num_rows: int = 1000, seed: int = 0) -> Iterator[dict]:
         yield {"prompt": digit, "reference": digit}
 
 
+def each_digit() -> Iterator[dict]:
+    """Every copy-digit prompt once, "0" to "9": the copy task's evaluation set. Ten
+    prompts are the task's whole prompt space, so nothing can be held out of training;
+    greedy decoding on each of them shows what the policy has learned, free of the
+    rollout's sampling noise."""
+    for digit in "0123456789":
+        yield {"prompt": digit, "reference": digit}
+
+
 def addition(num_rows: int = 1000, seed: int = 0, max_operand: int = 9) -> Iterator[dict]:
     """Prompt "3+4=", reference "7"."""
     rng = random.Random(seed)

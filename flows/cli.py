@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from checkpoint.boundary import CheckpointError
     from flows.resume import ResumeError
 
+    # The operator named this file on their own command line: the flow it starts
+    # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
+    allow_profile_dir(Path(args.config).parent)
     try:
         check_resume_point(args, overrides)
     except (ConfigError, ResumeError, CheckpointError) as error:
@@ -53,9 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     from flows.training import ppo
     from placement.ray_lowering import PlacementError
 
-    # The operator named this file on their own command line: the flow it starts
-    # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
-    allow_profile_dir(Path(args.config).parent)
     try:
         summary = run_flow(args, overrides, ppo)
     except ConfigError as error:

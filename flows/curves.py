@@ -31,6 +31,7 @@ class CurvePoints:
     reward_mean: list[float | None]
     kl: list[float | None]
     actor_warmup: list[bool]
+    val_reward_mean: list[float | None] | None = None  # held-out evaluation (S-OPS-2), where it ran
 
 
 def latest_per_iteration(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,6 +51,7 @@ def curve_points(records: list[dict[str, Any]]) -> CurvePoints:
         reward_mean=[r.get("train/reward_mean") for r in rows],
         kl=[r.get("train/kl") for r in rows],
         actor_warmup=[bool(r.get("train/actor_warmup", 0.0)) for r in rows],
+        val_reward_mean=[r.get("val/reward_mean") for r in rows],
     )
 
 
@@ -71,6 +73,12 @@ def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
         for iteration, warmup in zip(points.iterations, points.actor_warmup):
             if warmup:
                 axes.axvspan(iteration - 0.5, iteration + 0.5, color="tab:orange", alpha=0.15, linewidth=0)
+    evaluated = [(i, v) for i, v in zip(points.iterations, points.val_reward_mean or []) if v is not None]
+    if evaluated:
+        label = "evaluation reward (rl.validation)"
+        reward_axes.plot(*zip(*evaluated), marker="s", markersize=4, color="tab:purple", label=label)
+        reward_axes.plot([], [], color="tab:green", label="training reward (sampled)")
+        reward_axes.legend(loc="lower right", fontsize=8)
     kl_axes.set_xlabel("outer iteration")
     kl_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     if any(points.actor_warmup):

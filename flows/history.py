@@ -56,6 +56,12 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy_loss", "train/policy_loss"),
     ("value_loss", "train/value_loss"),
 )
+# Held-out evaluation (S-OPS-2): columns only in rows of iterations that evaluated
+# (table_rows gives the other rows empty cells).
+VALIDATION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("val_reward_mean", "val/reward_mean"),
+    ("val_exact_match", "val/exact_match"),
+)
 # Stage-time columns appear in the order an iteration runs them; unknown stages follow.
 STAGE_ORDER = (*TIMED_STAGES, "iteration")
 INLINE_CURVE_MAX_BYTES = 300_000
@@ -94,6 +100,9 @@ def iteration_row(record: Mapping[str, Any]) -> dict[str, Any]:
     row["policy_version"] = None if version is None else int(version)
     warmup = record.get("train/actor_warmup")
     row["actor_warmup"] = None if warmup is None else bool(warmup)
+    for column, key in VALIDATION_COLUMNS:
+        if key in record:
+            row[column] = _rounded(record[key])
     stages = [(m.group("stage"), key) for key in record if (m := _TIME_KEY.match(key))]
     for stage, key in sorted(stages, key=lambda item: _stage_rank(item[0])):
         row[f"{stage}_s"] = _rounded(record[key])
@@ -170,6 +179,18 @@ def summary_markdown(
         lines.append(
             f"| reward, first-{window} → last-{window} mean | {first:.4f} → {last:.4f} ({last - first:+.4f}) |"
         )
+    evaluated = [row for row in rows if "val/reward_mean" in row]
+    if evaluated:
+        first_val, last_val = evaluated[0], evaluated[-1]
+        lines.append(
+            f"| held-out reward, iteration {first_val['iteration']} → {last_val['iteration']} | "
+            f"{first_val['val/reward_mean']:.4f} → {last_val['val/reward_mean']:.4f} |"
+        )
+        if "val/exact_match" in first_val and "val/exact_match" in last_val:
+            lines.append(
+                f"| held-out exact match, iteration {first_val['iteration']} → {last_val['iteration']} | "
+                f"{first_val['val/exact_match']:.4f} → {last_val['val/exact_match']:.4f} |"
+            )
     if rows and rows[-1].get("train/kl") is not None:
         lines.append(f"| final KL | {rows[-1]['train/kl']:+.5f} |")
     final_model = summary.get("final_model")

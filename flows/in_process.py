@@ -20,11 +20,12 @@ from typing import Any, Callable
 from configs.schema import PPOConfig
 from placement.plan import plan_placement
 from placement.role_placement import role_placements
-from flows.iteration import run_iterations
+from flows.iteration import first_step, run_iterations
 from flows.resume import find_resume_point, restore_roles, start_from_scratch
 from flows.run_lock import RunLock, local_run_dir
 from flows.run_outputs import RunPaths, append_metrics
 from flows.runners import InProcessRunner
+from flows.trackers import Trackers, open_trackers
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
@@ -101,11 +102,13 @@ def run_in_process(
     """
     roles = build_roles(config) if roles is None else roles
     records: list[dict[str, Any]] = []
+    trackers = Trackers()
 
     def keep(record: dict[str, Any]) -> None:
         records.append(record)
         if paths is not None:
             append_metrics(paths.metrics, record)
+            trackers.log(record)
         if on_iteration is not None:
             on_iteration(record)
 
@@ -123,5 +126,9 @@ def run_in_process(
             start = point.iteration + 1
         else:
             start_from_scratch(paths)
-        run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
+        trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (flows/trackers.py)
+        try:
+            run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
+        finally:
+            trackers.close()
     return records, roles

@@ -17,6 +17,7 @@ from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
+from flows.history import artifact_key
 from flows.run_outputs import RunPaths
 from tasks import commit as commit_tasks
 from tasks import stages
@@ -63,6 +64,13 @@ def run_iterations(
     """Iterations `start..last`; each record goes to `on_record` as soon as it is
     complete. Returns the policy_version reached and the last boundary committed."""
     last_commit = None
+    if start == 1 and evaluates_at(config, 0):
+        # The starting policy's row, iteration 0: every later evaluation compares with it.
+        run.start_iteration()
+        record = {"iteration": 0, **evaluate(run, roles, 0, policy_version)}
+        record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
+        if on_record is not None:
+            on_record(record)
     for iteration in range(start, last + 1):
         started = time.perf_counter()
         result = ppo_iteration(run, roles, config, iteration, policy_version, paths)
@@ -96,6 +104,9 @@ def ppo_iteration(
     # that very object (S-FLOW-3), the policy's after computing the same for the forward.
     prepared = [run.call(rank.prepare_batch, trajectory, returns=2) for rank in policy_ranks]
     targets, prepare_summary = prepared[0]
+    experience = None
+    if paths is not None and config.job.experience.keep != "off":  # S-OPS-3: the samples behind the numbers
+        experience = run.call(roles.replay.keep_experience, trajectory, targets, paths.experience)
     installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
     critic_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in critic_ranks]
     policy_receipts, loaded, new_version, follows = [], [], None, []
@@ -118,7 +129,8 @@ def ppo_iteration(
     record |= run.stage(stages.reference_score, iteration, reference_summary)
     record |= run.stage(stages.critic_predict, iteration, critic_summary, [s for _, s in predictions[1:]])
     agreed_batch, prepare_metrics = run.stage(
-        stages.prepare_batch, iteration, prepare_summary, installs, [s for _, s in prepared[1:]]
+        stages.prepare_batch, iteration, prepare_summary, installs, experience,
+        artifact_key(config.job.name, "samples"), [s for _, s in prepared[1:]],
     )
     record |= prepare_metrics
     trainers = [(stages.train_critic, (critic_receipts, agreed_batch, parks if actor_warmup else []))]
@@ -131,11 +143,40 @@ def ppo_iteration(
         record |= synced
     record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
     record["train/policy_version"] = float(policy_version)
+    if evaluates_at(config, iteration):
+        # After weight_sync (every policy rank parked, the engines hold the new
+        # version) and before the commit, which keeps this row (S-OPS-2, S-FAULT-2).
+        record |= evaluate(run, roles, iteration, policy_version)
 
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record)
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     return IterationResult(record, policy_version, committed)
+
+
+def evaluates_at(config: PPOConfig, iteration: int) -> bool:
+    """Whether the policy after `iteration` is evaluated (0: the starting policy)."""
+    validation = config.rl.validation
+    if validation is None:
+        return False
+    if iteration == 0:
+        return validation.before_training
+    return validation.every > 0 and iteration % validation.every == 0
+
+
+def first_step(config: PPOConfig, start: int) -> int:
+    """The first metrics row a run starting at iteration `start` writes."""
+    return 0 if start == 1 and evaluates_at(config, 0) else start
+
+
+def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> dict[str, float]:
+    """Held-out prompts through rollout engine 0 with the current weights, scored by
+    the reward role (S-OPS-2). Nothing here moves the data cursor or any sampling
+    stream training uses, so evaluating never changes training."""
+    prompts = run.call(roles.data.validation_batch, iteration)
+    trajectory, summary = run.call(roles.rollout.evaluate, prompts, policy_version, returns=2)
+    scores = run.call(roles.reward.score_validation, trajectory)
+    return run.stage(stages.evaluate, iteration, summary, scores)
 
 
 def generate(run: Runner, roles: Roles, prompts: Any, policy_version: int) -> tuple[Any, Any]:

@@ -20,6 +20,7 @@ from typing import Mapping
 from configs.callables import check_callable_module
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
+from flows.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
 
@@ -49,8 +50,12 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
         ))
     # User code named in the config must at least be findable before any worker starts
     # (data_packer.factory is checked by the schema itself).
+    missing = missing_tracker_packages(config.job.trackers)
+    if missing:
+        problems.append(Problem("job.trackers", tracker_message(missing).removeprefix("job.trackers: ")))
     for key, path in (
         ("rl.data.factory", rl.data.factory),
+        ("rl.validation.data.factory", rl.validation.data.factory if rl.validation else None),
         ("rl.reward.terminal_callable", rl.reward.terminal_callable),
     ):
         if path is not None:

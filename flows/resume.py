@@ -24,6 +24,7 @@ from checkpoint.boundary_files import verify_marker_files
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
+from roles.experience import remove_experience_after, set_aside_experience
 
 
 class ResumeError(RuntimeError):
@@ -169,6 +170,7 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
         go_back(paths, point.iteration)
     else:
         truncate_metrics(paths.metrics, point.iteration)
+        remove_experience_after(paths.experience, point.iteration)  # S-OPS-3: those iterations run again
     restore_boundary_row(paths.metrics, boundary, point.iteration)
     _logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
     return policy_version
@@ -177,8 +179,10 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
 def start_from_scratch(paths: RunPaths) -> None:
     """No committed boundary: every iteration runs again from 1, so rows a killed
     earlier attempt wrote before its first commit are dropped, or they would appear
-    twice (S-FAULT-2)."""
-    truncate_metrics(paths.metrics, 0)
+    twice (S-FAULT-2); that includes the before-training evaluation's row 0. Their
+    experience files go too (S-OPS-3)."""
+    truncate_metrics(paths.metrics, -1)
+    remove_experience_after(paths.experience, 0)
 
 
 def truncate_metrics(path: str, last_iteration: int) -> None:
@@ -212,6 +216,10 @@ def go_back(paths: RunPaths, iteration: int) -> None:
     aside = set_aside_metrics(paths.metrics, iteration)
     if aside is not None:
         _logger().info(f"metrics rows after iteration {iteration} set aside in {aside}")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    experience = set_aside_experience(paths.experience, iteration, stamp)  # S-FAULT-3, S-OPS-3
+    if experience is not None:
+        _logger().info(f"experience files after iteration {iteration} set aside in {experience}")
     update_latest(paths.checkpoints, iteration)
 
 

@@ -33,6 +33,16 @@ class RunPaths:
         return f"{self.run_dir}/final_model"
 
     @property
+    def experience(self) -> str:
+        """One samples file per iteration (S-OPS-3, roles/experience.py)."""
+        return f"{self.run_dir}/experience"
+
+    @property
+    def tensorboard(self) -> str:
+        """TensorBoard event files (S-OPS-3); `tensorboard --logdir <output_root>` finds every run's."""
+        return f"{self.run_dir}/tensorboard"
+
+    @property
     def artifacts(self) -> str:
         return f"{self.run_dir}/checkpoint_artifacts"
 

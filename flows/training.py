@@ -19,12 +19,13 @@ from configs.loading import load_config, profile_dirs
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from flows.history import RunHistory
-from flows.iteration import run_iterations
+from flows.iteration import first_step, run_iterations
 from flows.preflight import require_runnable
 from flows.resume import find_resume_point, restore_roles, start_from_scratch
 from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
+from flows.trackers import open_trackers
 from placement.nodes import describe_layout
 from roles.actors import RoleHandles, connect_ray, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
@@ -192,6 +193,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     )
     roles = None
     history = None
+    trackers = None
     try:
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
@@ -214,9 +216,11 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         history = RunHistory.start(
             config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start
         )
+        trackers = open_trackers(config, paths, first_step(config, start))
 
         def record_iteration(record: dict[str, Any]) -> None:
             append_metrics(paths.metrics, record)
+            trackers.log(record)
             lock.renew()
             history.add_iteration(record)
             line = progress_line(config, record)
@@ -238,6 +242,8 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
             history.fail(error)
         raise
     finally:
+        if trackers is not None:
+            trackers.close()
         stop_role_actors(roles)
         if started_ray:
             import ray
@@ -271,7 +277,9 @@ def run_summary(
 def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, float | None]:
     """First-`window` vs last-`window` mean reward over the whole run (resumed parts
     included): the one number that says whether the policy learned."""
-    rewards = [r["train/reward_mean"] for r in sorted(records, key=lambda r: r["iteration"])]
+    # The before-training evaluation's row 0 has no training reward.
+    ordered = sorted(records, key=lambda r: r["iteration"])
+    rewards = [r["train/reward_mean"] for r in ordered if "train/reward_mean" in r]
     if not rewards:
         return {"first_reward_mean": None, "last_reward_mean": None, "reward_window": window}
     # Disjoint windows when the run is short, so "rise" compares different iterations.
@@ -282,11 +290,21 @@ def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, fl
 
 
 def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:
+    evaluated = validation_text(record)
+    if "train/reward_mean" not in record:  # iteration 0: the starting policy's evaluation only
+        return f"iter {record['iteration']:>4}/{config.rl.max_steps}  before training: {evaluated.strip()}"
     policy_loss = record.get("train/policy_loss")
     phase = "critic-warmup" if record["train/actor_warmup"] else f"pv={int(record['train/policy_version'])}"
     return (
         f"iter {record['iteration']:>4}/{config.rl.max_steps}  reward {record['train/reward_mean']:.3f}  "
         f"policy_loss {'   -   ' if policy_loss is None else f'{policy_loss:+.4f}'}  "
         f"value_loss {record['train/value_loss']:.4f}  kl {record['train/kl']:+.4f}  {phase}  "
-        f"{record['time/iteration_seconds']:.2f}s"
+        f"{record['time/iteration_seconds']:.2f}s{evaluated}"
     )
+
+
+def validation_text(record: dict[str, Any]) -> str:
+    if "val/reward_mean" not in record:
+        return ""
+    exact = record.get("val/exact_match")
+    return f"  val reward {record['val/reward_mean']:.3f}" + ("" if exact is None else f" exact {exact:.3f}")

@@ -10,7 +10,7 @@ import fsspec
 import torch
 
 from checkpoint.role_state import saving, write_file
-from configs.schema import PPOConfig
+from configs.schema import DataConfig, PPOConfig
 from algorithm.rewards import resolve_terminal
 from data.prompt_projection import project_prompt, project_reference, reference_key_for
 from data.sources import iter_source_rows
@@ -32,28 +32,58 @@ class ProjectedRow:
     where: str
 
 
+def load_rows(data: DataConfig, reference_required: bool, key: str) -> list[ProjectedRow]:
+    """Every row of a source, projected while loading, row 0 first, so a bad file fails
+    when the role is built, before any model is trained (S-DATA-5)."""
+    rows: list[ProjectedRow] = []
+    for sourced in iter_source_rows(data, key):
+        prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
+        reference_key = reference_key_for(sourced.value, data.reference_key, required=reference_required)
+        reference = project_reference(sourced.value, reference_key=reference_key, where=sourced.where)
+        metadata = {k: v for k, v in sourced.value.items() if k not in (data.prompt_key, data.reference_key)}
+        rows.append(ProjectedRow(prompt, reference, metadata, sourced.where))
+    if not rows:
+        raise ValueError(f"{key}: the source yielded no rows")
+    return rows
+
+
 class DataRole:
     def __init__(self, config: PPOConfig):
         data = config.rl.data
         matcher = resolve_terminal(config.rl.reward.terminal, config.rl.reward.terminal_callable)
         reference_required = matcher is not None and matcher.needs_reference
-        self.rows: list[ProjectedRow] = []
-        for sourced in iter_source_rows(data):
-            # Every row is projected while loading, row 0 first, so a bad file fails
-            # when the role is built, before any model is trained (S-DATA-5).
-            prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
-            reference_key = reference_key_for(sourced.value, data.reference_key, required=reference_required)
-            reference = project_reference(sourced.value, reference_key=reference_key, where=sourced.where)
-            metadata = {k: v for k, v in sourced.value.items() if k not in (data.prompt_key, data.reference_key)}
-            self.rows.append(ProjectedRow(prompt, reference, metadata, sourced.where))
-        if not self.rows:
-            raise ValueError("rl.data: the source yielded no rows")
+        self.rows = load_rows(data, reference_required, "rl.data")
         self.shuffle = data.shuffle
         self.cursor = DataCursor(shuffle_seed=config.job.seed)
         self._order = self._epoch_order(0)
+        # S-OPS-2: the evaluation set is fixed for the whole run and never moves the
+        # cursor, so evaluating cannot change which prompts training sees.
+        self.validation_rows: list[ProjectedRow] = []
+        validation = config.rl.validation
+        if validation is not None:
+            rows = load_rows(validation.data, reference_required, "rl.validation.data")
+            if validation.data.shuffle:
+                generator = torch.Generator().manual_seed(config.job.seed * 7919 + 104_729)
+                rows = [rows[i] for i in torch.randperm(len(rows), generator=generator).tolist()]
+            self.validation_rows = rows[: validation.num_prompts]
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "data", "rows": len(self.rows)}
+        return {"role": "data", "rows": len(self.rows), "validation_rows": len(self.validation_rows)}
+
+    def validation_batch(self, iteration: int) -> PromptBatch:
+        """The evaluation prompts, the same ones at every evaluation (row ids index the
+        evaluation source, not rl.data)."""
+        if not self.validation_rows:
+            raise RuntimeError("evaluation asked for, but rl.validation is not configured")
+        rows = self.validation_rows
+        return PromptBatch(
+            iteration=iteration,
+            prompts=[r.prompt for r in rows],
+            references=[r.reference for r in rows],
+            metadata=[r.metadata for r in rows],
+            row_ids=list(range(len(rows))),
+            sources=[r.where for r in rows],
+        )
 
     def _epoch_order(self, epoch: int) -> list[int]:
         if not self.shuffle:

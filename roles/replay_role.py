@@ -1,27 +1,56 @@
 """The replay role: the experience buffer between rollout and training.
 
 PPO here is on-policy, so the buffer holds exactly the current batch. Its job is to
-give that batch an identity every trainer will quote in its receipt (S-FLOW-5).
+give that batch an identity every trainer will quote in its receipt (S-FLOW-5), and
+to keep the record of what was trained on: each iteration's samples with their
+rewards and advantages as an experience file (S-OPS-3, roles/experience.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 from configs.schema import PPOConfig
-from roles.trajectory import Trajectory, batch_identity
+from roles.experience import prune_experience, sample_rows, write_experience
+from roles.trajectory import PPOTargets, Trajectory, batch_identity
+
+
+@dataclass(frozen=True)
+class ExperienceReceipt:
+    """What the flow gets back from an experience write: small, whatever the batch size."""
+
+    iteration: int
+    path: str
+    samples: int
+    table: list[dict[str, Any]] = field(default_factory=list)  # the first few rows, for the UI's table
+    removed: list[int] = field(default_factory=list)  # iterations whose files retention removed
 
 
 class ReplayRole:
     def __init__(self, config: PPOConfig):
-        pass
+        self.experience = config.job.experience
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "replay"}
+        return {"role": "replay", "experience": self.experience.keep}
 
     def add(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, Any], str]:
         """The batch id comes back twice: in the summary the flow logs, and on its own
         so the trainers' calls can be queued on it before this call has even run."""
         batch_id = batch_identity(trajectory)
         return dataclasses.replace(trajectory, batch_id=batch_id), {"batch_id": batch_id}, batch_id
+
+    def keep_experience(self, trajectory: Trajectory, targets: PPOTargets, directory: str) -> ExperienceReceipt:
+        """Write this iteration's samples (rewards from the trajectory, advantages and
+        returns from the frozen targets) and apply `job.experience` retention. Reads
+        only: nothing a trainer uses is touched."""
+        rows = sample_rows(trajectory, targets)
+        path = write_experience(directory, trajectory.iteration, rows)
+        removed = []
+        if self.experience.keep == "last":
+            removed = prune_experience(directory, trajectory.iteration, self.experience.last)
+        return ExperienceReceipt(
+            iteration=trajectory.iteration, path=path, samples=len(rows), table=rows[: self.experience.table_rows],
+            removed=removed,
+        )

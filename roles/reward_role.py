@@ -52,3 +52,17 @@ class RewardRole:
         if self.matcher is not None:  # terminal "none" gives no verdict, so no fraction to report
             metrics["reward/fraction_correct"] = float(sum(correct) / len(correct))
         return scored, metrics
+
+    def score_validation(self, trajectory: Trajectory) -> dict[str, float]:
+        """The run's own reward on evaluation completions, as `val/*` metrics (S-OPS-2).
+        `val/exact_match` compares the stripped completion with the stripped reference,
+        whatever the reward rule; `val/fraction_correct` is the rule's verdict."""
+        scored, metrics = self.score(trajectory)
+        result = {"val/reward_mean": metrics["train/reward_mean"]}
+        if "reward/fraction_correct" in metrics:
+            result["val/fraction_correct"] = metrics["reward/fraction_correct"]
+        references = trajectory.prompts.references
+        if references and all(reference is not None for reference in references):
+            hits = [c.strip() == str(r).strip() for c, r in zip(trajectory.completions, references)]
+            result["val/exact_match"] = sum(hits) / len(hits)
+        return result

@@ -112,6 +112,36 @@ class RolloutRole:
         """One completion per prompt of shard `shard` of `shards` of the batch."""
         if shards > 1:
             prompts = prompts.shard(shard, shards)
+        # Per iteration and shard: a resumed run samples what the uninterrupted one
+        # did, and no two engines draw the same stream.
+        seed = self.config.job.seed * 1_000_003 + prompts.iteration + 7_919 * shard
+        trajectory, seconds = self._sample(prompts, required_version, seed, greedy=False)
+        lengths = trajectory.response_mask.sum(dim=1)
+        return trajectory, {
+            "rollout/response_length_mean": float(lengths.mean()),
+            "rollout/generate_seconds": seconds,
+            "rollout/policy_version": float(self.policy_version),
+            "perf/rollout_weight_loads": float(self.weight_loads),
+        }
+
+    def evaluate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
+        """Held-out evaluation with the weights this engine holds (S-OPS-2): greedy, or
+        sampled from a seed stream of its own so no training rollout's draw changes."""
+        validation = self.config.rl.validation
+        if validation is None:
+            raise RuntimeError("evaluation asked for, but rl.validation is not configured")
+        seed = (self.config.job.seed * 1_000_003 + prompts.iteration) * 31 + 1_000_000_007
+        trajectory, seconds = self._sample(prompts, required_version, seed, greedy=validation.greedy)
+        return trajectory, {
+            "val/response_length_mean": float(trajectory.response_mask.sum(dim=1).mean()),
+            "val/generate_seconds": seconds,
+            "val/policy_version": float(self.policy_version),
+            "val/prompts": float(len(trajectory.completions)),
+        }
+
+    def _sample(
+        self, prompts: PromptBatch, required_version: int, seed: int, greedy: bool
+    ) -> tuple[Trajectory, float]:
         if required_version != self.policy_version:
             # Equality, not "at least": a newer engine is as wrong as an older one.
             raise StalePolicyError(
@@ -128,12 +158,7 @@ class RolloutRole:
         rollout = self.config.rl.rollout
         self.engine.wake_up()
         result = self.engine.generate(
-            packed,
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            # Per iteration and shard: a resumed run samples what the uninterrupted one
-            # did, and no two engines draw the same stream.
-            seed=self.config.job.seed * 1_000_003 + prompts.iteration + 7_919 * shard,
+            packed, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, seed=seed, greedy=greedy
         )
         if self.sleep_between_rollouts:
             self.engine.sleep()
@@ -152,13 +177,7 @@ class RolloutRole:
             # critic and policy see exactly what the rollout showed the model.
             extras={MULTIMODAL_EXTRA: packed.multimodal} if packed.multimodal is not None else {},
         )
-        lengths = result.response_mask.sum(dim=1)
-        return trajectory, {
-            "rollout/response_length_mean": float(lengths.mean()),
-            "rollout/generate_seconds": time.perf_counter() - started,
-            "rollout/policy_version": float(self.policy_version),
-            "perf/rollout_weight_loads": float(self.weight_loads),
-        }
+        return trajectory, time.perf_counter() - started
 
     def gather(self, shards: int, *parts_and_summaries) -> tuple[Trajectory, dict[str, float]]:
         """Engine 0, after its own shard: the whole batch from every engine's shard

@@ -17,11 +17,15 @@ ITERATION_TASKS: tuple[str, ...] = (
     "train_policy",
     "train_critic",
     "weight_sync",
+    "evaluate",
     "commit",
 )
 """One Prefect task run per stage and iteration, named `<stage>[iter=N]`, in the order
 an iteration runs them. `train_policy` and `weight_sync` are skipped during critic
-warmup (S-CW-5), `commit` runs on the save cadence only."""
+warmup (S-CW-5), `evaluate` runs on the rl.validation cadence only (and as
+`evaluate[iter=0]` before training, S-OPS-2), `commit` on the save cadence only."""
+
+EVALUATE = "evaluate"
 
 SAVE_ARTIFACT_TASK = "save_artifact"  # a weights-only cadence save (S-CKPT-5), in place of `commit`
 EXPORT_TASK = "export"  # once, after the final boundary
@@ -37,6 +41,7 @@ TIMED_STAGES: tuple[str, ...] = (
     "prepare_batch",
     TRAIN,
     "weight_sync",
+    EVALUATE,
     "commit",
     SAVE_ARTIFACT_TASK,
 )

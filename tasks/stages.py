@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
 from roles.trajectory import TrainReceipt
+from tasks.samples_table import publish_samples
 
 STAGE_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 
@@ -113,13 +114,22 @@ def critic_predict(iteration: int, summary: Any, peers: Sequence[Any] = ()) -> d
 
 @task(name="prepare_batch", task_run_name="prepare_batch[iter={iteration}]", **STAGE_TASK)
 def prepare_batch(
-    iteration: int, summary: Any, installs: Sequence[Any], peers: Sequence[Any] = ()
+    iteration: int,
+    summary: Any,
+    installs: Sequence[Any],
+    experience: Any = None,
+    samples_key: str | None = None,
+    peers: Sequence[Any] = (),
 ) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen and every trainer rank holds them (and every
-    other policy rank has run the same forward, `peers`). Returns the batch id all
-    ranks agree on, which their receipts must quote (S-FLOW-5)."""
+    """Done when the targets are frozen, every trainer rank holds them (and every
+    other policy rank has run the same forward, `peers`, S-SCALE-1) and the replay
+    role has written the iteration's experience file (S-OPS-3), a few of whose samples
+    this task run shows as a table. Returns the batch id all ranks agree on, which
+    their receipts must quote (S-FLOW-5)."""
     metrics, *installed = resolve([summary, *installs])
     resolve(list(peers))
+    if experience is not None:
+        publish_samples(resolve([experience])[0], samples_key)
     batch_ids = {held["batch_id"] for held in installed}
     if len(batch_ids) != 1:
         raise RuntimeError(
@@ -185,3 +195,11 @@ def weight_sync(
     metrics = {**results[0], **park_metrics(parked)}  # engine 0's load metrics
     log_metrics(metrics)
     return int(version), metrics
+
+
+@task(name="evaluate", task_run_name="evaluate[iter={iteration}]", **STAGE_TASK)
+def evaluate(iteration: int, generate_summary: Any, scores: Any) -> dict[str, float]:
+    """Held-out evaluation of the policy after this iteration's update (iteration 0:
+    the starting policy), generated on the rollout engine and scored with the run's
+    reward; its `val/*` metrics join the iteration's record (S-OPS-2)."""
+    return numeric_metrics(*resolve([generate_summary, scores]))

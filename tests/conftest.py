@@ -80,6 +80,9 @@ def short_run_overrides(output_root, model_dir: str) -> list[str]:
         "rl.minibatch_size=8",
         "rl.micro_batch_size=8",
         "rl.epochs=1",
+        # Evaluation (S-OPS-2) writes an extra iteration-0 row; tests of it turn it on
+        # (tests/integration/test_evaluation_in_process.py).
+        "rl.validation=null",
     ]
 
 

@@ -23,8 +23,11 @@ class GenerationResult:
 
 class RolloutEngine(Protocol):
     def generate(
-        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int
-    ) -> GenerationResult: ...
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
+    ) -> GenerationResult:
+        """`greedy` (held-out evaluation, S-OPS-2) takes the most likely token and ignores
+        `temperature` and `seed`; its log-probs are then at temperature 1."""
+        ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
         """Install new policy weights; returns the bytes received."""

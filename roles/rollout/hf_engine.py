@@ -22,7 +22,7 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
     ) -> GenerationResult:
         input_ids = prompts.input_ids.to(self.device)
         attention_mask = prompts.attention_mask.to(self.device)
@@ -34,17 +34,18 @@ class HFEngine:
             never_generate = prompts.multimodal.never_generate
         if never_generate:
             extra["suppress_tokens"] = list(never_generate)
+        sampling: dict = {"do_sample": False}
+        if not greedy:
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             # Seeded per iteration: a resumed run samples exactly what the
-            # uninterrupted run sampled (S-CKPT-8).
+            # uninterrupted run sampled (S-CKPT-8). The fork keeps the process's own
+            # stream untouched, so an evaluation between rollouts changes nothing (S-OPS-2).
             torch.manual_seed(seed)
             output = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
+                **sampling,
                 max_new_tokens=max_new_tokens,
                 eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id,
@@ -55,7 +56,7 @@ class HFEngine:
         response_ids = output.sequences[:, input_ids.shape[1] :]
         # Raw logits, not `scores`: processed scores are not the sampling distribution.
         logits = torch.stack(output.logits, dim=1)
-        logprobs = logprobs_from_logits(logits, response_ids, temperature, never_generate)
+        logprobs = logprobs_from_logits(logits, response_ids, 1.0 if greedy else temperature, never_generate)
         response_mask = response_mask_from_ids(response_ids, self.eos_token_id)
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         return GenerationResult(response_ids.cpu(), response_mask.cpu(), (logprobs * response_mask).cpu())

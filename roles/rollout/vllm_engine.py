@@ -107,7 +107,7 @@ class VLLMEngine:
         self.executor = self.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
 
     def generate(
-        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
     ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -122,7 +122,7 @@ class VLLMEngine:
         params = [
             SamplingParams(
                 n=1,
-                temperature=temperature,
+                temperature=0.0 if greedy else temperature,  # vLLM decodes greedily at temperature 0
                 top_p=1.0,
                 top_k=0,
                 max_tokens=max_new_tokens,

@@ -35,7 +35,7 @@ STAGES = (
     "rollout", "reward", "reference_score", "critic_predict",
     "prepare_batch", "train_policy", "train_critic", "weight_sync",
 )
-SMALL_BATCH = ["rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1"]
+SMALL_BATCH = ["rl.batch_size=16", "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1", "rl.validation=null"]
 MARKER_VARIABLE = "PPO_TEST_STACK"
 
 
@@ -178,6 +178,10 @@ def test_deployment_run_completes_and_names_every_stage_of_every_iteration(stack
     assert flow_run.state.is_completed(), flow_run.state
     assert flow_run.name == "deploy-e2e"  # named after job.name
     assert deployment.name == "tiny-cpu" and deployment.work_pool_name == "ppo-process"
+    with _client(stack) as client:
+        public = client.read_deployment_by_name("ppo/public-4gpu")
+    # Issue 18 item 5: one run at a time holds the GPUs; a second one is enqueued.
+    assert public.concurrency_limit == 1 and public.concurrency_options.collision_strategy.value == "ENQUEUE"
 
     expected = {f"{stage}[iter={i}]" for i in (1, 2, 3) for stage in STAGES} | {"commit[iter=3]"}
     task_runs = _poll(

@@ -31,7 +31,8 @@ def _rewards(tiny_model_dir: str, extra: list[str]) -> list[float]:
     config = load_config(
         TINY_PROFILE, [f"model.path={tiny_model_dir}", "job.seed=0", f"rl.max_steps={ITERATIONS}", *extra]
     )
-    return [record["train/reward_mean"] for record in run_in_process(config)[0]]
+    # The before-training evaluation's row 0 has no training reward.
+    return [record["train/reward_mean"] for record in run_in_process(config)[0] if record["iteration"] >= 1]
 
 
 def _rise(rewards: list[float]) -> float:

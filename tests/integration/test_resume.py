@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 def _overrides(root: Path, model_dir: str, *extra: str) -> list[str]:
     return [
         f"job.output_root={root}", f"model.path={model_dir}", "rl.batch_size=16", "rl.minibatch_size=8",
-        "rl.micro_batch_size=8", "rl.epochs=1", "rl.save_every=2", *extra,
+        "rl.micro_batch_size=8", "rl.epochs=1", "rl.save_every=2", "rl.validation=null", *extra,
     ]
 
 

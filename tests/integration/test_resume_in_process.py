@@ -25,7 +25,8 @@ from tests.integration.helpers import boundary, metric_records, run_dir_snapshot
 def _config(root: Path, model_dir: str, name: str, *extra: str):
     return load_config(TINY_PROFILE, [
         f"job.output_root={root}", f"model.path={model_dir}", f"job.name={name}", "rl.batch_size=16",
-        "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1", "rl.save_every=2", *extra,
+        "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1", "rl.save_every=2", "rl.validation=null",
+        *extra,
     ])
 
 

@@ -87,6 +87,7 @@ def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_
         "rl.epochs=1",
         "rl.max_steps=2",
         "rl.save_every=2",
+        "rl.validation=null",
     ]
     summary = ppo(profile=TINY_PROFILE, overrides=overrides, run_name="vllm-two")
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]

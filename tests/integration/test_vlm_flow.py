@@ -41,6 +41,7 @@ def test_two_ppo_iterations_with_the_tiny_vlm_on_mixed_jsonl(prefect_api, ray_cl
             "rl.micro_batch_size=2",
             "rl.epochs=1",
             "rl.rollout.max_new_tokens=2",
+            "rl.validation=null",
         ],
     )
     records = metric_records(tmp_path / "outputs" / "vlm")

@@ -1,0 +1,121 @@
+"""Experience files: the samples behind each iteration's numbers (S-OPS-3).
+
+The replay role writes one gzip-compressed JSON-lines file per iteration,
+`<run>/experience/iter_NNNNNN.jsonl.gz`, one object per sample. Every column has one
+type in every row (a conversation prompt is written as its JSON text), so
+`datasets.load_dataset("json", data_files=...)` reads the files as one table.
+Files are written whole under a temporary name and renamed, so a reader (or a
+resume) never sees half a file. Storage goes through fsspec like the rest of a run.
+
+Resume treats these files as it treats metrics rows: a plain resume removes the
+files after its boundary (the iterations run again and write them anew), going back
+to an earlier boundary moves them aside into `experience/after_iter_NNNNNN.<time>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import fsspec
+
+from roles.trajectory import PPOTargets, Trajectory
+
+EXPERIENCE_DIR = "experience"
+_FILE = re.compile(r"^iter_(\d{6,})\.jsonl\.gz$")
+
+
+def experience_file(directory: str, iteration: int) -> str:
+    return f"{directory}/iter_{iteration:06d}.jsonl.gz"
+
+
+def prompt_text(prompt: Any) -> str:
+    """A string prompt as it is; a conversation (S-DATA-2) as its JSON text, so the
+    column has one type across rows."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+
+
+def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, Any]]:
+    """One object per sample. `advantage` is the mean over the sample's response tokens
+    (what the policy gradient weighs it by), `return` the GAE return at its first
+    response token (the value target of the whole completion); the shapes are
+    (b,) for scores and (b, r) for advantages, returns and the response mask."""
+    trajectory.require("scores")
+    mask = targets.response_mask
+    lengths = mask.sum(dim=1)
+    advantages = (targets.advantages * mask).sum(dim=1) / lengths.clamp(min=1.0)  # (b,)
+    first_returns = targets.returns[:, 0]
+    correct = trajectory.correct.tolist() if trajectory.correct is not None else [None] * len(lengths)
+    batch = trajectory.prompts
+    return [
+        {
+            "iteration": trajectory.iteration,
+            "policy_version": trajectory.policy_version,
+            "batch_id": targets.batch_id,
+            "row_id": int(batch.row_ids[index]),
+            "prompt": prompt_text(batch.prompts[index]),
+            "completion": trajectory.completions[index],
+            "reference": batch.references[index],
+            "reward": float(trajectory.scores[index]),
+            "correct": correct[index],
+            "advantage": float(advantages[index]),
+            "return": float(first_returns[index]),
+            "response_length": int(lengths[index]),
+        }
+        for index in range(len(trajectory.completions))
+    ]
+
+
+def write_experience(directory: str, iteration: int, rows: list[dict[str, Any]]) -> str:
+    fs, root = fsspec.core.url_to_fs(directory)
+    fs.makedirs(root, exist_ok=True)
+    final = experience_file(root, iteration)
+    partial = f"{final}.partial"
+    with fs.open(partial, "wt", compression="gzip", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    fs.mv(partial, final)
+    return experience_file(directory, iteration)
+
+
+def experience_iterations(directory: str) -> list[int]:
+    """The iterations with an experience file in `directory`, ascending."""
+    fs, root = fsspec.core.url_to_fs(directory)
+    if not fs.isdir(root):
+        return []
+    found = [_FILE.match(path.rstrip("/").rsplit("/", 1)[-1]) for path in fs.ls(root, detail=False)]
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def prune_experience(directory: str, newest: int, keep_last: int) -> list[int]:
+    """Remove the files older than the newest `keep_last` iterations; returns those removed."""
+    fs, root = fsspec.core.url_to_fs(directory)
+    old = [iteration for iteration in experience_iterations(directory) if iteration <= newest - keep_last]
+    for iteration in old:
+        fs.rm(experience_file(root, iteration))
+    return old
+
+
+def remove_experience_after(directory: str, iteration: int) -> list[int]:
+    """A plain resume: the files after the boundary belong to iterations that run again."""
+    fs, root = fsspec.core.url_to_fs(directory)
+    later = [i for i in experience_iterations(directory) if i > iteration]
+    for later_iteration in later:
+        fs.rm(experience_file(root, later_iteration))
+    return later
+
+
+def set_aside_experience(directory: str, iteration: int, stamp: str) -> str | None:
+    """Going back to an earlier boundary (S-FAULT-3): the later files move into
+    `after_iter_NNNNNN.<stamp>/` beside them, kept, not deleted. Returns that folder,
+    or None when there was nothing after `iteration`."""
+    later = [i for i in experience_iterations(directory) if i > iteration]
+    if not later:
+        return None
+    fs, root = fsspec.core.url_to_fs(directory)
+    aside = f"{root}/after_iter_{iteration:06d}.{stamp}"
+    fs.makedirs(aside, exist_ok=True)
+    for later_iteration in later:
+        fs.mv(experience_file(root, later_iteration), experience_file(aside, later_iteration))
+    return f"{directory}/after_iter_{iteration:06d}.{stamp}"
+

@@ -1,0 +1,48 @@
+"""A few samples of each iteration as a table artifact in the Prefect UI (S-OPS-3).
+
+Nobody trusts a reward curve without reading completions: the iteration's
+`prepare_batch[iter=N]` task run shows the first `job.experience.table_rows` samples
+(prompt, completion, reward, advantage), and the run's `ppo-<run>-samples` key
+always points at the newest. Each table is a few short rows, so its cost per
+iteration stays flat. The whole batch is in the experience file the table names.
+Best effort, as the run's other history (flows/history.py): never fails training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.context import TaskRunContext
+
+from roles.replay_role import ExperienceReceipt
+
+SHOWN = ("row_id", "prompt", "completion", "reference", "reward", "advantage", "return", "policy_version")
+MAX_TEXT = 200  # characters of a prompt or completion in a cell (a picture's data URL is long)
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return value[:MAX_TEXT] + "…"
+    return value
+
+
+def samples_table(receipt: ExperienceReceipt) -> list[dict[str, Any]]:
+    return [{column: _cell(row.get(column)) for column in SHOWN} for row in receipt.table]
+
+
+def publish_samples(receipt: ExperienceReceipt, key: str | None) -> None:
+    """Only inside a task run: the in-process runner has no UI to show it in."""
+    if key is None or not receipt.table or TaskRunContext.get() is None:
+        return
+    description = (
+        f"iteration {receipt.iteration}: {len(receipt.table)} of {receipt.samples} samples; "
+        f"all of them in {receipt.path}"
+    )
+    try:
+        create_table_artifact(samples_table(receipt), key=key, description=description)
+    except Exception as error:  # the table is a view; the experience file is the record
+        get_run_logger().warning(f"samples table: could not publish: {type(error).__name__}: {error}")

@@ -1,0 +1,46 @@
+"""Where held-out evaluation (S-OPS-2) shows up besides metrics.jsonl: the iteration
+table's columns, the run summary, the reward curve, the progress line and the reward
+rise, all of which must also take the before-training evaluation's row 0, which has
+no training metrics."""
+
+from __future__ import annotations
+
+from configs.loading import load_config
+from flows.curves import curve_points, draw_reward_curve
+from flows.history import iteration_row, summary_markdown, table_rows
+from flows.training import progress_line, reward_rise
+from tests.conftest import TINY_PROFILE
+
+BEFORE = {"iteration": 0, "val/reward_mean": 0.1, "val/exact_match": 0.1, "time/evaluate_seconds": 0.02}
+
+
+def _trained(iteration: int, reward: float, evaluated: float | None = None) -> dict:
+    record = {
+        "iteration": iteration, "train/reward_mean": reward, "train/kl": 0.01, "train/value_loss": 0.2,
+        "train/policy_loss": -0.03, "train/actor_warmup": 0.0, "train/policy_version": float(iteration),
+        "time/iteration_seconds": 0.5,
+    }
+    if evaluated is not None:
+        record |= {"val/reward_mean": evaluated, "val/exact_match": evaluated, "time/evaluate_seconds": 0.02}
+    return record
+
+
+def test_the_iteration_table_shows_evaluation_columns_only_where_it_ran():
+    rows = table_rows([iteration_row(BEFORE), iteration_row(_trained(1, 0.2)), iteration_row(_trained(2, 0.3, 0.4))])
+    assert [row["val_reward_mean"] for row in rows] == [0.1, None, 0.4]
+    assert rows[0]["reward_mean"] is None and rows[0]["policy_version"] is None  # row 0: no training yet
+    assert "val_reward_mean" not in iteration_row(_trained(1, 0.2))  # runs without evaluation keep their columns
+
+
+def test_summary_curve_progress_and_rise_read_the_evaluation_rows():
+    records = [BEFORE, _trained(1, 0.2), _trained(2, 0.3, 0.4)]
+    markdown = summary_markdown({"run_name": "r", "iterations": 2}, records, None, None)
+    assert "| held-out reward, iteration 0 → 2 | 0.1000 → 0.4000 |" in markdown
+    assert "| held-out exact match, iteration 0 → 2 | 0.1000 → 0.4000 |" in markdown
+    points = curve_points(records)
+    assert points.val_reward_mean == [0.1, None, 0.4] and points.reward_mean == [None, 0.2, 0.3]
+    assert draw_reward_curve(points, "r").startswith(b"\x89PNG")
+    config = load_config(TINY_PROFILE)
+    assert progress_line(config, BEFORE) == "iter    0/40  before training: val reward 0.100 exact 0.100"
+    assert progress_line(config, records[2]).endswith("val reward 0.400 exact 0.400")
+    assert reward_rise(records)["first_reward_mean"] == 0.2  # row 0 has no training reward
