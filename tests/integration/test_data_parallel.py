@@ -35,25 +35,30 @@ def _start(tiny_overrides, *extra: str):
     return config, start_role_actors(config)
 
 
-def _one_iteration(config, handles) -> dict:
+def _one_iteration(config, roles, runner) -> dict:
     from flows.iteration import ppo_iteration
-    from flows.runners import FlowRunner
 
-    # The flow's own iteration on the actors; every stage body checks every rank's
-    # receipt (same batch, same optimizer step) or fails the iteration.
-    return ppo_iteration(FlowRunner(prefect_tasks=False), handles, config, 1, 0).record
+    # The flow's own iteration program; every stage body checks every rank's receipt
+    # (same batch, same optimizer step) or fails the iteration.
+    return ppo_iteration(runner, roles, config, 1, 0).record
 
 
 def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_overrides):
+    from configs.loading import load_config
+    from flows.in_process import build_roles
+    from flows.runners import FlowRunner, InProcessRunner
     from roles.actors import stop_role_actors
 
-    one_config, one = _start(tiny_overrides, "job.name=dp-one")
+    # One rank: the role bodies in this process (the actors compute exactly this:
+    # test_flow_matches_in_process.py), so only the two-rank side starts actors.
+    one_config = load_config(TINY_PROFILE, tiny_overrides + SHARD_ALIGNED + ["job.name=dp-one"])
+    one = build_roles(one_config)
     two_config, two = _start(tiny_overrides, "job.name=dp-two", "grid.cpu_trainer_ranks=2")
     try:
         assert [ray.get(h.ready.remote())["ranks"] for h in two.ranks("policy")] == [2, 2]
         assert [ray.get(h.ready.remote())["rank"] for h in two.ranks("critic")] == [0, 1]
-        one_record = _one_iteration(one_config, one)
-        two_record = _one_iteration(two_config, two)
+        one_record = _one_iteration(one_config, one, InProcessRunner())
+        two_record = _one_iteration(two_config, two, FlowRunner(prefect_tasks=False))
         assert one_record["train/reward_mean"] == two_record["train/reward_mean"]  # same seed: the same rollout
 
         for role in TRAINER_ROLES:
@@ -67,7 +72,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
             # one-rank update's loss, clip fraction, grad norm, lr and step.
             assert two_record[key] == pytest.approx(one_record[key], rel=1e-5, abs=1e-7), key
 
-        one_weights, one_version = ray.get(one.policy.current_weights.remote())
+        one_weights, one_version = one.policy.current_weights()
         # Both ranks gather the full weights from their shards at once (a collective);
         # rank 0 hands them out, rank 1 keeps nothing.
         (rank0_weights, rank0_version), (rank1_weights, rank1_version) = ray.get(
@@ -78,7 +83,6 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
         for name, tensor in one_weights.items():
             torch.testing.assert_close(rank0_weights[name], tensor, rtol=1e-5, atol=1e-7)
     finally:
-        stop_role_actors(one)
         stop_role_actors(two)
 
 
