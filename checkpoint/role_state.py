@@ -26,15 +26,11 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule
-
 from checkpoint.digest import state_digest
+
+# torch.distributed.checkpoint and FSDP are imported inside the trainer-only functions
+# below: importing them costs about a second, and the data role and the command
+# line's resume check use this module's file helpers without ever training.
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -148,6 +144,8 @@ def optimizer_state_for_save(model: torch.nn.Module, optimizer: torch.optim.Opti
     state cleared, any group-level `step` a fused optimizer may add removed) and an
     empty state is saved instead.
     """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     pristine = not optimizer.state
     group_keys_before = [set(group) for group in optimizer.param_groups]
     state = get_optimizer_state_dict(model, optimizer)
@@ -274,6 +272,9 @@ def load_trainable_role(
             f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
             "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
         )
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    from torch.distributed.fsdp import FSDPModule
+
     weights = load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}"))
     optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if isinstance(model, FSDPModule):
@@ -307,6 +308,8 @@ def _load_full_into_shards(
     """A one-rank boundary loaded by FSDP2 ranks (S-SCALE-2): rank 0's full tensors
     are broadcast and each rank keeps its shard (torch's own full-state load path;
     every rank calls this at once)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     first = torch.distributed.get_rank() == 0
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, weights if first else {}, options=options)
