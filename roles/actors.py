@@ -103,6 +103,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, docs/launch.md)."""
     if not address:
         protect_local_ray(os.environ)
+        # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
+        # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
+        # invalid port makes Ray skip that server (it logs the failed start in
+        # monitor.log). A user who sets the variable keeps their own port.
+        os.environ.setdefault("AUTOSCALER_METRIC_PORT", "-1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     options: dict[str, Any] = {

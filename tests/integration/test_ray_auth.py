@@ -60,3 +60,55 @@ def test_a_run_makes_its_own_token_keeps_a_users_token_and_refuses_disabled_auth
     assert mine == {"RAY_AUTH_TOKEN_PATH": "/secrets/ray-token", "RAY_AUTH_MODE": "token"}
     with pytest.raises(RuntimeError, match="RAY_AUTH_MODE='disabled'.*requires token authentication"):
         protect_local_ray({"RAY_AUTH_MODE": "disabled"})
+
+
+def _listeners_of(pids: set[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket these processes listen on (`ss`)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        address, port = line.split()[3].rsplit(":", 1)
+        for pid in pids:
+            if f"pid={pid}," in line:
+                found.append((address.strip("[]"), int(port), pid))
+    return found
+
+
+def _descendants(root: int) -> set[int]:
+    children = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == root:
+                        children.add(int(entry))
+            except OSError:
+                continue
+    return children | {pid for child in children for pid in _descendants(child)}
+
+
+def test_no_listener_of_the_local_ray_answers_without_the_token(ray_cluster):
+    """S-SEC-1: every socket the session's local Ray listens on beyond loopback refuses
+    a client without the run's token: its gRPC ports (the join test above) and its
+    HTTP agents (401); the autoscaler's open metrics endpoint is not started."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    import ray
+
+    ray.get(ray.remote(lambda: None).remote())  # a worker process too
+    listeners = [entry for entry in _listeners_of(_descendants(os.getpid())) if not entry[0].startswith("127.")]
+    assert listeners, "expected the local Ray's listeners"
+    assert all(port != 44217 for _, port, _ in listeners)  # the autoscaler's Prometheus endpoint
+    node_ip = ray.util.get_node_ip_address()
+    for address, port, pid in listeners:
+        host = node_ip if address in ("*", "0.0.0.0", "::") else address
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/", timeout=5) as response:
+                answered = response.status
+        except urllib.error.HTTPError as error:
+            answered = error.code
+        except (OSError, ValueError, http.client.HTTPException):  # a gRPC port: not an HTTP server at all
+            continue
+        assert answered == 401, f"{address}:{port} (pid {pid}) answered {answered} without the token"
