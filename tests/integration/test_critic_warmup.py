@@ -13,7 +13,7 @@ from checkpoint.role_state import model_tensors
 from configs.schema import OptimizerConfig
 from models.model_io import load_causal_lm
 from trainer.update_runtime import build_optimizer, build_scheduler
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TINY_PROFILE, short_run_overrides
 from tests.integration.helpers import (
     boundary,
     metric_records,
@@ -31,10 +31,8 @@ def warmup_run(prefect_api, ray_cluster, tiny_model_dir, tmp_path_factory):
     from flows.training import ppo
 
     root = tmp_path_factory.mktemp("warmup")
-    overrides = [
-        f"job.output_root={root}", f"model.path={tiny_model_dir}", "rl.batch_size=16", "rl.minibatch_size=8",
-        "rl.micro_batch_size=8", "rl.epochs=1", "rl.max_steps=4", "rl.save_every=1", "rl.keep_optim_last=0",
-    ]
+    every_iteration = ["rl.max_steps=4", "rl.save_every=1", "rl.keep_optim_last=0"]
+    overrides = short_run_overrides(root, tiny_model_dir) + every_iteration
     ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=2, run_name="warmup2")
     return root / "warmup2"
 
