@@ -234,6 +234,19 @@ def _flow_run_pid(flow_run_id: str) -> int | None:
     return None
 
 
+def _kill_after_the_first_commit(stack: Stack, params: dict, run_dir: Path, tags: tuple[str, ...] = ()) -> str:
+    """Start a deployment run and SIGKILL its flow process once it has committed a
+    boundary (a crash with something to resume from); returns the flow run's id."""
+    flow_run_id, result = _deployment_run(stack, params, watch=False, tags=tags)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    latest = run_dir / "checkpoints" / "latest_checkpoint.txt"
+    _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
+    pid = _flow_run_pid(flow_run_id)
+    assert pid is not None, "no flow-run process found under the worker"
+    os.kill(pid, signal.SIGKILL)
+    return flow_run_id
+
+
 def test_a_killed_flow_run_shows_crashed_and_retry_resumes_from_the_last_boundary(stack, tiny_model_dir, tmp_path):
     """SIGKILL the flow run's process once boundary 2 is committed; the worker marks it
     Crashed; the UI's Retry (the same state change the UI's button sends) runs it again,
@@ -246,13 +259,8 @@ def test_a_killed_flow_run_shows_crashed_and_retry_resumes_from_the_last_boundar
                       "rl.save_every=2", *SMALL_BATCH],
         "run_name": "deploy-crash",
     }
-    flow_run_id, result = _deployment_run(stack, params, watch=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    flow_run_id = _kill_after_the_first_commit(stack, params, tmp_path / "deploy-crash")
     latest = tmp_path / "deploy-crash" / "checkpoints" / "latest_checkpoint.txt"
-    _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
-    pid = _flow_run_pid(flow_run_id)
-    assert pid is not None, "no flow-run process found under the worker"
-    os.kill(pid, signal.SIGKILL)
 
     with _client(stack) as client:
         crashed = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)).state, lambda s: s.is_final(), timeout=120)
@@ -306,15 +314,10 @@ def test_a_crashed_auto_resume_run_is_rescheduled_and_ends_like_the_uninterrupte
         assert [a.enabled for a in client.read_automations_by_name("ppo-resume-crashed-runs")] == [True]
     overrides = [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=6", "rl.save_every=2",
                  *SMALL_BATCH]
-    flow_run_id, result = _deployment_run(
-        stack, {"overrides": overrides, "run_name": "deploy-crash-auto"}, watch=False, tags=("auto-resume",)
+    flow_run_id = _kill_after_the_first_commit(
+        stack, {"overrides": overrides, "run_name": "deploy-crash-auto"}, tmp_path / "deploy-crash-auto",
+        tags=("auto-resume",),
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    latest = tmp_path / "deploy-crash-auto" / "checkpoints" / "latest_checkpoint.txt"
-    _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
-    pid = _flow_run_pid(flow_run_id)
-    assert pid is not None, "no flow-run process found under the worker"
-    os.kill(pid, signal.SIGKILL)
 
     with _client(stack) as client:
         final = _poll(
