@@ -46,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
     allow_profile_dir(Path(args.config).parent)
+    from flows.training import resolve_config
+
     try:
-        check_resume_point(args, overrides)
+        resolved = resolve_config(args.config, overrides, None, None)  # absolute paths, as the flow will have them
+        check_resume_point(resolved, args)
     except (ConfigError, ResumeError, CheckpointError) as error:
         return refuse(getattr(error, "problems", None) or [str(error)])
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from placement.ray_lowering import PlacementError
 
     try:
-        summary = run_flow(args, overrides, ppo)
+        summary = run_flow(args, overrides, resolved, ppo)
     except ConfigError as error:
         return refuse(error.problems)
     except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
@@ -71,29 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_resume_point(args, overrides: list[str]) -> None:
+def check_resume_point(config, args) -> None:
     """A run that cannot resume (another warmup, a missing or uncommitted boundary,
     a damaged marker or pointer) is refused before the Prefect API, Ray or any actor
     starts. The flow checks again, with the boundary's files read back."""
     from flows.resume import resume_boundary
     from flows.run_outputs import RunPaths
-    from flows.training import resolve_config
 
-    config = resolve_config(args.config, overrides, None, None)
     resume_boundary(config, RunPaths.for_config(config), resume=not args.fresh, resume_from=args.resume_from)
 
 
-def run_flow(args, overrides: list[str], flow_fn) -> dict:
+def run_flow(args, overrides: list[str], resolved, flow_fn) -> dict:
     """The flow, with Ray and the role actors started while its Prefect API starts,
-    not after it (issue 19): the flow adopts the actors launched for its very config.
+    not after it (issue 19): the flow adopts the actors launched for its very config
+    (`resolved`, the config the flow resolves from the same profile and overrides).
     Everything this process started is stopped before the caller prints its last line."""
-    from flows.training import resolve_config
     from roles.actors import connect_ray, discard_prelaunched, prelaunch_role_actors
 
     started_ray = False
     try:
         started = time.perf_counter()
-        resolved = resolve_config(args.config, overrides, None, None)
         started_ray = connect_ray(resolved)
         prelaunch_role_actors(resolved)
         print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "

@@ -79,3 +79,28 @@ def signal_actor_after(run_dir: Path, rows: int, run_name: str, actor: str, sign
     thread.pid, thread.hit_at = None, None
     thread.start()
     return thread
+
+
+def assert_ends_like_the_uninterrupted_run(
+    run_dir: Path, overrides: list[str], straight_name: str, last_iteration: int,
+    profile: str = "configs/ppo_tiny_cpu.py",
+) -> None:
+    """A run that was interrupted and resumed ends as if nobody had touched it: the
+    uninterrupted run is made in process under `straight_name` (the flow computes
+    exactly this: tests/integration/test_flow_matches_in_process.py); the final policy
+    and critic weights are bitwise equal and so is every metrics row (timings aside)."""
+    from flows.in_process import run_in_process
+    from flows.run_outputs import RunPaths
+    from flows.training import resolve_config
+
+    config = resolve_config(profile, overrides, None, straight_name)
+    paths = RunPaths.for_config(config)
+    run_in_process(config, paths=paths)
+    straight = Path(paths.run_dir)
+    for role in ("policy", "critic"):
+        assert weights_digest(boundary(run_dir, last_iteration) / role) == weights_digest(
+            boundary(straight, last_iteration) / role
+        ), role
+    assert [without_timings(r) for r in metric_records(run_dir)] == [
+        without_timings(r) for r in metric_records(straight)
+    ]

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.integration.helpers import assert_ends_like_the_uninterrupted_run
 
 pytestmark = [pytest.mark.slow]
 
@@ -305,10 +306,7 @@ def test_a_crashed_auto_resume_run_is_rescheduled_and_ends_like_the_uninterrupte
     the automation `make serve` creates (deployments/automations.yaml) reschedules the
     run (the tag `auto-resume`, as ppo/public-4gpu has), a worker runs it again from
     the boundary, and it ends Completed with the uninterrupted run's weights."""
-    from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
-    from flows.training import AUTO_RESUME_STATE, resolve_config
-    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+    from flows.training import AUTO_RESUME_STATE
 
     with _client(stack) as client:
         assert [a.enabled for a in client.read_automations_by_name("ppo-resume-crashed-runs")] == [True]
@@ -337,15 +335,7 @@ def test_a_crashed_auto_resume_run_is_rescheduled_and_ends_like_the_uninterrupte
         )
     )
     assert names["rollout[iter=1]"] == 1  # it resumed, it did not start over
-    straight = resolve_config("configs/ppo_tiny_cpu.py", overrides, None, "deploy-crash-straight")
-    run_in_process(straight, paths=RunPaths.for_config(straight))
-    for role in ("policy", "critic"):
-        assert weights_digest(boundary(tmp_path / "deploy-crash-auto", 6) / role) == weights_digest(
-            boundary(tmp_path / "deploy-crash-straight", 6) / role
-        )
-    assert [without_timings(r) for r in metric_records(tmp_path / "deploy-crash-auto")] == [
-        without_timings(r) for r in metric_records(tmp_path / "deploy-crash-straight")
-    ]
+    assert_ends_like_the_uninterrupted_run(tmp_path / "deploy-crash-auto", overrides, "deploy-crash-straight", 6)
 
 
 def _actor_process(title: str, marker: str) -> int | None:
@@ -367,10 +357,6 @@ def test_a_deployment_resumes_by_itself_after_an_actor_dies(stack, tiny_model_di
     and its log says it resumed."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
-    from flows.training import resolve_config
-    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
 
     overrides = [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=6", "rl.save_every=2",
                  *SMALL_BATCH]
@@ -391,12 +377,4 @@ def test_a_deployment_resumes_by_itself_after_an_actor_dies(stack, tiny_model_di
             lambda found: any("auto-resume: attempt 1 of 1" in log.message for log in found),
         )
     assert any("auto-resume: attempt 1 of 1" in log.message and "the reference actor" in log.message for log in logs)
-    straight = resolve_config("configs/ppo_tiny_cpu.py", overrides, None, "deploy-straight")
-    run_in_process(straight, paths=RunPaths.for_config(straight))
-    for role in ("policy", "critic"):
-        assert weights_digest(boundary(tmp_path / "deploy-auto", 6) / role) == weights_digest(
-            boundary(tmp_path / "deploy-straight", 6) / role
-        )
-    assert [without_timings(r) for r in metric_records(tmp_path / "deploy-auto")] == [
-        without_timings(r) for r in metric_records(tmp_path / "deploy-straight")
-    ]
+    assert_ends_like_the_uninterrupted_run(tmp_path / "deploy-auto", overrides, "deploy-straight", 6)

@@ -13,7 +13,7 @@ import pytest
 
 from flows.failures import StageFailed
 from tests.conftest import TINY_PROFILE
-from tests.integration.helpers import signal_actor_after
+from tests.integration.helpers import assert_ends_like_the_uninterrupted_run, signal_actor_after
 
 pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 
@@ -66,10 +66,7 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
 def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     role, prefect_api, ray_cluster, tiny_overrides, tmp_path
 ):
-    from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
-    from flows.training import ppo, resolve_config
-    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+    from flows.training import ppo
 
     overrides = tiny_overrides + ["rl.max_steps=4", "rl.save_every=2", f"job.name=killed-{role}"]
     run_dir = tmp_path / "outputs" / f"killed-{role}"
@@ -86,15 +83,7 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
 
     summary = ppo(profile=TINY_PROFILE, overrides=overrides)
     assert summary["resumed_from"].endswith("iter_000002")
-    # The uninterrupted run, in process (the flow computes exactly this: test_flow_matches_in_process).
-    straight_config = resolve_config(TINY_PROFILE, overrides + [f"job.name=straight-{role}"], None, None)
-    run_in_process(straight_config, paths=RunPaths.for_config(straight_config))
-    straight = tmp_path / "outputs" / f"straight-{role}"
-    for trained in ("policy", "critic"):
-        assert weights_digest(boundary(run_dir, 4) / trained) == weights_digest(boundary(straight, 4) / trained)
-    assert [without_timings(r) for r in metric_records(run_dir)] == [
-        without_timings(r) for r in metric_records(straight)
-    ]
+    assert_ends_like_the_uninterrupted_run(run_dir, overrides, f"straight-{role}", 4)
 
 
 def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing(
@@ -140,10 +129,7 @@ def test_auto_resume_finishes_a_run_whose_actor_died_within_the_same_flow_run(
     prefect_api, ray_cluster, tiny_overrides, tmp_path
 ):
     """S-FAULT-5: the deployments' `auto_resume_attempts` (the public one sets 3)."""
-    from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
-    from flows.training import ppo, resolve_config
-    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+    from flows.training import ppo
 
     overrides = tiny_overrides + ["rl.max_steps=4", "rl.save_every=2", "job.name=auto"]
     run_dir = tmp_path / "outputs" / "auto"
@@ -151,11 +137,4 @@ def test_auto_resume_finishes_a_run_whose_actor_died_within_the_same_flow_run(
     summary = ppo(profile=TINY_PROFILE, overrides=overrides, auto_resume_attempts=1)
     assert summary["resumed_from"].endswith("iter_000002") and summary["policy_version"] == 4
 
-    straight_config = resolve_config(TINY_PROFILE, overrides + ["job.name=auto-straight"], None, None)
-    run_in_process(straight_config, paths=RunPaths.for_config(straight_config))
-    straight = tmp_path / "outputs" / "auto-straight"
-    for role in ("policy", "critic"):
-        assert weights_digest(boundary(run_dir, 4) / role) == weights_digest(boundary(straight, 4) / role)
-    assert [without_timings(r) for r in metric_records(run_dir)] == [
-        without_timings(r) for r in metric_records(straight)
-    ]
+    assert_ends_like_the_uninterrupted_run(run_dir, overrides, "auto-straight", 4)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, TINY_PROFILE
+from tests.integration.helpers import assert_ends_like_the_uninterrupted_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -141,11 +142,8 @@ def _node_layout(stdout: Output, cluster) -> dict[str, str]:
 
 
 def test_a_run_spread_over_two_nodes_loses_one_fails_naming_it_and_resumes_bitwise(tiny_overrides, tmp_path):
-    from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
-    from flows.training import resolve_config
     from tests.integration.cluster import WORKER_CPUS, head_and_workers
-    from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
+    from tests.integration.helpers import boundary
 
     overrides = tiny_overrides + ["rl.max_steps=4", "rl.save_every=2", "job.name=two-nodes", "grid.num_nodes=2"]
     run_dir = tmp_path / "outputs" / "two-nodes"
@@ -192,12 +190,5 @@ def test_a_run_spread_over_two_nodes_loses_one_fails_naming_it_and_resumes_bitwi
         assert stdout.first(r"^resume: from .*iter_000002"), stdout.text()
         assert set(_node_layout(stdout, cluster).values()) <= {node.node_id for node in cluster.worker_nodes}
 
-    # The uninterrupted local run, in process (the flow computes exactly this: test_flow_matches_in_process).
-    straight_config = resolve_config(TINY_PROFILE, overrides + ["job.name=straight", "grid.num_nodes=1"], None, None)
-    run_in_process(straight_config, paths=RunPaths.for_config(straight_config))
-    straight = tmp_path / "outputs" / "straight"
-    for trained in ("policy", "critic"):
-        assert weights_digest(boundary(run_dir, 4) / trained) == weights_digest(boundary(straight, 4) / trained)
-    assert [without_timings(r) for r in metric_records(run_dir)] == [
-        without_timings(r) for r in metric_records(straight)
-    ]
+    # The uninterrupted run is a local one.
+    assert_ends_like_the_uninterrupted_run(run_dir, overrides + ["grid.num_nodes=1"], "straight", 4)
