@@ -39,6 +39,7 @@ from checkpoint.role_state import (
     TRAINER_STATE_FILE,
     RoleCheckpointError,
     RoleSaveReport,
+    _read_bytes,
     _torch_bytes,
     _torch_load,
     optimizer_state_for_save,
@@ -148,7 +149,7 @@ def load_sharded_role(
     model_state = get_model_state_dict(model)
     load_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
     set_model_state_dict(model, model_state)
-    groups = json.loads(_read_text(f"{directory}/{PARAM_GROUPS_FILE}"))
+    groups = json.loads(_read_bytes(f"{directory}/{PARAM_GROUPS_FILE}"))
     if state.get("optimizer_pristine"):
         restore_param_groups(optimizer, groups)
     else:
@@ -165,9 +166,3 @@ def load_sharded_role(
     return state
 
 
-def _read_text(path: str) -> str:
-    try:
-        with fsspec.open(path, "r") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        raise RoleCheckpointError(f"missing checkpoint file {path}") from None
