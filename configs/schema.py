@@ -159,6 +159,9 @@ class ExperienceConfig(Section):
     )
 
 
+MAX_ITERATIONS_PER_BLOCK = 200
+
+
 class JobConfig(Section):
     name: str = Field(
         "ppo-run",
@@ -176,6 +179,23 @@ class JobConfig(Section):
     experience: ExperienceConfig = Field(
         default_factory=ExperienceConfig, description="Each iteration's samples kept as experience files (S-OPS-3)."
     )
+    iterations_per_block: int = Field(
+        50,
+        description="Iterations per block subflow in the Prefect UI: the run's graph is one node per block, each "
+        f"block's graph its iterations' stage tasks (S-OPS-1). 1..{MAX_ITERATIONS_PER_BLOCK}.",
+    )
+
+    @field_validator("iterations_per_block")
+    @classmethod
+    def _block_fits_one_graph(cls, value: int) -> int:
+        # A block's graph must stay far below the server's node limit (10,000 by
+        # default: past it the UI draws nothing) and load in a second or two.
+        if not 1 <= value <= MAX_ITERATIONS_PER_BLOCK:
+            raise ValueError(
+                f"job.iterations_per_block: {value} is outside 1..{MAX_ITERATIONS_PER_BLOCK}; a block of N iterations "
+                "is one subflow run of about 10*N task runs, and the Prefect UI draws one graph per block"
+            )
+        return value
 
     @field_validator("trackers")
     @classmethod

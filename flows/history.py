@@ -1,14 +1,16 @@
 """A run's history as Prefect artifacts: what a user reads in the UI instead of a terminal.
 
-Three artifacts per run, each keyed by the run name (artifact keys are global, so two
-runs never write into one another's history):
+Every artifact attaches to the `ppo` flow run, although the iterations run inside its
+block subflows (tasks/run_artifacts.py), and the run's are keyed by the run name
+(artifact keys are global, so two runs never write into one another's history):
 
 - `ppo-<run>-iterations`: a table with one row per outer iteration (reward mean, KL,
-  losses, policy_version, actor_warmup, seconds per stage). It is created once per
-  flow run and then updated in place, so the table grows by one row per iteration
-  without storing a new copy of the whole table each time. A resumed run starts its
-  table from the iterations already in metrics.jsonl, so the table always shows the
-  whole run.
+  losses, policy_version, actor_warmup, seconds per stage), the newest `TABLE_WINDOW`
+  iterations. It is created once per flow run and then updated in place, so each
+  iteration sends the same few rows however long the run is (S-OPS-1). A resumed
+  run starts its table from the iterations already in metrics.jsonl.
+- a table per block subflow run, no key, on the block's run page: that block's
+  iterations, updated in place as they finish. Together the blocks hold every row.
 - `ppo-<run>-progress`: iterations done out of `rl.max_steps`, as a percentage.
 - `ppo-<run>-summary`: markdown written when the run ends (iterations done, last
   committed boundary, final reward, exported model, and the reward/KL curve PNG that
@@ -33,12 +35,7 @@ from uuid import UUID
 
 import fsspec
 from prefect import get_run_logger
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import Artifact, MarkdownArtifact, ProgressArtifact, TableArtifact, update_progress_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.exceptions import MissingContextError
@@ -46,6 +43,7 @@ from prefect.logging import get_logger
 
 from flows.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
 from flows.run_outputs import RunPaths, read_metrics
+from tasks.run_artifacts import current_flow_run_id, run_flow_run_id
 from tasks.stage_names import TIMED_STAGES
 
 # Table column -> metrics.jsonl key. Short column names keep the UI table narrow; the
@@ -65,6 +63,9 @@ VALIDATION_COLUMNS: tuple[tuple[str, str], ...] = (
 # Stage-time columns appear in the order an iteration runs them; unknown stages follow.
 STAGE_ORDER = (*TIMED_STAGES, "iteration")
 INLINE_CURVE_MAX_BYTES = 300_000
+# Rows of the run's iteration table: the newest iterations, so each update sends the
+# same amount however long the run (S-OPS-1); block tables hold the rest.
+TABLE_WINDOW = 100
 _TIME_KEY = re.compile(r"^time/(?P<stage>.+)_seconds$")
 
 
@@ -224,13 +225,19 @@ def failure_markdown(run_name: str, last_iteration: int | None, error: BaseExcep
 class RunHistory:
     """The artifacts of one flow run of one training run. Create with `start`, call
     `add_iteration` after each iteration's record is appended to metrics.jsonl, and
-    `finish` (or `fail`) once at the end."""
+    `finish` (or `fail`) once at the end.
+
+    Every write costs the same at iteration 5,000 as at iteration 5 (S-OPS-1): the
+    run's table holds the newest `TABLE_WINDOW` rows, a block's table only that
+    block's rows, and each is updated in place."""
 
     run_name: str
     max_steps: int
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the run table's window, oldest first
     table_id: UUID | None = None
     progress_id: UUID | None = None
+    flow_run_id: UUID | None = None  # the `ppo` flow run: every artifact of the run attaches to it
+    block: BlockTable | None = None
 
     @property
     def table_key(self) -> str:
@@ -252,7 +259,12 @@ class RunHistory:
         `start_iteration` are dropped: they belong to work after the last committed
         boundary, which this flow run redoes."""
         kept = [r for r in latest_per_iteration(list(earlier_records)) if int(r["iteration"]) < start_iteration]
-        history = cls(run_name=run_name, max_steps=max_steps, rows=[iteration_row(r) for r in kept])
+        history = cls(
+            run_name=run_name,
+            max_steps=max_steps,
+            rows=[iteration_row(r) for r in kept[-TABLE_WINDOW:]],
+            flow_run_id=run_flow_run_id(),
+        )
         if history.rows:
             history._publish_table()
         history._publish_progress()
@@ -260,8 +272,9 @@ class RunHistory:
 
     def add_iteration(self, record: Mapping[str, Any]) -> None:
         row = iteration_row(record)
-        self.rows = [r for r in self.rows if r["iteration"] != row["iteration"]] + [row]
+        self.rows = ([r for r in self.rows if r["iteration"] != row["iteration"]] + [row])[-TABLE_WINDOW:]
         self._publish_table()
+        self._publish_block_row(row)
         self._publish_progress()
 
     def finish(self, summary: Mapping[str, Any]) -> str | None:
@@ -275,53 +288,91 @@ class RunHistory:
         )
         curve_png = _best_effort("read the reward curve back", lambda: _read_bytes(curve_path)) if curve_path else None
         markdown = summary_markdown(summary, records, curve_path, curve_png, self.max_steps)
-        _best_effort(
-            "publish the run summary",
-            lambda: create_markdown_artifact(
-                markdown, key=self.summary_key, description=f"PPO run {self.run_name}: summary"
-            ),
-        )
+        self._create("publish the run summary", MarkdownArtifact(
+            markdown=markdown, key=self.summary_key, description=f"PPO run {self.run_name}: summary"
+        ))
         return curve_path
 
     def fail(self, error: BaseException) -> None:
         last = self.rows[-1]["iteration"] if self.rows else None
-        _best_effort(
-            "publish the failure note",
-            lambda: create_markdown_artifact(
-                failure_markdown(self.run_name, last, error),
-                key=self.summary_key,
-                description=f"PPO run {self.run_name}: failed",
-            ),
-        )
+        self._create("publish the failure note", MarkdownArtifact(
+            markdown=failure_markdown(self.run_name, last, error),
+            key=self.summary_key,
+            description=f"PPO run {self.run_name}: failed",
+        ))
+
+    def _create(self, what: str, artifact: Artifact, on_this_run: bool = True) -> UUID | None:
+        """Create `artifact` on the `ppo` flow run (or, not `on_this_run`, on the flow
+        run running now: a block's own table); its id, or None when the API refused."""
+        if on_this_run:
+            artifact.flow_run_id = self.flow_run_id
+        created = _best_effort(what, lambda: artifact.create(_sync=True))  # Prefect's sync/async dispatch
+        return None if created is None else created.id
+
+    def _update(self, what: str, artifact_id: UUID, update: ArtifactUpdate) -> None:
+        def _send() -> None:
+            with get_client(sync_client=True) as client:
+                client.update_artifact(artifact_id, update)
+
+        _best_effort(what, _send)
 
     def _publish_table(self) -> None:
         table = table_rows(self.rows)
-        description = f"PPO run {self.run_name}: one row per outer iteration ({len(table)} so far)"
+        first, last = table[0]["iteration"], table[-1]["iteration"]
+        description = (
+            f"PPO run {self.run_name}: one row per outer iteration, iterations {first}-{last} "
+            f"(the newest {TABLE_WINDOW}; every iteration's row is in its block's table and in metrics.jsonl)"
+        )
         if self.table_id is None:
-            self.table_id = _best_effort(
-                "create the iteration table",
-                lambda: create_table_artifact(table, key=self.table_key, description=description),
+            self.table_id = self._create(
+                "create the iteration table", TableArtifact(table=table, key=self.table_key, description=description)
             )
+        else:
+            self._update("update the iteration table", self.table_id,
+                         ArtifactUpdate(data=json.dumps(table), description=description))
+
+    def _publish_block_row(self, row: dict[str, Any]) -> None:
+        """The block subflow this iteration ran in gets a table of its own iterations
+        (no key: it is listed on the block's run page, not among the run's keys)."""
+        here = current_flow_run_id()
+        if here is None or here == self.flow_run_id:  # not inside a block subflow
             return
-        update = ArtifactUpdate(data=json.dumps(table), description=description)
-
-        def _update() -> None:
-            with get_client(sync_client=True) as client:
-                client.update_artifact(self.table_id, update)
-
-        _best_effort("update the iteration table", _update)
+        if self.block is None or self.block.flow_run_id != here:
+            self.block = BlockTable(flow_run_id=here)
+        self.block.rows.append(row)
+        table = table_rows(self.block.rows)
+        description = (
+            f"PPO run {self.run_name}: iterations {table[0]['iteration']}-{table[-1]['iteration']} of this block"
+        )
+        if self.block.table_id is None:
+            self.block.table_id = self._create(
+                "create the block's iteration table", TableArtifact(table=table, description=description),
+                on_this_run=False,
+            )
+        else:
+            self._update("update the block's iteration table", self.block.table_id,
+                         ArtifactUpdate(data=json.dumps(table), description=description))
 
     def _publish_progress(self) -> None:
         done = self.rows[-1]["iteration"] if self.rows else 0
         percent = 100.0 * min(done, self.max_steps) / max(self.max_steps, 1)
         description = f"PPO run {self.run_name}: iteration {done} of {self.max_steps}"
         if self.progress_id is None:
-            self.progress_id = _best_effort(
+            self.progress_id = self._create(
                 "create the progress artifact",
-                lambda: create_progress_artifact(percent, key=self.progress_key, description=description),
+                ProgressArtifact(progress=percent, key=self.progress_key, description=description),
             )
             return
         _best_effort(
             "update the progress artifact",
             lambda: update_progress_artifact(self.progress_id, percent, description=description),
         )
+
+
+@dataclass
+class BlockTable:
+    """The iteration table of one block subflow run."""
+
+    flow_run_id: UUID
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    table_id: UUID | None = None

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
+from flows.blocks import iteration_blocks
 from flows.history import artifact_key
 from flows.run_outputs import RunPaths
 from tasks import commit as commit_tasks
@@ -29,6 +31,7 @@ class Runner(Protocol):
     seconds: dict[str, float]
 
     def start_iteration(self) -> None: ...
+    def block(self, first: int, last: int, body: Callable[[], Any]) -> Any: ...
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any: ...
     def stage(self, stage_task: Any, iteration: int, *args: Any) -> Any: ...
     def concurrent_stages(self, label: str, iteration: int, *stages: tuple[Any, tuple[Any, ...]]) -> list[Any]: ...
@@ -71,7 +74,29 @@ def run_iterations(
         record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
         if on_record is not None:
             on_record(record)
-    for iteration in range(start, last + 1):
+    for first, block_last in iteration_blocks(start, last, config.job.iterations_per_block):
+        # S-OPS-1: one subflow run per block keeps every graph of a long run readable.
+        policy_version, committed = run.block(
+            first, block_last,
+            partial(iterate_block, run, roles, config, first, block_last, policy_version, paths, on_record),
+        )
+        last_commit = committed or last_commit
+    return policy_version, last_commit
+
+
+def iterate_block(
+    run: Runner,
+    roles: Roles,
+    config: PPOConfig,
+    first: int,
+    last: int,
+    policy_version: int,
+    paths: RunPaths | None,
+    on_record: Callable[[dict[str, Any]], None] | None,
+) -> tuple[int, CommittedBoundary | None]:
+    """The iterations of one block, `first..last`; as `run_iterations` returns."""
+    last_commit = None
+    for iteration in range(first, last + 1):
         started = time.perf_counter()
         result = ppo_iteration(run, roles, config, iteration, policy_version, paths)
         result.record["time/iteration_seconds"] = time.perf_counter() - started

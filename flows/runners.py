@@ -23,11 +23,13 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from flows.failures import naming_failures
 from placement.nodes import actor_nodes, is_lost, node_addresses, node_name
 from tasks.faults import fault_point
+
+Result = TypeVar("Result")
 
 
 class FlowRunner:
@@ -45,6 +47,7 @@ class FlowRunner:
         self.prefect_tasks = prefect_tasks
         self.stage_timeout_s = stage_timeout_s
         self.seconds: dict[str, float] = {}
+        self.task_runs = 0  # stage task runs started in the current block
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
         self._actors = actor_labels(roles) if roles is not None else {}
         self._nodes = actor_nodes({key: handle for key, (_, handle) in self._actors.items()}) if self._actors else {}
@@ -60,6 +63,25 @@ class FlowRunner:
         self.seconds = {}
         self._upstream = []
 
+    def block(self, first: int, last: int, body: Callable[[], Result]) -> Result:
+        """Iterations `first..last` (run by `body`) as one block subflow run of the
+        running flow (flows/blocks.py). The block ends once the server has recorded
+        every task run it ran (flows/recording.py), so no task run is lost."""
+        if not self.prefect_tasks:
+            return body()
+        from flows.blocks import run_block
+        from flows.recording import wait_until_recorded
+        from tasks.run_artifacts import artifacts_on_this_run, current_flow_run_id
+
+        def recorded() -> Result:
+            self.task_runs = 0
+            result = body()
+            wait_until_recorded(current_flow_run_id(), self.task_runs)
+            return result
+
+        with artifacts_on_this_run():
+            return run_block(first, last, recorded)
+
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any:
         if returns == 1:
             return method.remote(*args)
@@ -69,6 +91,7 @@ class FlowRunner:
         started = time.perf_counter()
         with self._bounded(), naming_failures(stage_task.name, iteration, self.explain):
             if self.prefect_tasks:
+                self.task_runs += 1
                 result = stage_task(iteration, *args, wait_for=list(self._upstream) or None)
             else:
                 result = stage_task.fn(iteration, *args)
@@ -84,6 +107,7 @@ class FlowRunner:
         with self._bounded():
             if self.prefect_tasks:
                 upstream = list(self._upstream) or None
+                self.task_runs += len(stages)
                 futures = [(task, task.submit(iteration, *args, wait_for=upstream)) for task, args in stages]
                 self._upstream = [future for _, future in futures]
                 waits = [(task, future.result) for task, future in futures]
@@ -189,6 +213,10 @@ class InProcessRunner:
 
     def start_iteration(self) -> None:
         self.seconds = {}
+
+    def block(self, first: int, last: int, body: Callable[[], Result]) -> Result:
+        """No UI to group iterations for: the block's iterations, as they come."""
+        return body()
 
     def call(self, method: Callable[..., Any], *args: Any, returns: int = 1) -> Any:
         call = next(self._calls)

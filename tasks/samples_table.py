@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import TableArtifact
 from prefect.context import TaskRunContext
 
 from roles.replay_role import ExperienceReceipt
+from tasks.run_artifacts import run_flow_run_id
 
 SHOWN = ("row_id", "prompt", "completion", "reference", "reward", "advantage", "return", "policy_version")
 MAX_TEXT = 200  # characters of a prompt or completion in a cell (a picture's data URL is long)
@@ -43,6 +44,10 @@ def publish_samples(receipt: ExperienceReceipt, key: str | None) -> None:
         f"all of them in {receipt.path}"
     )
     try:
-        create_table_artifact(samples_table(receipt), key=key, description=description)
+        # On the `ppo` flow run (and on this task run), not on the block subflow it runs in.
+        artifact = TableArtifact(
+            table=samples_table(receipt), key=key, description=description, flow_run_id=run_flow_run_id()
+        )
+        artifact.create(_sync=True)  # type: ignore[call-arg]  # Prefect's sync/async dispatch
     except Exception as error:  # the table is a view; the experience file is the record
         get_run_logger().warning(f"samples table: could not publish: {type(error).__name__}: {error}")

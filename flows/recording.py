@@ -1,0 +1,80 @@
+"""Never outrun the server's recording of task runs (S-OPS-1: every task run is recorded).
+
+A task run reaches the Prefect server as events, which the server queues in memory
+(10,000 messages in Prefect 3.9, not configurable) before its task-run recorder writes
+them. A flow whose stages finish faster than that recorder keeps up fills the queue,
+and the events that no longer fit are dropped: those task runs never appear. So each
+block subflow ends by waiting until the server holds every task run the block ran,
+finished: at most one block's events (about 3 per task run) are ever in flight, far
+below the queue's size (configs/schema.py bounds the block). A real iteration takes
+seconds, so the wait is normally already over when it starts.
+
+Also the API reads that say which flow runs and task runs make up a run (the `ppo`
+flow run and its block subflow runs), for the bench and the tests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+    TaskRunFilter,
+    TaskRunFilterState,
+    TaskRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.logging import get_logger
+
+RECORDING_TIMEOUT_S = 300.0
+
+
+def run_flow_runs(flow_run_id: UUID) -> FlowRunFilter:
+    """A training run's flow runs: the `ppo` flow run and its block subflow runs."""
+    return FlowRunFilter(
+        operator="or_",
+        id=FlowRunFilterId(any_=[flow_run_id]),
+        parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]),
+    )
+
+
+def count_task_runs(client: Any, flow_runs: FlowRunFilter, finished_only: bool = False) -> int:
+    """Task runs the server has recorded in `flow_runs` (only those in a final state
+    with `finished_only`), by the API's own count (no page of rows is read)."""
+    body: dict[str, Any] = {"flow_runs": flow_runs.model_dump(mode="json", exclude_unset=True)}
+    if finished_only:
+        final = TaskRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CRASHED])
+        body["task_runs"] = TaskRunFilter(state=TaskRunFilterState(type=final)).model_dump(
+            mode="json", exclude_unset=True
+        )
+    response = client.request("POST", "/task_runs/count", json=body)
+    response.raise_for_status()
+    return int(response.json())
+
+
+def wait_until_recorded(flow_run_id: UUID, expected: int, timeout_s: float = RECORDING_TIMEOUT_S) -> float:
+    """Block until the server holds `expected` finished task runs of `flow_run_id`;
+    returns the seconds waited. Past `timeout_s` it logs a warning and returns:
+    the history is a view, and training never waits on it for ever."""
+    started = time.monotonic()
+    flow_runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    delay = 0.05
+    with get_client(sync_client=True) as client:
+        while True:
+            recorded = count_task_runs(client, flow_runs, finished_only=True)
+            waited = time.monotonic() - started
+            if recorded >= expected:
+                return waited
+            if waited > timeout_s:
+                get_logger("ppo.recording").warning(
+                    f"the Prefect server recorded {recorded} of {expected} task runs of flow run {flow_run_id} "
+                    f"within {timeout_s:g} s; going on without waiting longer"
+                )
+                return waited
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
