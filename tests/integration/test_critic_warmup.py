@@ -91,15 +91,16 @@ def test_task_history_shows_no_policy_training_or_weight_sync_during_warmup(warm
     import asyncio
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from flows.recording import run_flow_runs
 
     async def task_names() -> set[str]:
         async with get_client() as client:
             runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["warmup2"])))
             assert runs and runs[0].parameters["critic_warmup_iterations"] == 2
-            tasks = await client.read_task_runs(
-                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[runs[0].id])), limit=200
-            )
+            # The stage tasks run inside the flow run's block subflows (flows/blocks.py).
+            tasks = await client.read_task_runs(flow_run_filter=run_flow_runs(runs[0].id), limit=200)
             return {t.name for t in tasks}
 
     deadline = time.monotonic() + 30

@@ -143,10 +143,10 @@ def _deployment_run(
 
 
 def _task_runs(stack: Stack, flow_run_id: str):
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from flows.recording import run_flow_runs
 
-    with _client(stack) as client:
-        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(flow_run_id)])))
+    with _client(stack) as client:  # the flow run's and its block subflows' task runs
+        return client.read_task_runs(flow_run_filter=run_flow_runs(uuid.UUID(flow_run_id)))
 
 
 def _poll(read, done, timeout: float = 120.0, every: float = 1.0):

@@ -29,6 +29,8 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL
 
+    from flows.recording import run_flow_runs
+
     from tests.conftest import REPO_ROOT
 
     overrides = tiny_overrides + [
@@ -61,7 +63,7 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
         while True:  # task-run history is recorded asynchronously
             runs = {
                 run.name: run
-                for run in client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_runs[0].id]}))
+                for run in client.read_task_runs(flow_run_filter=run_flow_runs(flow_runs[0].id))
             }
             settled = "reward[iter=1]" in runs and runs["reward[iter=1]"].state.is_final()
             if settled or time.time() > deadline:

@@ -34,11 +34,13 @@ def _task_run_names(flow_run_name: str, expected: set[str], timeout: float = 60.
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
+    from flows.recording import run_flow_runs
+
     deadline = time.time() + timeout
     with get_client(sync_client=True) as client:
         (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
         while True:  # task-run history is recorded asynchronously
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
+            runs = client.read_task_runs(flow_run_filter=run_flow_runs(flow_run.id))
             names = {run.name for run in runs}
             if expected <= names or time.time() > deadline:
                 return names
