@@ -33,7 +33,7 @@ def test_outside_a_task_run_nothing_is_published(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("no API call outside a task run")
 
-    monkeypatch.setattr(module, "create_table_artifact", refuse)
+    monkeypatch.setattr(module, "TableArtifact", refuse)
     publish_samples(_receipt(), "ppo-r-samples")
 
 

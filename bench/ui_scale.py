@@ -1,0 +1,422 @@
+"""Does the Prefect UI stay fast at thousands of iterations? (issue 18 item 1, S-OPS-1)
+
+Starts its own `prefect server` on 127.0.0.1 (a fresh database, the project's server
+settings from flows/environment.py), then for each N runs N iterations of the real
+flow shape in a fresh process: the real iteration program (flows/iteration.py), the
+real `FlowRunner` with one Prefect task per stage named `<stage>[iter=N]`, the block
+subflows and the run's history artifacts (flows/history.py). Only the model work is
+stubbed: the roles are the CPU profile's role bodies in process (a tiny batch), each
+method computed once at iteration 1 and its result replayed afterwards, so the stage
+tasks carry real summaries and the flow's time is Prefect's. Checkpoint commits and
+evaluation are off (8 stage task runs per iteration).
+
+Reported per N: the flow's wall time per iteration and per task run; the history's
+API time per iteration at the start and the end of the run (flat: S-OPS-1); the task
+runs the API holds at the end against the task runs started; the graph API call
+(time, size) for the run and for its middle block; and, in headless Chromium, the
+run page and the block page: time until the page settled (its network quiet), the
+API calls it made and its slowest call.
+
+    .venv/bin/python -m bench.ui_scale                        # N = 100, 1000, 5000
+    .venv/bin/python -m bench.ui_scale --iterations 100 1000 --block 50 --json /tmp/ui.json
+    .venv/bin/python -m bench.ui_scale --iterations 100 --screenshots docs/images
+
+Needs Debian's `chromium` for the page loads (`apt-get install -y chromium`);
+without it the page columns are empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flows.environment import DEFAULTS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROFILE = "configs/ppo_tiny_cpu.py"
+TASKS_PER_ITERATION = 8  # every stage but evaluate and commit (both off here)
+
+
+# --- the flow, in its own process -------------------------------------------------
+
+
+class ReplayedMethod:
+    """Stands where a Ray actor method would: `.remote(...)` and
+    `.options(num_returns=n).remote(...)`. The first call runs the role body; every
+    later call hands back that first result."""
+
+    def __init__(self, role: Any, name: str, results: dict[str, Any]) -> None:
+        self.role, self.name, self.results = role, name, results
+
+    def options(self, **_: Any) -> "ReplayedMethod":
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        if self.name not in self.results:
+            self.results[self.name] = getattr(self.role, self.name)(*args)
+        return self.results[self.name]
+
+
+class ReplayedRole:
+    def __init__(self, role: Any) -> None:
+        self._role, self._results = role, {}
+
+    def __getattr__(self, name: str) -> ReplayedMethod:
+        return ReplayedMethod(self._role, name, self._results)
+
+
+class ReplayedRoles:
+    def __init__(self, roles: Any) -> None:
+        self._roles = {name: ReplayedRole(role) for name, role in roles.items()}
+
+    def __getattr__(self, name: str) -> ReplayedRole:
+        return self._roles[name]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._roles.items())
+
+    def ranks(self, role: str) -> list[Any]:
+        return [self._roles[role]]
+
+
+def run_flow(iterations: int, block: int, model_dir: str, out: str) -> None:
+    """One flow run of `iterations` iterations; writes its figures to `out` (JSON)."""
+    from prefect import flow
+
+    from configs.loading import load_config
+    from flows.history import RunHistory
+    from flows.in_process import build_roles
+    from flows.iteration import run_iterations
+    from flows.runners import FlowRunner
+    from tasks.run_artifacts import current_flow_run_id
+
+    run_name = f"ui-scale-{iterations}"
+    config = load_config(PROFILE, [
+        f"job.name={run_name}", f"job.output_root={tempfile.mkdtemp(prefix='ui-scale-')}",
+        f"model.path={model_dir}", f"rl.max_steps={iterations}", f"job.iterations_per_block={block}",
+        "rl.batch_size=4", "rl.minibatch_size=4", "rl.micro_batch_size=4", "rl.epochs=1",
+        "rl.save_every=0", "rl.save_final=false", "rl.validation=null", "job.trackers=[]",
+    ])
+    roles = ReplayedRoles(build_roles(config))
+    history_seconds: list[float] = []
+
+    @flow(name="ppo", flow_run_name=run_name, persist_result=False, log_prints=False)
+    def ppo_shape() -> str:
+        history = RunHistory.start(config.job.name, iterations)
+
+        def record(row: dict[str, Any]) -> None:
+            started = time.perf_counter()
+            history.add_iteration(row)
+            history_seconds.append(time.perf_counter() - started)
+
+        run_iterations(FlowRunner(), roles, config, 1, iterations, 0, None, record)
+        return str(current_flow_run_id())
+
+    started = time.perf_counter()
+    flow_run_id = ppo_shape()
+    seconds = time.perf_counter() - started
+    tenth = max(1, len(history_seconds) // 10)
+    Path(out).write_text(json.dumps({
+        "flow_run_id": flow_run_id,
+        "flow_seconds": seconds,
+        "history_first_ms": 1000 * statistics.median(history_seconds[:tenth]),
+        "history_last_ms": 1000 * statistics.median(history_seconds[-tenth:]),
+    }))
+
+
+# --- the server and what a user's browser asks of it ------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(home: Path, port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, **{k: v for k, v in DEFAULTS.items() if k.startswith("PREFECT_")}, "PREFECT_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+    )
+    import httpx
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            break
+        time.sleep(1)
+    process.terminate()
+    raise SystemExit(f"error: the Prefect server did not come up on port {port}; see {log}")
+
+
+def timed_get(api: str, path: str) -> tuple[float, int, int]:
+    """(seconds, bytes, HTTP status) of one GET, the best of three (the server's
+    first answer warms its caches)."""
+    import httpx
+
+    tries = []
+    for _ in range(3):
+        started = time.perf_counter()
+        response = httpx.get(f"{api}{path}", timeout=120)
+        tries.append((time.perf_counter() - started, len(response.content), response.status_code))
+    return min(tries)
+
+
+@dataclass
+class PageLoad:
+    settled_s: float | None = None
+    api_calls: int = 0
+    api_bytes: int = 0
+    slowest_call_s: float = 0.0
+    slowest_call: str = ""
+    failed_calls: list[str] = field(default_factory=list)
+
+
+def load_page(url: str, screenshot: Path | None = None, quiet_s: float = 2.0, limit_s: float = 240.0) -> PageLoad:
+    """Open `url` in headless Chromium (DevTools protocol) and wait until the page is
+    settled: loaded, and no request in flight for `quiet_s`. Records every API call
+    it made (time from request to last byte, size)."""
+    import httpx
+    from websockets.sync.client import connect
+
+    from bench.ui_screenshot import CHROMIUM_FLAGS, find_chromium
+
+    result = PageLoad()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="ppo-chromium-") as profile:
+        browser = subprocess.Popen(
+            [find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
+             "--window-size=1600,1000", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            targets = []
+            deadline = time.monotonic() + 60
+            while not targets and time.monotonic() < deadline:
+                try:
+                    targets = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json() if t["type"] == "page"]
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+            with connect(targets[0]["webSocketDebuggerUrl"], max_size=None) as page:
+                ids = iter(range(1, 1_000_000))
+
+                def send(method: str, **params: Any) -> int:
+                    command = next(ids)
+                    page.send(json.dumps({"id": command, "method": method, "params": params}))
+                    return command
+
+                for method in ("Page.enable", "Network.enable"):
+                    send(method)
+                send("Emulation.setDeviceMetricsOverride", width=1600, height=1000, deviceScaleFactor=1, mobile=False)
+                sent: dict[str, tuple[float, str]] = {}
+                in_flight: set[str] = set()
+                started = time.monotonic()
+                send("Page.navigate", url=url)
+                loaded, last_activity = False, started
+                while time.monotonic() - started < limit_s:
+                    if loaded and not in_flight and time.monotonic() - last_activity > quiet_s:
+                        result.settled_s = last_activity - started
+                        break
+                    try:
+                        message = json.loads(page.recv(timeout=0.25))
+                    except TimeoutError:
+                        continue
+                    event, params = message.get("method"), message.get("params", {})
+                    if event == "Page.loadEventFired":
+                        loaded, last_activity = True, time.monotonic()
+                    elif event == "Network.requestWillBeSent":
+                        request_url = params["request"]["url"]
+                        sent[params["requestId"]] = (params["timestamp"], request_url)
+                        in_flight.add(params["requestId"])
+                        last_activity = time.monotonic()
+                    elif event in ("Network.loadingFinished", "Network.loadingFailed"):
+                        request = params["requestId"]
+                        in_flight.discard(request)
+                        last_activity = time.monotonic()
+                        if request not in sent or "/api/" not in sent[request][1]:
+                            continue
+                        began, request_url = sent[request]
+                        path = request_url.split("/api", 1)[1].split("?")[0]
+                        result.api_calls += 1
+                        if event == "Network.loadingFailed":
+                            result.failed_calls.append(path)
+                            continue
+                        result.api_bytes += int(params.get("encodedDataLength", 0))
+                        if params["timestamp"] - began > result.slowest_call_s:
+                            result.slowest_call_s, result.slowest_call = params["timestamp"] - began, path
+                    elif event == "Network.responseReceived" and params["response"]["status"] >= 400:
+                        result.failed_calls.append(f"{params['response']['status']} {params['response']['url']}")
+                if screenshot is not None:
+                    shot = send("Page.captureScreenshot", format="png")
+                    while True:
+                        message = json.loads(page.recv(timeout=60))
+                        if message.get("id") == shot:
+                            import base64
+
+                            screenshot.parent.mkdir(parents=True, exist_ok=True)
+                            screenshot.write_bytes(base64.b64decode(message["result"]["data"]))
+                            break
+        finally:
+            browser.terminate()
+            browser.wait(timeout=30)
+    return result
+
+
+@dataclass
+class Figures:
+    iterations: int
+    block: int
+    loadavg_before: str
+    flow_s_per_iteration: float = 0.0
+    flow_ms_per_task_run: float = 0.0
+    history_first_ms: float = 0.0
+    history_last_ms: float = 0.0
+    task_runs_expected: int = 0
+    task_runs_recorded: int = 0
+    run_graph_s: float = 0.0
+    run_graph_kb: float = 0.0
+    run_graph_status: int = 0
+    block_graph_s: float = 0.0
+    block_graph_kb: float = 0.0
+    block_graph_status: int = 0
+    run_page: PageLoad | None = None
+    block_page: PageLoad | None = None
+    loadavg_after: str = ""
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def measure(iterations: int, block: int, api: str, model_dir: str, screenshots: Path | None) -> Figures:
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from flows.recording import count_task_runs, run_flow_runs
+
+    figures = Figures(iterations, block, loadavg())
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run(
+            [sys.executable, "-m", "bench.ui_scale", "--flow", str(iterations), str(block), model_dir, out.name],
+            check=True, cwd=REPO_ROOT, env={**os.environ, "PREFECT_API_URL": api},
+        )
+        flow = json.loads(Path(out.name).read_text())
+    blocks = -(-iterations // block)
+    figures.task_runs_expected = iterations * TASKS_PER_ITERATION + blocks  # + one task run per block subflow
+    figures.flow_s_per_iteration = flow["flow_seconds"] / iterations
+    figures.flow_ms_per_task_run = 1000 * flow["flow_seconds"] / (iterations * TASKS_PER_ITERATION)
+    figures.history_first_ms, figures.history_last_ms = flow["history_first_ms"], flow["history_last_ms"]
+    run_id = UUID(flow["flow_run_id"])
+    with get_client(sync_client=True) as client:
+        figures.task_runs_recorded = count_task_runs(client, run_flow_runs(run_id))
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])),
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+        )
+    middle = children[len(children) // 2] if children else None
+    figures.run_graph_s, size, figures.run_graph_status = timed_get(api, f"/flow_runs/{run_id}/graph-v2")
+    figures.run_graph_kb = size / 1000
+    if middle is not None:
+        figures.block_graph_s, size, figures.block_graph_status = timed_get(api, f"/flow_runs/{middle.id}/graph-v2")
+        figures.block_graph_kb = size / 1000
+    ui = api[: -len("/api")]
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        shot = (lambda name: screenshots / f"ui-scale-{iterations}-{name}.png") if screenshots else (lambda name: None)
+        figures.run_page = load_page(f"{ui}/runs/flow-run/{run_id}", shot("run"))
+        if middle is not None:
+            figures.block_page = load_page(f"{ui}/runs/flow-run/{middle.id}", shot("block"))
+    figures.loadavg_after = loadavg()
+    return figures
+
+
+def table(rows: list[Figures]) -> str:
+    def page(load: PageLoad | None) -> str:
+        if load is None:
+            return "-"
+        settled = "not settled" if load.settled_s is None else f"{load.settled_s:.1f} s"
+        failed = f", {len(load.failed_calls)} failed" if load.failed_calls else ""
+        return f"{settled}, {load.api_calls} calls{failed}, slowest {load.slowest_call_s:.2f} s ({load.slowest_call})"
+
+    lines = [
+        "| iterations (block) | flow per iteration / per task run | history per iteration, first / last tenth | "
+        "task runs recorded / started | run graph | block graph | run page | block page | load avg before, after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.iterations:,} ({r.block}) | {r.flow_s_per_iteration:.3f} s / {r.flow_ms_per_task_run:.1f} ms | "
+            f"{r.history_first_ms:.0f} / {r.history_last_ms:.0f} ms | "
+            f"{r.task_runs_recorded:,} / {r.task_runs_expected:,} | "
+            f"{r.run_graph_s * 1000:.0f} ms, {r.run_graph_kb:.0f} KB (HTTP {r.run_graph_status}) | "
+            f"{r.block_graph_s * 1000:.0f} ms, {r.block_graph_kb:.0f} KB (HTTP {r.block_graph_status}) | "
+            f"{page(r.run_page)} | {page(r.block_page)} | {r.loadavg_before} → {r.loadavg_after} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--flow"]:  # the child process: one flow run
+        run_flow(int(argv[1]), int(argv[2]), argv[3], argv[4])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.ui_scale", description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--block", type=int, default=None, help="job.iterations_per_block (default: the schema's)")
+    parser.add_argument("--screenshots", type=Path, default=None, help="write each run's and block's page here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--keep-server", action="store_true", help="leave the server running (prints its address)")
+    args = parser.parse_args(argv)
+    if args.block is None:
+        from configs.schema import JobConfig
+
+        args.block = JobConfig().iterations_per_block
+
+    work = Path(tempfile.mkdtemp(prefix="ppo-ui-scale-"))
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    os.environ["PREFECT_API_URL"] = api  # before this process imports Prefect
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    started = time.monotonic()
+    server = start_server(work / "home", port, work / "server.log")
+    print(f"server: {api} up in {time.monotonic() - started:.0f} s (log {work / 'server.log'})", flush=True)
+    rows = []
+    try:
+        for iterations in args.iterations:
+            rows.append(measure(iterations, args.block, api, str(work / "model"), args.screenshots))
+            print(table(rows[-1:]), flush=True)
+    finally:
+        if args.keep_server:
+            print(f"server left running: {api} (pid {server.pid})")
+        else:
+            server.terminate()
+            server.wait(timeout=60)
+    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores\n")
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
