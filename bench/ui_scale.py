@@ -145,7 +145,13 @@ def free_port() -> int:
 
 
 def start_server(home: Path, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **{k: v for k, v in DEFAULTS.items() if k.startswith("PREFECT_")}, "PREFECT_HOME": str(home)}
+    env = {
+        **os.environ,
+        **{k: v for k, v in DEFAULTS.items() if k.startswith("PREFECT_")},  # the project's server settings
+        "PREFECT_HOME": str(home),
+        # The UI asks the API at this address (its default is port 4200, whatever --port says).
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+    }
     env.pop("PREFECT_API_URL", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -190,10 +196,14 @@ class PageLoad:
     failed_calls: list[str] = field(default_factory=list)
 
 
-def load_page(url: str, screenshot: Path | None = None, quiet_s: float = 2.0, limit_s: float = 240.0) -> PageLoad:
-    """Open `url` in headless Chromium (DevTools protocol) and wait until the page is
-    settled: loaded, and no request in flight for `quiet_s`. Records every API call
-    it made (time from request to last byte, size)."""
+def load_page(url: str, screenshot: Path | None = None, watch_s: float = 20.0, limit_s: float = 180.0) -> PageLoad:
+    """Open `url` in headless Chromium (DevTools protocol). The page is settled when
+    its graph call (`/graph-v2`) and every API call sent before it have answered: the
+    run's graph and header are drawn. The page refetches while open, so its API calls
+    are counted over `watch_s` (or until settled, if later): how many, their bytes,
+    the slowest (request to last byte)."""
+    import base64
+
     import httpx
     from websockets.sync.client import connect
 
@@ -208,7 +218,7 @@ def load_page(url: str, screenshot: Path | None = None, quiet_s: float = 2.0, li
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
-            targets = []
+            targets: list[dict[str, Any]] = []
             deadline = time.monotonic() + 60
             while not targets and time.monotonic() < deadline:
                 try:
@@ -226,51 +236,47 @@ def load_page(url: str, screenshot: Path | None = None, quiet_s: float = 2.0, li
                 for method in ("Page.enable", "Network.enable"):
                     send(method)
                 send("Emulation.setDeviceMetricsOverride", width=1600, height=1000, deviceScaleFactor=1, mobile=False)
-                sent: dict[str, tuple[float, str]] = {}
-                in_flight: set[str] = set()
+                sent: dict[str, tuple[float, str]] = {}  # request id -> (browser timestamp, url)
+                open_api: set[str] = set()
+                before_graph: set[str] | None = None  # API calls sent before the graph answered
                 started = time.monotonic()
                 send("Page.navigate", url=url)
-                loaded, last_activity = False, started
                 while time.monotonic() - started < limit_s:
-                    if loaded and not in_flight and time.monotonic() - last_activity > quiet_s:
-                        result.settled_s = last_activity - started
+                    if result.settled_s is not None and time.monotonic() - started > watch_s:
                         break
                     try:
                         message = json.loads(page.recv(timeout=0.25))
                     except TimeoutError:
                         continue
                     event, params = message.get("method"), message.get("params", {})
-                    if event == "Page.loadEventFired":
-                        loaded, last_activity = True, time.monotonic()
-                    elif event == "Network.requestWillBeSent":
-                        request_url = params["request"]["url"]
-                        sent[params["requestId"]] = (params["timestamp"], request_url)
-                        in_flight.add(params["requestId"])
-                        last_activity = time.monotonic()
-                    elif event in ("Network.loadingFinished", "Network.loadingFailed"):
+                    if event == "Network.requestWillBeSent" and "/api/" in params["request"]["url"]:
+                        sent[params["requestId"]] = (params["timestamp"], params["request"]["url"])
+                        open_api.add(params["requestId"])
+                    elif event == "Network.responseReceived" and params["response"]["status"] >= 400:
+                        result.failed_calls.append(f"{params['response']['status']} {params['response']['url']}")
+                    elif event in ("Network.loadingFinished", "Network.loadingFailed") and params["requestId"] in sent:
                         request = params["requestId"]
-                        in_flight.discard(request)
-                        last_activity = time.monotonic()
-                        if request not in sent or "/api/" not in sent[request][1]:
-                            continue
+                        open_api.discard(request)
                         began, request_url = sent[request]
                         path = request_url.split("/api", 1)[1].split("?")[0]
                         result.api_calls += 1
                         if event == "Network.loadingFailed":
-                            result.failed_calls.append(path)
-                            continue
-                        result.api_bytes += int(params.get("encodedDataLength", 0))
-                        if params["timestamp"] - began > result.slowest_call_s:
-                            result.slowest_call_s, result.slowest_call = params["timestamp"] - began, path
-                    elif event == "Network.responseReceived" and params["response"]["status"] >= 400:
-                        result.failed_calls.append(f"{params['response']['status']} {params['response']['url']}")
+                            result.failed_calls.append(f"{path} ({params.get('errorText', '')})")
+                        else:
+                            result.api_bytes += int(params.get("encodedDataLength", 0))
+                            if params["timestamp"] - began > result.slowest_call_s:
+                                result.slowest_call_s, result.slowest_call = params["timestamp"] - began, path
+                        if before_graph is None and path.endswith("/graph-v2"):
+                            before_graph = set(open_api)
+                        elif before_graph is not None:
+                            before_graph.discard(request)
+                        if before_graph is not None and not before_graph and result.settled_s is None:
+                            result.settled_s = time.monotonic() - started
                 if screenshot is not None:
                     shot = send("Page.captureScreenshot", format="png")
                     while True:
                         message = json.loads(page.recv(timeout=60))
                         if message.get("id") == shot:
-                            import base64
-
                             screenshot.parent.mkdir(parents=True, exist_ok=True)
                             screenshot.write_bytes(base64.b64decode(message["result"]["data"]))
                             break
@@ -319,7 +325,8 @@ def measure(iterations: int, block: int, api: str, model_dir: str, screenshots: 
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run(
             [sys.executable, "-m", "bench.ui_scale", "--flow", str(iterations), str(block), model_dir, out.name],
-            check=True, cwd=REPO_ROOT, env={**os.environ, "PREFECT_API_URL": api},
+            check=True, cwd=REPO_ROOT,
+            env={**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"},
         )
         flow = json.loads(Path(out.name).read_text())
     blocks = -(-iterations // block)
@@ -354,9 +361,9 @@ def table(rows: list[Figures]) -> str:
     def page(load: PageLoad | None) -> str:
         if load is None:
             return "-"
-        settled = "not settled" if load.settled_s is None else f"{load.settled_s:.1f} s"
+        settled = "graph never loaded" if load.settled_s is None else f"{load.settled_s:.1f} s"
         failed = f", {len(load.failed_calls)} failed" if load.failed_calls else ""
-        return f"{settled}, {load.api_calls} calls{failed}, slowest {load.slowest_call_s:.2f} s ({load.slowest_call})"
+        return f"{settled}; {load.api_calls} API calls in its first 20 s{failed}, slowest {load.slowest_call_s:.2f} s ({load.slowest_call})"
 
     lines = [
         "| iterations (block) | flow per iteration / per task run | history per iteration, first / last tenth | "
