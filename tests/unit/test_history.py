@@ -178,3 +178,20 @@ def test_history_never_fails_the_run_when_the_api_refuses_a_write(prefect_api):
     history = RunHistory(run_name="gone", max_steps=2, table_id=uuid.uuid4(), progress_id=uuid.uuid4())
     history.add_iteration(_record(1, 0.1, 0.0))  # both updates target artifacts that do not exist
     assert [row["iteration"] for row in history.rows] == [1]
+
+
+def test_an_iteration_sends_the_same_few_rows_at_iteration_300_as_at_iteration_3(monkeypatch):
+    """S-OPS-1: the run's table is a window of the newest TABLE_WINDOW rows, so an
+    update never grows with the run (before, every update re-sent every row)."""
+    from flows.history import TABLE_WINDOW
+
+    sent: list[int] = []
+    monkeypatch.setattr(RunHistory, "_update", lambda self, what, artifact_id, update: sent.append(
+        len(json.loads(update.data))
+    ))
+    monkeypatch.setattr("flows.history.update_progress_artifact", lambda *args, **kwargs: None)
+    history = RunHistory(run_name="long", max_steps=300, table_id=uuid.uuid4(), progress_id=uuid.uuid4())
+    for iteration in range(1, 301):
+        history.add_iteration(_record(iteration, 0.1, 0.0))
+    assert sent[:3] == [1, 2, 3] and max(sent) == TABLE_WINDOW == sent[-1]
+    assert [row["iteration"] for row in history.rows] == list(range(301 - TABLE_WINDOW, 301))
