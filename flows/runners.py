@@ -2,7 +2,8 @@
 
 `FlowRunner`: every role call goes to its Ray actor at once (Ray runs one actor's
 calls in submission order, and a call whose argument failed does not run), and every
-stage is awaited by its Prefect task, so the UI shows one task run per stage.
+stage is awaited by its Prefect task, so the UI shows one task run per stage; each
+block of iterations is a subflow run (flows/blocks.py, S-OPS-1).
 
 `InProcessRunner`: the same calls on plain role objects in this process, in the
 order they were queued, and each stage task's body (`task.fn`) run without Prefect.
