@@ -252,7 +252,10 @@ def load_page(url: str, screenshot: Path | None = None, watch_s: float = 20.0, l
                     if event == "Network.requestWillBeSent" and "/api/" in params["request"]["url"]:
                         sent[params["requestId"]] = (params["timestamp"], params["request"]["url"])
                         open_api.add(params["requestId"])
-                    elif event == "Network.responseReceived" and params["response"]["status"] >= 400:
+                    elif (
+                        event == "Network.responseReceived" and params["requestId"] in sent
+                        and params["response"]["status"] >= 400
+                    ):  # API answers only: the UI also asks for icons it does not ship (404)
                         result.failed_calls.append(f"{params['response']['status']} {params['response']['url']}")
                     elif event in ("Network.loadingFinished", "Network.loadingFailed") and params["requestId"] in sent:
                         request = params["requestId"]
@@ -363,7 +366,10 @@ def table(rows: list[Figures]) -> str:
             return "-"
         settled = "graph never loaded" if load.settled_s is None else f"{load.settled_s:.1f} s"
         failed = f", {len(load.failed_calls)} failed" if load.failed_calls else ""
-        return f"{settled}; {load.api_calls} API calls in its first 20 s{failed}, slowest {load.slowest_call_s:.2f} s ({load.slowest_call})"
+        return (
+            f"{settled}; {load.api_calls} API calls in its first 20 s{failed}, "
+            f"slowest {load.slowest_call_s:.2f} s ({load.slowest_call})"
+        )
 
     lines = [
         "| iterations (block) | flow per iteration / per task run | history per iteration, first / last tenth | "
