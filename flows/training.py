@@ -194,6 +194,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     roles = None
     history = None
     trackers = None
+    ended_well = False
     try:
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
@@ -236,6 +237,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
         history.finish(summary)
+        ended_well = True
         return summary
     except Exception as error:
         if history is not None:
@@ -244,7 +246,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     finally:
         if trackers is not None:
             trackers.close()
-        stop_role_actors(roles)
+        stop_role_actors(roles, ended_well)
         if started_ray:
             import ray
 

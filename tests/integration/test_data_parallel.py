@@ -43,7 +43,7 @@ def _one_iteration(config, roles, runner) -> dict:
     return ppo_iteration(runner, roles, config, 1, 0).record
 
 
-def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_overrides):
+def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused_role_processes, tiny_overrides):
     from configs.loading import load_config
     from flows.in_process import build_roles
     from flows.runners import FlowRunner, InProcessRunner
@@ -54,6 +54,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
     one_config = load_config(TINY_PROFILE, tiny_overrides + SHARD_ALIGNED + ["job.name=dp-one"])
     one = build_roles(one_config)
     two_config, two = _start(tiny_overrides, "job.name=dp-two", "grid.cpu_trainer_ranks=2")
+    passed = False
     try:
         assert [ray.get(h.ready.remote())["ranks"] for h in two.ranks("policy")] == [2, 2]
         assert [ray.get(h.ready.remote())["rank"] for h in two.ranks("critic")] == [0, 1]
@@ -82,8 +83,9 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_o
         assert rank1_weights == {}
         for name, tensor in one_weights.items():
             torch.testing.assert_close(rank0_weights[name], tensor, rtol=1e-5, atol=1e-7)
+        passed = True
     finally:
-        stop_role_actors(two)
+        stop_role_actors(two, ended_well=passed)
 
 
 def test_the_controller_refuses_ranks_that_disagree_on_the_step():
@@ -97,7 +99,7 @@ def test_the_controller_refuses_ranks_that_disagree_on_the_step():
 
 
 @pytest.mark.prefect
-def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, tiny_overrides, tmp_path):
+def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path):
     from flows.training import ppo
 
     # Two ranks per trainer and two rollout engines, each generating half of every batch.
