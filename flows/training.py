@@ -194,7 +194,6 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     roles = None
     history = None
     trackers = None
-    ended_well = False
     try:
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
@@ -237,7 +236,6 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
         history.finish(summary)
-        ended_well = True
         return summary
     except Exception as error:
         if history is not None:
@@ -246,7 +244,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     finally:
         if trackers is not None:
             trackers.close()
-        stop_role_actors(roles, ended_well)
+        stop_role_actors(roles)
         if started_ray:
             import ray
 

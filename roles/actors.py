@@ -252,7 +252,7 @@ def _launch_actor(
 ) -> Any:
     pool = active_pool()
     if pool is not None and pool.can_hold(options, ranks):  # a driver that keeps processes (roles/process_pool.py)
-        return pool.launch(role, cls, args, options)
+        return pool.launch(role, cls, args, options, serves=(namespace, actor_name(role, rank)))
     return (
         ray.remote(cls)
         .options(name=actor_name(role, rank), namespace=namespace, max_restarts=0, **options)
@@ -298,9 +298,18 @@ def wait_until_ready(
 
 
 def _kill_groups(groups: dict[str, list[Any]]) -> None:
-    for ranks in groups.values():
+    for role, ranks in groups.items():
         for handle in ranks:
-            kill_quietly(handle)
+            _end_actor(role, handle, keep=False)
+
+
+def _end_actor(role: str, handle: Any, keep: bool) -> None:
+    """Kill a run's actor, or hand a kept process back to the pool it came from."""
+    pool = active_pool()
+    if pool is not None and pool.owns(handle):
+        pool.release(role, handle, keep)
+    else:
+        kill_quietly(handle)
 
 
 def kill_quietly(handle: Any) -> None:
@@ -310,14 +319,12 @@ def kill_quietly(handle: Any) -> None:
         pass
 
 
-def stop_role_actors(handles: RoleHandles | None, ended_well: bool = False) -> None:
-    """Kill the run's actors, or, for a run that `ended_well` under a driver that
-    keeps role processes, hand their processes back for its next run."""
-    pool = active_pool()
+def stop_role_actors(handles: RoleHandles | None) -> None:
+    """Kill the run's actors; under a driver that keeps role processes, hand the
+    live ones back for its next run instead (roles/process_pool.py)."""
     for role, _ in handles.items() if handles is not None else []:
         for handle in handles.ranks(role):
-            if not (ended_well and pool is not None and pool.keep(role, handle)):
-                kill_quietly(handle)
+            _end_actor(role, handle, keep=True)
     # Also when start-up failed half way (handles is None): free the reserved GPUs.
     while _live_placements:
         release_placement(_live_placements.pop())

@@ -12,8 +12,10 @@ deployment runs always start fresh processes.
 
 Only processes that are plain to reuse are kept: an actor with no reservation (one
 node, no placement group, no GPU), of a role that is its group's only rank (a trainer
-of several ranks has joined a process group), from a run that ended without a failure
-(a failed run's processes may be hung or half-updated: they are killed).
+of several ranks has joined a process group), that drops its body within
+`discard_timeout_s` when its run ends. A run that failed keeps its live processes too:
+the body it half-updated is dropped like any other, and a dead, hung or busy process
+does not answer in time and is killed. A process whose body failed to build is killed.
 """
 
 from __future__ import annotations
@@ -74,42 +76,55 @@ class RoleProcessPool:
 
     idle: dict[str, list[Any]] = field(default_factory=dict)
     made: set[Any] = field(default_factory=set)  # actor ids of every process this pool created
-    reused: int = 0  # role bodies built in a kept process, for tests and the start-up line
+    # (run namespace, actor name) -> the process serving it: a pooled actor has no Ray
+    # name of its own, so this is how the run's actor is found (the fault tests do).
+    serving: dict[tuple[str, str], Any] = field(default_factory=dict)
+    reused: int = 0  # role bodies built in a kept process
     created: int = 0
+    discard_timeout_s: float = 10.0  # longer than dropping a body takes; a hung process never answers
 
     @staticmethod
     def can_hold(actor_options: dict[str, Any], ranks: int) -> bool:
         return actor_options == {"num_cpus": 0} and ranks == 1
 
-    def launch(self, role: str, role_class: type, args: tuple[Any, ...], actor_options: dict[str, Any]) -> Any:
+    def launch(
+        self, role: str, role_class: type, args: tuple[Any, ...], actor_options: dict[str, Any], serves: tuple[str, str]
+    ) -> Any:
         """A handle whose body is being built from `args`: in an idle process of this
-        role when there is one, else in a new (unnamed) one."""
+        role when there is one, else in a new (unnamed) one. `serves` is the run's
+        (namespace, actor name) the process stands for."""
         waiting = self.idle.get(role, [])
         if waiting:
             handle = waiting.pop()
             handle.rebuild.remote(*args)  # the next call (`ready`) runs after it: one caller, in order
             self.reused += 1
-            return handle
-        handle = ray.remote(reusable_class(role_class)).options(max_restarts=0, **actor_options).remote(*args)
-        self.made.add(handle._actor_id)
-        self.created += 1
+        else:
+            handle = ray.remote(reusable_class(role_class)).options(max_restarts=0, **actor_options).remote(*args)
+            self.made.add(handle._actor_id)
+            self.created += 1
+        self.serving[serves] = handle
         return handle
+
+    def find(self, namespace: str, name: str) -> Any | None:
+        return self.serving.get((namespace, name))
 
     def owns(self, handle: Any) -> bool:
         return handle._actor_id in self.made
 
-    def keep(self, role: str, handle: Any) -> bool:
-        """Take a finished run's process back; False when it cannot be (then the caller
-        kills it)."""
-        if not self.owns(handle):
-            return False
-        try:
-            ray.get(handle.discard.remote(), timeout=60)
-        except Exception:  # dead or stuck: not worth keeping
-            self.made.discard(handle._actor_id)
-            return False
-        self.idle.setdefault(role, []).append(handle)
-        return True
+    def release(self, role: str, handle: Any, keep: bool) -> None:
+        """A run is done with `handle`: keep its process for the next run (its body
+        dropped) or kill it. A process that cannot drop its body in time is killed."""
+        self.serving = {key: h for key, h in self.serving.items() if h._actor_id != handle._actor_id}
+        if keep:
+            try:
+                ray.get(handle.discard.remote(), timeout=self.discard_timeout_s)
+                self.idle.setdefault(role, []).append(handle)
+                return
+            except Exception:  # dead or stuck: not worth keeping
+                pass
+        self.made.discard(handle._actor_id)
+        with contextlib.suppress(Exception):
+            ray.kill(handle)
 
     def close(self) -> None:
         for handles in self.idle.values():
@@ -118,6 +133,7 @@ class RoleProcessPool:
                     ray.kill(handle)
         self.idle.clear()
         self.made.clear()
+        self.serving.clear()
 
 
 _active: RoleProcessPool | None = None
@@ -130,7 +146,7 @@ def active_pool() -> RoleProcessPool | None:
 @contextlib.contextmanager
 def keep_role_processes(pool: RoleProcessPool | None = None) -> Iterator[RoleProcessPool]:
     """Runs started inside this block take their role processes from `pool` and give
-    them back when they end well. The pool outlives the block, so several blocks
+    the live ones back when they end. The pool outlives the block, so several blocks
     (several tests) can share it; whoever made it closes it."""
     global _active
     previous, _active = _active, pool or RoleProcessPool()

@@ -1,12 +1,14 @@
 """Runs that several integration tests read, and the role processes that runs of this
 session share. Starting a run's seven actors is most of what such a test costs
 (issue 19): a run several tests read is made once per session, and a test whose runs
-end well can ask for `reused_role_processes`, so its runs build their role bodies in
+end can ask for `reused_role_processes`, so its runs build their role bodies in
 processes an earlier run of this session finished with (roles/process_pool.py).
 
-Tests that find a run's actor by name (to kill or freeze it), that need a fresh
-process for what they check, or that run the command line in a subprocess keep
-fresh, named actors: they do not ask for the fixture."""
+A fault test finds the run's actor to kill or freeze through
+`tests.integration.helpers.run_actor`, which knows the kept process serving a role.
+Tests that need a fresh process for what they check (a cleanup by Ray name, start-up
+itself) or that run the command line in a subprocess keep fresh, named actors: they
+do not ask for the fixture."""
 
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ def role_process_pool(ray_cluster):
 
 @pytest.fixture
 def reused_role_processes(role_process_pool):
-    """Runs of this test take role processes from the session's pool and give them
-    back when they end well (a failed run's processes are killed)."""
+    """Runs of this test take role processes from the session's pool and give the
+    live ones back when they end (a dead or hung one is killed)."""
     from roles.process_pool import keep_role_processes
 
     with keep_role_processes(role_process_pool) as pool:

@@ -28,7 +28,7 @@ def roles(ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     with keep_role_processes(role_process_pool):
         handles = start_role_actors(config)
         yield config, handles
-        stop_role_actors(handles, ended_well=True)  # the failed update was the role's refusal, not a sick process
+        stop_role_actors(handles)
 
 
 def test_a_failed_update_publishes_nothing_and_the_rollout_keeps_its_version(roles):

@@ -31,7 +31,7 @@ FROZEN_TIMEOUT = 10
 
 
 def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     from flows.training import ppo
 
@@ -72,10 +72,9 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
     ],
 )
 def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
-    role, prefect_api, ray_cluster, role_process_pool, tiny_overrides, tmp_path
+    role, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     from flows.training import ppo
-    from roles.process_pool import keep_role_processes
 
     overrides = tiny_overrides + ["rl.max_steps=4", "rl.save_every=2", f"job.name=killed-{role}"]
     run_dir = tmp_path / "outputs" / f"killed-{role}"
@@ -90,8 +89,7 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
     assert failed_after < 30, failed_after
     assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == "iter_000002"
 
-    with keep_role_processes(role_process_pool):  # the killed run's actors were fresh and named
-        summary = ppo(profile=TINY_PROFILE, overrides=overrides)
+    summary = ppo(profile=TINY_PROFILE, overrides=overrides)
     assert summary["resumed_from"].endswith("iter_000002")
     assert_ends_like_the_uninterrupted_run(run_dir, overrides, f"straight-{role}", 4)
 
@@ -136,7 +134,7 @@ def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing
 
 
 def test_auto_resume_finishes_a_run_whose_actor_died_within_the_same_flow_run(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     """S-FAULT-5: the deployments' `auto_resume_attempts` (the public one sets 3)."""
     from flows.training import ppo
