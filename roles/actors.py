@@ -22,6 +22,7 @@ from placement.role_placement import role_placements
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
+from roles.process_pool import active_pool
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole
 from roles.reward_role import RewardRole
@@ -240,14 +241,23 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
         else:  # a host role (data, reward, replay) holds no device: one actor, the config alone
             arguments = [(config,)]
         groups[role] = [
-            ray.remote(cls)
-            .options(
-                name=actor_name(role, rank), namespace=namespace, max_restarts=0, **lowered.actor_options(role, rank)
-            )
-            .remote(*args)
+            _launch_actor(role, rank, len(arguments), cls, args, lowered.actor_options(role, rank), namespace)
             for rank, args in enumerate(arguments)
         ]
     return LaunchedActors(config, groups, launched_at)
+
+
+def _launch_actor(
+    role: str, rank: int, ranks: int, cls: type, args: tuple[Any, ...], options: dict[str, Any], namespace: str
+) -> Any:
+    pool = active_pool()
+    if pool is not None and pool.can_hold(options, ranks):  # a driver that keeps processes (roles/process_pool.py)
+        return pool.launch(role, cls, args, options, serves=(namespace, actor_name(role, rank)))
+    return (
+        ray.remote(cls)
+        .options(name=actor_name(role, rank), namespace=namespace, max_restarts=0, **options)
+        .remote(*args)
+    )
 
 
 class ActorStartupError(RuntimeError):
@@ -288,9 +298,18 @@ def wait_until_ready(
 
 
 def _kill_groups(groups: dict[str, list[Any]]) -> None:
-    for ranks in groups.values():
+    for role, ranks in groups.items():
         for handle in ranks:
-            kill_quietly(handle)
+            _end_actor(role, handle, keep=False)
+
+
+def _end_actor(role: str, handle: Any, keep: bool) -> None:
+    """Kill a run's actor, or hand a kept process back to the pool it came from."""
+    pool = active_pool()
+    if pool is not None and pool.owns(handle):
+        pool.release(role, handle, keep)
+    else:
+        kill_quietly(handle)
 
 
 def kill_quietly(handle: Any) -> None:
@@ -301,8 +320,11 @@ def kill_quietly(handle: Any) -> None:
 
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
-    for handle in handles.every_actor() if handles is not None else []:
-        kill_quietly(handle)
+    """Kill the run's actors; under a driver that keeps role processes, hand the
+    live ones back for its next run instead (roles/process_pool.py)."""
+    for role, _ in handles.items() if handles is not None else []:
+        for handle in handles.ranks(role):
+            _end_actor(role, handle, keep=True)
     # Also when start-up failed half way (handles is None): free the reserved GPUs.
     while _live_placements:
         release_placement(_live_placements.pop())

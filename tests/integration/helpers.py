@@ -53,6 +53,19 @@ def run_dir_snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+def run_actor(run_name: str, actor: str):
+    """A live run's actor by name: a named Ray actor, or the kept process serving
+    under that name when the run takes its processes from a pool (roles/process_pool.py)."""
+    import ray
+
+    from roles.process_pool import active_pool
+
+    namespace = f"ppo-{run_name}"
+    pool = active_pool()
+    kept = pool.find(namespace, actor) if pool is not None else None
+    return kept if kept is not None else ray.get_actor(actor, namespace=namespace)
+
+
 def signal_actor_after(run_dir: Path, rows: int, run_name: str, actor: str, signum: int, timeout: float = 300.0):
     """Start a thread that waits until the run has written `rows` metrics rows, then
     sends `signum` to the named role actor's process (SIGKILL: a crashed actor;
@@ -68,7 +81,7 @@ def signal_actor_after(run_dir: Path, rows: int, run_name: str, actor: str, sign
         while time.monotonic() < deadline:
             metrics = run_dir / "metrics.jsonl"
             if metrics.exists() and len(metrics.read_text().splitlines()) >= rows:
-                handle = ray.get_actor(actor, namespace=f"ppo-{run_name}")
+                handle = run_actor(run_name, actor)
                 thread.pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
                 os.kill(thread.pid, signum)
                 thread.hit_at = time.monotonic()

@@ -26,14 +26,16 @@ pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 
 
 @pytest.fixture(scope="module")
-def warmup_run(prefect_api, ray_cluster, tiny_model_dir, tmp_path_factory):
+def warmup_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     """N=2, 4 iterations, a boundary after every iteration so each state can be read."""
     from flows.training import ppo
+    from roles.process_pool import keep_role_processes
 
     root = tmp_path_factory.mktemp("warmup")
     every_iteration = ["rl.max_steps=4", "rl.save_every=1", "rl.keep_optim_last=0"]
     overrides = short_run_overrides(root, tiny_model_dir) + every_iteration
-    ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=2, run_name="warmup2")
+    with keep_role_processes(role_process_pool):
+        ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=2, run_name="warmup2")
     return root / "warmup2"
 
 
@@ -118,7 +120,7 @@ def test_task_history_shows_no_policy_training_or_weight_sync_during_warmup(warm
 
 
 def test_warmup_covering_the_whole_run_leaves_the_actor_untouched(
-    prefect_api, ray_cluster, tiny_overrides, tiny_model_dir, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tiny_model_dir, tmp_path
 ):
     from flows.training import ppo
 

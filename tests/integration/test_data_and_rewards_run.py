@@ -30,7 +30,7 @@ def _conversation_file(path) -> str:
 
 
 def test_conversation_jsonl_with_arithmetic_reward_trains_two_iterations(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     from flows.training import ppo
 

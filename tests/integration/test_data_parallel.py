@@ -43,7 +43,7 @@ def _one_iteration(config, roles, runner) -> dict:
     return ppo_iteration(runner, roles, config, 1, 0).record
 
 
-def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, tiny_overrides):
+def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused_role_processes, tiny_overrides):
     from configs.loading import load_config
     from flows.in_process import build_roles
     from flows.runners import FlowRunner, InProcessRunner
@@ -97,7 +97,7 @@ def test_the_controller_refuses_ranks_that_disagree_on_the_step():
 
 
 @pytest.mark.prefect
-def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, tiny_overrides, tmp_path):
+def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path):
     from flows.training import ppo
 
     # Two ranks per trainer and two rollout engines, each generating half of every batch.

@@ -18,15 +18,17 @@ pytestmark = [pytest.mark.ray]
 
 
 @pytest.fixture(scope="module")
-def roles(ray_cluster, tiny_model_dir, tmp_path_factory):
+def roles(ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     from configs.loading import load_config
     from roles.actors import start_role_actors, stop_role_actors
+    from roles.process_pool import keep_role_processes
 
     overrides = short_run_overrides(tmp_path_factory.mktemp("dispatch"), tiny_model_dir)
     config = load_config(TINY_PROFILE, overrides + ["job.name=dispatch-guard"])
-    handles = start_role_actors(config)
-    yield config, handles
-    stop_role_actors(handles)
+    with keep_role_processes(role_process_pool):
+        handles = start_role_actors(config)
+        yield config, handles
+        stop_role_actors(handles)
 
 
 def test_a_failed_update_publishes_nothing_and_the_rollout_keeps_its_version(roles):

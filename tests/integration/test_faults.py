@@ -27,12 +27,17 @@ def _alive(pid: int) -> bool:
         return stat.read().split()[2] != "Z"
 
 
+FROZEN_TIMEOUT = 10
+
+
 def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     from flows.training import ppo
 
-    overrides = tiny_overrides + ["rl.max_steps=8", "job.name=frozen", "rl.stage_timeout_seconds=20"]
+    # 10 s: ten times a stage of this tiny run on a busy 2-core machine, and half the
+    # suite's cost of the 20 s it was (issue 19).
+    overrides = tiny_overrides + ["rl.max_steps=8", "job.name=frozen", f"rl.stage_timeout_seconds={FROZEN_TIMEOUT}"]
     freezer = signal_actor_after(tmp_path / "outputs" / "frozen", 1, "frozen", "reward", signal.SIGSTOP)
     try:
         with pytest.raises(StageFailed) as caught:
@@ -41,8 +46,11 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
         message = str(caught.value)
         print(f"\nfrozen reward actor: failed {failed_after:.1f} s after SIGSTOP: {message[:120]}")
         assert message.startswith("reward[iter="), message
-        assert "StageTimeout: no result from the reward actor within 20 s (rl.stage_timeout_seconds=20)" in message
-        assert 20 <= failed_after < 60, failed_after
+        assert (
+            f"StageTimeout: no result from the reward actor within {FROZEN_TIMEOUT} s "
+            f"(rl.stage_timeout_seconds={FROZEN_TIMEOUT})"
+        ) in message
+        assert FROZEN_TIMEOUT <= failed_after < FROZEN_TIMEOUT + 40, failed_after
         deadline = time.monotonic() + 30
         while _alive(freezer.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -64,7 +72,7 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
     ],
 )
 def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
-    role, prefect_api, ray_cluster, tiny_overrides, tmp_path
+    role, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     from flows.training import ppo
 
@@ -87,7 +95,7 @@ def test_a_killed_actor_fails_the_run_by_role_and_a_rerun_ends_bitwise_equal(
 
 
 def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     import subprocess
     import sys
@@ -126,7 +134,7 @@ def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing
 
 
 def test_auto_resume_finishes_a_run_whose_actor_died_within_the_same_flow_run(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     """S-FAULT-5: the deployments' `auto_resume_attempts` (the public one sets 3)."""
     from flows.training import ppo

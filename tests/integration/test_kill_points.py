@@ -61,7 +61,7 @@ def _pointer_is_committed(run_dir) -> bool:
     "point", [p if p in DEFAULT_SUITE else pytest.param(p, marks=pytest.mark.slow) for p in FAULT_POINTS]
 )
 def test_killed_at_a_point_then_rerun_ends_like_the_uninterrupted_run(
-    point, uninterrupted, prefect_api, ray_cluster, tiny_model_dir, tmp_path
+    point, uninterrupted, prefect_api, ray_cluster, reused_role_processes, tiny_model_dir, tmp_path
 ):
     import ray
     from prefect.settings import PREFECT_API_URL

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 VLM_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_vlm_cpu.py")
 
 
-def test_two_ppo_iterations_with_the_tiny_vlm_on_mixed_jsonl(prefect_api, ray_cluster, tmp_path):
+def test_two_ppo_iterations_with_the_tiny_vlm_on_mixed_jsonl(prefect_api, ray_cluster, reused_role_processes, tmp_path):
     from flows.training import ppo
 
     model_dir = build_tiny_vlm(

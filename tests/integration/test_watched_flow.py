@@ -48,7 +48,7 @@ def _task_run_names(flow_run_name: str, expected: set[str], timeout: float = 60.
 
 
 def test_a_flow_run_evaluates_keeps_its_samples_and_writes_tensorboard(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
