@@ -182,7 +182,10 @@ def test_deployment_run_completes_and_names_every_stage_of_every_iteration(stack
     with _client(stack) as client:
         public = client.read_deployment_by_name("ppo/public-4gpu")
     # Issue 18 item 5: one run at a time holds the GPUs; a second one is enqueued.
-    assert public.concurrency_limit == 1 and public.concurrency_options.collision_strategy.value == "ENQUEUE"
+    # (Prefect 3.9 reports the limit as the deployment's global concurrency limit; its
+    # `concurrency_limit` field is deprecated and always None.)
+    assert public.global_concurrency_limit is not None and public.global_concurrency_limit.limit == 1
+    assert public.concurrency_options.collision_strategy.value == "ENQUEUE"
 
     expected = {f"{stage}[iter={i}]" for i in (1, 2, 3) for stage in STAGES} | {"commit[iter=3]"}
     task_runs = _poll(
