@@ -251,7 +251,8 @@ def _launch_actor(
     role: str, rank: int, ranks: int, cls: type, args: tuple[Any, ...], options: dict[str, Any], namespace: str
 ) -> Any:
     pool = active_pool()
-    if pool is not None and pool.can_hold(options, ranks):  # a driver that keeps processes (roles/process_pool.py)
+    joins_a_group = role in TRAINER_ROLES and ranks > 1
+    if pool is not None and pool.can_hold(options, joins_a_group):  # a driver that keeps processes (process_pool.py)
         return pool.launch(role, cls, args, options, serves=(namespace, actor_name(role, rank)))
     return (
         ray.remote(cls)

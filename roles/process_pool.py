@@ -11,8 +11,8 @@ modules). Off unless a driver turns it on (`keep_role_processes`); the CLI and
 deployment runs always start fresh processes.
 
 Only processes that are plain to reuse are kept: an actor with no reservation (one
-node, no placement group, no GPU), of a role that is its group's only rank (a trainer
-of several ranks has joined a process group), that drops its body within
+node, no placement group, no GPU) that never joins a process group (a trainer of
+several ranks does; several rollout engines do not), that drops its body within
 `discard_timeout_s` when its run ends. A run that failed keeps its live processes too:
 the body it half-updated is dropped like any other, and a dead, hung or busy process
 does not answer in time and is killed. A process whose body failed to build is killed.
@@ -84,8 +84,11 @@ class RoleProcessPool:
     discard_timeout_s: float = 10.0  # longer than dropping a body takes; a hung process never answers
 
     @staticmethod
-    def can_hold(actor_options: dict[str, Any], ranks: int) -> bool:
-        return actor_options == {"num_cpus": 0} and ranks == 1
+    def can_hold(actor_options: dict[str, Any], joins_a_group: bool) -> bool:
+        """Unreserved actors that never join a process group. (Trainer ranks kept with
+        their group torn down and re-formed hung in the next run's sharded save, so a
+        trainer of several ranks always gets fresh processes.)"""
+        return actor_options == {"num_cpus": 0} and not joins_a_group
 
     def launch(
         self, role: str, role_class: type, args: tuple[Any, ...], actor_options: dict[str, Any], serves: tuple[str, str]
