@@ -3,8 +3,8 @@
 `job.trackers` names them: `tensorboard` (the default: event files under
 `<run>/tensorboard/`, so `tensorboard --logdir <output_root>` shows every run),
 `wandb` (offline, under `<run>/wandb/`, synced later with `wandb sync`) and `mlflow`
-(a local SQLite store, `<run>/mlflow.db`, artifacts under `<run>/mlruns/`). Every numeric key of a metrics.jsonl row is
-one scalar, stepped by the row's `iteration`; critic-warmup iterations carry
+(a local SQLite store, `<run>/mlflow.db`). Every numeric key of a metrics.jsonl row
+is one scalar, stepped by the row's `iteration`; critic-warmup iterations carry
 `train/actor_warmup` = 1.0, which marks them on every tracker.
 
 A resumed run continues the same curves, each step drawn once with the values
@@ -26,9 +26,12 @@ choosing one that is not installed is refused before the run starts
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
@@ -78,6 +81,8 @@ def _stable_id(run_dir: str) -> str:
 
 
 class WandbTracker:
+    """One offline W&B run per attempt, holding the run's whole curve so far."""
+
     def __init__(self, config: PPOConfig, paths: RunPaths, committed: list[Mapping[str, Any]]):
         import wandb
 
@@ -102,9 +107,6 @@ class WandbTracker:
 def _set_aside_offline_runs(wandb_dir: str) -> None:
     """Earlier attempts' offline runs move to `earlier_attempts/` (kept, not deleted),
     so `wandb sync <run>/wandb/offline-run-*` finds only the whole, newest one."""
-    import glob
-    import os
-
     earlier = sorted(glob.glob(f"{wandb_dir}/offline-run-*"))
     if earlier:
         os.makedirs(f"{wandb_dir}/earlier_attempts", exist_ok=True)
@@ -116,6 +118,8 @@ CAUGHT_UP = "ppo.caught_up"  # MLflow run tag: every committed row was logged in
 
 
 class MlflowTracker:
+    """One active MLflow run per run directory, in the run directory's own store."""
+
     def __init__(self, config: PPOConfig, paths: RunPaths, first_step: int, committed: list[Mapping[str, Any]]):
         from mlflow.tracking import MlflowClient
 
@@ -125,6 +129,7 @@ class MlflowTracker:
         experiment_id = (
             experiment.experiment_id
             if experiment
+            # Without a location MLflow puts artifacts under the working directory.
             else self.client.create_experiment("ppo", artifact_location=f"{run_dir}/mlruns")
         )
         current = _caught_up_run(self.client, experiment_id)
@@ -145,8 +150,6 @@ class MlflowTracker:
             self.log(int(record["iteration"]), scalars_of(record))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -171,6 +174,7 @@ def _caught_up_run(client: Any, experiment_id: str) -> str | None:
 
 
 def _last_step(client: Any, run_id: str) -> int:
+    """The highest step of any key: keys such as `val/*` are not logged every iteration."""
     keys = client.get_run(run_id).data.metrics
     return max((m.step for key in keys for m in client.get_metric_history(run_id, key)), default=-1)
 
