@@ -106,6 +106,21 @@ def test_mlflow_holds_every_metrics_key_once_per_iteration_after_a_resume_that_r
     assert history["train/actor_warmup"] == [(1, 1.0), (2, 0.0), (3, 0.0), (4, 0.0)]
 
 
+def test_mlflow_run_extended_from_its_final_boundary_stays_one_run(tiny_overrides):
+    """Nothing is replayed when a finished run is extended, so no copy is made."""
+    pytest.importorskip("mlflow")
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    run_dir = _run(tiny_overrides, "extended", 'job.trackers=["mlflow"]', "rl.max_steps=2")
+    _run(tiny_overrides, "extended", 'job.trackers=["mlflow"]', "rl.max_steps=4")
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+    experiment = client.get_experiment_by_name("ppo").experiment_id
+    (run,) = client.search_runs([experiment], run_view_type=ViewType.ALL)  # none deleted
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/actor_warmup")]
+    assert sorted(steps) == [1, 2, 3, 4]
+
+
 def _wandb_history(run_file: Path) -> dict[str, list[tuple[int, float]]]:
     """Scalars of one offline run, read from its .wandb file: a 7-byte file header,
     then LevelDB-log blocks of 32 KiB whose record fragments carry a 7-byte header
