@@ -174,7 +174,7 @@ class JobConfig(Section):
         default_factory=lambda: ["tensorboard"],
         description="Where each metrics.jsonl row also goes, stepped by iteration: `tensorboard` (event files under "
         "`<run>/tensorboard/`, the default), `wandb` (offline, under `<run>/wandb/`; needs the `wandb` extra), "
-        "`mlflow` (a local file store `<run>/mlruns/`; needs the `mlflow` extra). [] writes metrics.jsonl only.",
+        "`mlflow` (a local SQLite store `<run>/mlflow.db`; needs the `mlflow` extra). [] writes metrics.jsonl only.",
     )
     experience: ExperienceConfig = Field(
         default_factory=ExperienceConfig, description="Each iteration's samples kept as experience files (S-OPS-3)."

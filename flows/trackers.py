@@ -3,15 +3,21 @@
 `job.trackers` names them: `tensorboard` (the default: event files under
 `<run>/tensorboard/`, so `tensorboard --logdir <output_root>` shows every run),
 `wandb` (offline, under `<run>/wandb/`, synced later with `wandb sync`) and `mlflow`
-(a local file store, `<run>/mlruns/`). Every numeric key of a metrics.jsonl row is
-one scalar, stepped by the row's `iteration`; critic-warmup iterations carry
+(a local SQLite store, `<run>/mlflow.db`). Every numeric key of a metrics.jsonl row
+is one scalar, stepped by the row's `iteration`; critic-warmup iterations carry
 `train/actor_warmup` = 1.0, which marks them on every tracker.
 
-A resumed run continues the same curves. TensorBoard is told the first step this
-process writes (`purge_step`), so the steps a killed attempt wrote after its last
-boundary are hidden rather than drawn twice; W&B resumes the same run id and ignores
-steps it has already seen; MLflow continues the same run id (its file store has no
-way to drop a logged point, so replayed iterations appear twice there).
+A resumed run continues the same curves, each step drawn once with the values
+metrics.jsonl keeps (S-OPS-3). TensorBoard is told the first step this process
+writes (`purge_step`), so the steps a killed attempt wrote after its last boundary
+are hidden. W&B offline cannot resume a run: every attempt writes a new offline run,
+and `wandb sync` of one id replaces what an earlier sync uploaded (wandb/wandb#3841).
+So each attempt's offline run is made whole: the committed metrics.jsonl rows are
+logged into it first, and earlier attempts' offline runs are moved to
+`<run>/wandb/earlier_attempts/`. MLflow (a SQLite store, `<run>/mlflow.db`: MLflow 3
+refuses the file store) has no way to drop a logged point: when a killed attempt
+logged steps that are now replayed, a fresh MLflow run gets the committed rows and
+the old one is deleted (restorable with `mlflow runs restore`).
 
 W&B and MLflow are optional extras (`pip install 'ppo-flow[wandb]'`, `[mlflow]`);
 choosing one that is not installed is refused before the run starts
@@ -20,16 +26,18 @@ choosing one that is not installed is refused before the run starts
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
-import fsspec
-
 from configs.schema import PPOConfig
-from flows.run_outputs import RunPaths
+from flows.run_lock import local_run_dir
+from flows.run_outputs import RunPaths, read_metrics
 
 REQUIRES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # tracker -> the module it needs
 
@@ -73,13 +81,21 @@ def _stable_id(run_dir: str) -> str:
 
 
 class WandbTracker:
-    def __init__(self, config: PPOConfig, paths: RunPaths):
+    """One offline W&B run per attempt, holding the run's whole curve so far."""
+
+    def __init__(self, config: PPOConfig, paths: RunPaths, committed: list[Mapping[str, Any]]):
         import wandb
 
+        run_dir = local_run_dir(paths.run_dir).resolve()  # W&B writes local files only
+        _set_aside_offline_runs(f"{run_dir}/wandb")
+        # No resume: offline mode cannot resume; the same id makes a later sync replace
+        # the earlier upload of this run with this attempt's whole curve.
         self.run = wandb.init(
-            mode="offline", dir=paths.run_dir, project="ppo", name=config.job.name, id=_stable_id(paths.run_dir),
-            resume="allow", config=config.model_dump(mode="json"),
+            mode="offline", dir=str(run_dir), project="ppo", name=config.job.name, id=_stable_id(paths.run_dir),
+            config=config.model_dump(mode="json"),
         )
+        for record in committed:
+            self.log(int(record["iteration"]), scalars_of(record))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         self.run.log(dict(scalars), step=step)
@@ -88,33 +104,89 @@ class WandbTracker:
         self.run.finish()
 
 
+def _set_aside_offline_runs(wandb_dir: str) -> None:
+    """Earlier attempts' offline runs move to `earlier_attempts/` (kept, not deleted),
+    so `wandb sync <run>/wandb/offline-run-*` finds only the whole, newest one."""
+    earlier = sorted(glob.glob(f"{wandb_dir}/offline-run-*"))
+    if earlier:
+        os.makedirs(f"{wandb_dir}/earlier_attempts", exist_ok=True)
+    for path in earlier:
+        os.replace(path, f"{wandb_dir}/earlier_attempts/{os.path.basename(path)}")
+
+
+CAUGHT_UP = "ppo.caught_up"  # MLflow run tag: every committed row was logged into it
+
+
 class MlflowTracker:
-    def __init__(self, config: PPOConfig, paths: RunPaths):
+    """One active MLflow run per run directory, in the run directory's own store."""
+
+    def __init__(self, config: PPOConfig, paths: RunPaths, first_step: int, committed: list[Mapping[str, Any]]):
         from mlflow.tracking import MlflowClient
 
-        store = f"{paths.run_dir}/mlruns"
-        self.client = MlflowClient(tracking_uri=f"file://{store}" if "://" not in store else store)
+        run_dir = local_run_dir(paths.run_dir).resolve()  # SQLite needs a local path
+        self.client = MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
         experiment = self.client.get_experiment_by_name("ppo")
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment("ppo")
-        id_file = f"{store}/ppo_run_id.txt"
-        fs, id_path = fsspec.core.url_to_fs(id_file)
-        if fs.exists(id_path):
-            self.run_id = fs.cat_file(id_path).decode().strip()
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            # Without a location MLflow puts artifacts under the working directory.
+            else self.client.create_experiment("ppo", artifact_location=f"{run_dir}/mlruns")
+        )
+        current = _caught_up_run(self.client, experiment_id)
+        last_logged = -1 if current is None else _last_step(self.client, current)
+        if current is not None and last_logged < first_step:
+            self.run_id = current  # a clean resume: continue the same run
+            self._log_rows([r for r in committed if int(r["iteration"]) > last_logged])
         else:
+            # Fresh, or a killed attempt logged steps that run again: a point cannot be
+            # removed, so the committed rows go to a new run and the old one is deleted.
             self.run_id = self.client.create_run(experiment_id, run_name=config.job.name).info.run_id
-            fs.pipe_file(id_path, self.run_id.encode())
+            self._log_rows(committed)
+            self.client.set_tag(self.run_id, CAUGHT_UP, "true")
+        _delete_other_runs(self.client, experiment_id, keep=self.run_id)
+
+    def _log_rows(self, records: list[Mapping[str, Any]]) -> None:
+        for record in records:
+            self.log(int(record["iteration"]), scalars_of(record))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(key, value, now, step) for key, value in scalars.items() if not math.isnan(value)]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        for begin in range(0, len(metrics), 1000):  # log_batch takes at most 1,000 metrics
+            self.client.log_batch(self.run_id, metrics=metrics[begin : begin + 1000])
 
     def close(self) -> None:
         pass  # the run stays open: a resumed attempt continues it
+
+
+def _caught_up_run(client: Any, experiment_id: str) -> str | None:
+    """The newest active run that holds every committed row; a run without the tag is
+    a copy a crash interrupted."""
+    from mlflow.entities import ViewType
+
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{CAUGHT_UP}` = 'true'", run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time DESC"],
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def _last_step(client: Any, run_id: str) -> int:
+    """The highest step of any key: keys such as `val/*` are not logged every iteration."""
+    keys = client.get_run(run_id).data.metrics
+    return max((m.step for key in keys for m in client.get_metric_history(run_id, key)), default=-1)
+
+
+def _delete_other_runs(client: Any, experiment_id: str, keep: str) -> None:
+    """One active run per run directory: superseded and half-copied runs are deleted
+    (a soft delete: `mlflow runs restore` brings one back)."""
+    from mlflow.entities import ViewType
+
+    for run in client.search_runs([experiment_id], run_view_type=ViewType.ACTIVE_ONLY):
+        if run.info.run_id != keep:
+            client.delete_run(run.info.run_id)
 
 
 @dataclass
@@ -139,14 +211,16 @@ def open_trackers(config: PPOConfig, paths: RunPaths, first_step: int) -> Tracke
     missing = missing_tracker_packages(config.job.trackers)
     if missing:
         raise RuntimeError(tracker_message(missing))
+    # Called after the resume rewound metrics.jsonl: it holds exactly the committed rows.
+    committed = read_metrics(paths.metrics)
     opened: list[Tracker] = []
     for name in config.job.trackers:
         if name == "tensorboard":
             opened.append(TensorBoardTracker(paths.tensorboard, first_step))
         elif name == "wandb":
-            opened.append(WandbTracker(config, paths))
+            opened.append(WandbTracker(config, paths, committed))
         elif name == "mlflow":
-            opened.append(MlflowTracker(config, paths))
+            opened.append(MlflowTracker(config, paths, first_step, committed))
     return Trackers(opened)
 
 
