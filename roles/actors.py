@@ -65,9 +65,6 @@ class RoleHandles:
         """Every rank of one role, rank 0 first."""
         return [getattr(self, role), *self.peers.get(role, ())]
 
-    def every_actor(self) -> list[Any]:
-        return [handle for role, _ in self.items() for handle in self.ranks(role)]
-
 
 def actor_name(role: str, rank: int) -> str:
     return role if rank == 0 else f"{role}-rank{rank}"

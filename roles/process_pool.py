@@ -80,7 +80,6 @@ class RoleProcessPool:
     # name of its own, so this is how the run's actor is found (the fault tests do).
     serving: dict[tuple[str, str], Any] = field(default_factory=dict)
     reused: int = 0  # role bodies built in a kept process
-    created: int = 0
     discard_timeout_s: float = 10.0  # longer than dropping a body takes; a hung process never answers
 
     @staticmethod
@@ -104,7 +103,6 @@ class RoleProcessPool:
         else:
             handle = ray.remote(reusable_class(role_class)).options(max_restarts=0, **actor_options).remote(*args)
             self.made.add(handle._actor_id)
-            self.created += 1
         self.serving[serves] = handle
         return handle
 
