@@ -16,6 +16,7 @@ none. The server answers only on loopback, as Prefect's own temporary one does.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -101,7 +102,26 @@ def start_temporary_api() -> TemporaryApi | None:
 
 
 def _launch(command: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL, preexec_fn=_end_with_parent()
+    )
+
+
+def _end_with_parent():
+    """On Linux the server gets SIGTERM when this process dies, even by SIGKILL (Prefect's
+    own temporary server outlives a killed flow process); elsewhere it is stopped on exit."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    set_parent_death_signal = 1  # PR_SET_PDEATHSIG
+
+    def in_child() -> None:
+        prctl(set_parent_death_signal, signal.SIGTERM)
+
+    return in_child
 
 
 def free_loopback_port() -> int:

@@ -16,6 +16,12 @@ CLIENT = Path(__file__).resolve().parent / "fork_client.py"
 ENABLE_ENV = "PPO_FORK_WORKERS"  # "0": every worker imports everything itself, as Ray starts it
 
 
+def py_executable() -> str:
+    """What Ray runs in place of `python` for each worker (runtime_env `py_executable`).
+    `-S`: the client needs nothing beyond the standard library."""
+    return f"{sys.executable} -S {CLIENT}"
+
+
 def fork_workers_enabled() -> bool:
     return os.environ.get(ENABLE_ENV, "1") != "0"
 
@@ -26,12 +32,6 @@ class ForkServer:
     directory: str
     socket_path: str
     watch_fd: int  # this process's end of the pipe the server watches: closing it stops the server
-
-    @property
-    def py_executable(self) -> str:
-        """What Ray runs in place of `python` for each worker (runtime_env
-        `py_executable`). `-S`: the client needs nothing beyond the standard library."""
-        return f"{sys.executable} -S {CLIENT}"
 
     def worker_env(self) -> dict[str, str]:
         return {SOCKET_ENV: self.socket_path}

@@ -12,7 +12,8 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers.fork_launch import ForkServer, fork_workers_enabled, start_fork_server
+from workers.fork_client import SOCKET_ENV
+from workers.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
 
 if TYPE_CHECKING:
     from configs.schema import PPOConfig
@@ -27,6 +28,7 @@ LOCAL_RAY_DEFAULTS = {
     "RAY_prestart_worker_first_driver": "0",
 }
 
+SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose workers the server at SOCKET_ENV forks
 _fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
 
 
@@ -54,7 +56,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
     A local Ray forks its workers from a process that has imported torch,
     transformers and the role bodies once (workers/fork_server.py), unless
-    PPO_FORK_WORKERS=0; a cluster's workers start as Ray starts them."""
+    PPO_FORK_WORKERS=0. A driver this process starts that joins the same Ray (a test's
+    command-line run) forks its workers from the same server; a cluster's workers
+    start as Ray starts them."""
     global _fork_server
     import ray
 
@@ -73,7 +77,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             _fork_server = start_fork_server({**os.environ, **env_vars})
         if _fork_server is not None:
             env_vars.update(_fork_server.worker_env())
-            runtime_env["py_executable"] = _fork_server.py_executable
+            runtime_env["py_executable"] = py_executable()
+    elif fork_workers_enabled() and shared_fork_server(address) is not None:
+        env_vars[SOCKET_ENV] = shared_fork_server(address)
+        runtime_env["py_executable"] = py_executable()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     options: dict[str, Any] = {
@@ -91,6 +98,19 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     except BaseException:
         stop_fork_server()
         raise
+    if _fork_server is not None and not address:
+        # Inherited by the processes this one starts (see shared_fork_server).
+        os.environ[SOCKET_ENV] = _fork_server.socket_path
+        os.environ[SERVED_RAY_ENV] = ray.get_runtime_context().gcs_address
+
+
+def shared_fork_server(address: str) -> str | None:
+    """The socket of the fork server of the Ray at `address`, when the process that
+    started that Ray on this machine handed it down; None for any other cluster."""
+    socket_path = os.environ.get(SOCKET_ENV)
+    if os.environ.get(SERVED_RAY_ENV) == address and socket_path and os.path.exists(socket_path):
+        return socket_path
+    return None
 
 
 def shutdown_ray() -> None:
@@ -105,6 +125,8 @@ def shutdown_ray() -> None:
 def stop_fork_server() -> None:
     global _fork_server
     if _fork_server is not None:
+        os.environ.pop(SOCKET_ENV, None)
+        os.environ.pop(SERVED_RAY_ENV, None)
         _fork_server.stop()
         _fork_server = None
 
