@@ -33,7 +33,8 @@ MOMENTS = (
     ("flow run started (Prefect API up)", re.compile(r"^prefect: flow run ")),
     ("Ray up", re.compile(r"^ray: ")),
     ("actors ready", re.compile(r"^actors: ")),
-    ("first iteration done", re.compile(r"^iter\s+1/")),  # iteration 0 is the before-training evaluation
+    # The first trained iteration: iteration 0 of a fresh run is the before-training evaluation.
+    ("first iteration done", re.compile(r"^iter\s+\d+/\d+\s+reward ")),
     ("run done (final export)", re.compile(r"^done: ")),
 )
 IMPORT_FLOOR = "import torch, transformers, ray, prefect"

@@ -132,7 +132,16 @@ def _prefect_api(api, config) -> Iterator[None]:
 
     api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     with temporary_settings({PREFECT_API_URL: api.api_url}):
-        yield
+        try:
+            yield
+        finally:
+            # The flow's last logs and events reach the API before it stops (as in
+            # Prefect's own test harness); sent after, they are retried for a minute.
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=5)
+            EventsWorker.drain_all(timeout=5)
 
 
 def refuse(problems: list[str]) -> int:
