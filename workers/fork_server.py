@@ -58,6 +58,7 @@ PRELOAD = (
 )
 HEADER = struct.Struct("!I")
 MAX_FDS = 3
+REQUEST_TIMEOUT_S = 10.0
 
 
 def listen(socket_path: str) -> socket.socket:
@@ -88,13 +89,20 @@ def serve(listener: socket.socket, watch_fd: int) -> None:
             _reap(children, by_connection)
         if listener in readable:
             connection, _ = listener.accept()
-            pid = _fork_worker(connection, [listener, *by_connection], (wake_read, wake_write, watch_fd))
+            try:
+                pid = _fork_worker(connection, [listener, *by_connection], (wake_read, wake_write, watch_fd))
+            except OSError as error:  # a bad request or a failed fork: that client starts its worker itself
+                print(f"fork server: no worker forked: {error!r}", file=sys.stderr, flush=True)
+                pid = None
             if pid is None:
                 connection.close()
             else:
                 children[pid] = connection
                 by_connection[connection] = pid
-                connection.sendall(f"pid {pid}\n".encode())
+                try:
+                    connection.sendall(f"pid {pid}\n".encode())
+                except OSError:  # the client is gone already; _reap or the next select ends its worker
+                    _kill(pid)
         for connection in [c for c in readable if c in by_connection]:
             # The client said nothing more after the request: readable means it is gone
             # (the raylet killed the process it started), so its worker goes too.
@@ -107,7 +115,11 @@ def serve(listener: socket.socket, watch_fd: int) -> None:
 
 
 def _fork_worker(connection: socket.socket, servers: list[socket.socket], inherited: tuple[int, ...]) -> int | None:
-    request, fds = _receive_request(connection)
+    connection.settimeout(REQUEST_TIMEOUT_S)  # a client that connects and says nothing cannot stall the server
+    try:
+        request, fds = _receive_request(connection)
+    finally:
+        connection.settimeout(None)
     if request is None:
         for fd in fds:
             os.close(fd)
@@ -118,6 +130,7 @@ def _fork_worker(connection: socket.socket, servers: list[socket.socket], inheri
             os.close(fd)
         return pid
     try:
+        _die_with_parent()  # a crashed server leaves no workers Ray cannot account for
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for server_socket in (*servers, connection):  # the server's, not the worker's
@@ -134,6 +147,15 @@ def _fork_worker(connection: socket.socket, servers: list[socket.socket], inheri
     os._exit(0)
 
 
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
 def _become(request: dict) -> None:
     """Turn this child into the worker the raylet asked for: its environment, its
     directory, its command line, then Ray's own worker entry point."""
@@ -145,6 +167,9 @@ def _become(request: dict) -> None:
     argv = request["argv"]
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:  # what a fresh interpreter would have put on the path
+            sys.path.insert(1, entry)
     code = 0
     try:
         runpy.run_path(argv[0], run_name="__main__")
