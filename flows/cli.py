@@ -8,7 +8,9 @@ that fails ends on the failing stage's task-run name and the way to resume.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -84,7 +86,8 @@ def run_flow(args, overrides: list[str], resolved) -> int:
     discard_prelaunched = None
     try:
         started = time.perf_counter()
-        started_ray = connect_ray(resolved)
+        with _importing_beside("roles.actors"):  # torch and the role classes, while Ray's daemons start
+            started_ray = connect_ray(resolved)
         from roles.actors import discard_prelaunched, prelaunch_role_actors
 
         prelaunch_role_actors(resolved)
@@ -120,6 +123,30 @@ def run_flow(args, overrides: list[str], resolved) -> int:
             shutdown_ray()
         if api is not None:
             api.stop()
+
+
+@contextlib.contextmanager
+def _importing_beside(module: str) -> Iterator[None]:
+    """Import `module` in a thread while the body runs: starting Ray spends most of its
+    time waiting for its daemons, and the actors cannot be launched before their classes
+    are imported. An import that fails here fails again, with its traceback, where the
+    module is next imported."""
+    import ray  # every module both sides import is complete before the thread starts
+
+    del ray
+    importer = threading.Thread(target=_import_quietly, args=(module,), name=f"import {module}", daemon=True)
+    importer.start()
+    try:
+        yield
+    finally:
+        importer.join()
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except BaseException:  # reported by the next import of the same module
+        pass
 
 
 @contextlib.contextmanager
