@@ -233,6 +233,11 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
             print(f"fork server: not preloading {name}: {error}", file=sys.stderr, flush=True)
 
 
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", required=True)
@@ -240,6 +245,10 @@ def main() -> None:
     args = parser.parse_args()
     listener = listen(args.socket)
     preload()
+    if _cuda_initialized():
+        # A CUDA context does not survive a fork: leave every worker to start itself.
+        print("fork server: CUDA was initialised while preloading; not forking workers", file=sys.stderr, flush=True)
+        return
     serve(listener, args.watch_fd)
 
 
