@@ -130,6 +130,10 @@ def _fork_worker(connection: socket.socket, servers: list[socket.socket], inheri
             os.close(fd)
         return pid
     try:
+        # Its own process group, as the raylet gives every worker it starts: the raylet
+        # ends a worker by signalling its group, which would otherwise be the server's,
+        # and so every forked worker and the server itself.
+        os.setpgid(0, 0)
         _die_with_parent()  # a crashed server leaves no workers Ray cannot account for
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -41,6 +41,7 @@ def _probe_class():
             return {
                 "pid": os.getpid(),
                 "ppid": os.getppid(),
+                "pgid": os.getpgid(0),
                 "job": os.environ.get("RAY_JOB_ID"),
                 "threads": os.environ.get("OMP_NUM_THREADS"),
                 "token_set": bool(os.environ.get("RAY_AUTH_TOKEN")),
@@ -59,6 +60,9 @@ def test_a_local_runs_actors_are_forked_workers_with_the_raylets_environment(ray
     probe = _probe_class().remote()
     facts = ray.get(probe.facts.remote(), timeout=120)
     assert facts["ppid"] == server.process.pid  # forked by the server, not started by the raylet
+    # Its own process group, as a worker the raylet starts has: the raylet ends a worker
+    # by signalling its group, which must not be the server's (all forked workers).
+    assert facts["pgid"] == facts["pid"]
     assert facts["job"], "the child must run with the environment the raylet gave its worker"
     assert facts["threads"] == "1" and facts["token_set"]
     assert facts["socket_env"] == server.socket_path
@@ -79,6 +83,26 @@ def test_a_killed_forked_actor_fails_its_calls_and_leaves_no_process(ray_cluster
     with pytest.raises(ActorDiedError):
         ray.get(probe.facts.remote(), timeout=60)
     assert not _alive(pid)
+
+
+def test_ending_one_forked_actor_leaves_the_others_and_the_server_alive(ray_cluster):
+    """ray.kill ends a worker through its process group; a run kills some actors (a
+    trainer's ranks) while a driver keeps others (roles/process_pool.py)."""
+    import ray
+
+    server = _fork_server()
+    ended, kept = _probe_class().remote(), _probe_class().remote()
+    ended_pid = ray.get(ended.facts.remote(), timeout=120)["pid"]
+    ray.get(kept.facts.remote(), timeout=120)
+    ray.kill(ended)
+    deadline = time.monotonic() + 30
+    while _alive(ended_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(ended_pid)
+    time.sleep(1)  # the raylet's group kill follows its first signal
+    assert ray.get(kept.facts.remote(), timeout=60)["pid"] != ended_pid
+    assert server.process.poll() is None
+    ray.kill(kept)
 
 
 DRIVER = textwrap.dedent(
