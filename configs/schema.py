@@ -306,6 +306,12 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(
         0.45, gt=0, le=1, description="vLLM: fraction of its GPU it may use (colocated with the trainer)."
     )
+    weight_sync_bucket_mib: float = Field(
+        256.0,
+        gt=0,
+        description="Largest bucket of full policy weights (MiB) gathered from the shards and sent to the engines "
+        "at once; a larger single tensor is a bucket of its own (S-SCALE-3).",
+    )
 
 
 class RLConfig(Section):

@@ -72,16 +72,20 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
             # one-rank update's loss, clip fraction, grad norm, lr and step.
             assert two_record[key] == pytest.approx(one_record[key], rel=1e-5, abs=1e-7), key
 
-        one_weights, one_version = one.policy.current_weights()
+        one_published, one_version = one.policy.current_weights()
         # Both ranks gather the full weights from their shards at once (a collective);
-        # rank 0 hands them out, rank 1 keeps nothing.
-        (rank0_weights, rank0_version), (rank1_weights, rank1_version) = ray.get(
+        # rank 0 publishes them bucket by bucket through the object store (S-SCALE-3),
+        # rank 1 publishes nothing.
+        (rank0_published, rank0_version), (rank1_published, rank1_version) = ray.get(
             [rank.current_weights.remote() for rank in two.ranks("policy")]
         )
         assert one_version == rank0_version == rank1_version == 1
-        assert rank1_weights == {}
-        for name, tensor in one_weights.items():
-            torch.testing.assert_close(rank0_weights[name], tensor, rtol=1e-5, atol=1e-7)
+        assert rank1_published.buckets == 0 and rank0_published.names == one_published.names
+        assert all(isinstance(ref, ray.ObjectRef) for ref in rank0_published.stored)
+        rank0_weights = {name: tensor for bucket in rank0_published.fetch() for name, tensor in bucket.items()}
+        for bucket in one_published.fetch():
+            for name, tensor in bucket.items():
+                torch.testing.assert_close(rank0_weights[name], tensor, rtol=1e-5, atol=1e-7)
     finally:
         stop_role_actors(two)
 
