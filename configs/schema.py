@@ -419,6 +419,12 @@ class GridConfig(Section):
         description="Rollout engines (actors, each a shard of every batch) of a rollout group with no GPU; "
         "a GPU group has one per grid.rollout_tensor_parallel_size GPUs.",
     )
+    cpu_reference_ranks: int = Field(
+        1,
+        ge=1,
+        description="Ranks (gloo) of the frozen reference when its group has no GPU, its model sharded over them "
+        "(FSDP2, S-SCALE-1); a GPU group has one rank per GPU.",
+    )
     ray_address: str | None = Field(
         None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works)."
     )

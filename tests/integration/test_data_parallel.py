@@ -1,6 +1,6 @@
 """Data-parallel trainers (S-FLOW-5, S-SCALE-1): two FSDP2-sharded ranks per trainer
-on the host (gloo), as real Ray actors in one process group per role; and two rollout
-engines, one shard of every batch each.
+(and for the frozen reference) on the host (gloo), as real Ray actors in one process
+group per role; and two rollout engines, one shard of every batch each.
 
 What a user relies on: two ranks train as one rank would on the same batch (within
 1e-5), each rank holding half of the state, the weights gathered from both ranks'
@@ -53,9 +53,13 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
     # test_flow_matches_in_process.py), so only the two-rank side starts actors.
     one_config = load_config(TINY_PROFILE, tiny_overrides + SHARD_ALIGNED + ["job.name=dp-one"])
     one = build_roles(one_config)
-    two_config, two = _start(tiny_overrides, "job.name=dp-two", "grid.cpu_trainer_ranks=2")
+    two_config, two = _start(
+        tiny_overrides, "job.name=dp-two", "grid.cpu_trainer_ranks=2", "grid.cpu_reference_ranks=2"
+    )
     try:
         assert [ray.get(h.ready.remote())["ranks"] for h in two.ranks("policy")] == [2, 2]
+        # S-SCALE-1: the frozen reference is sharded over its own two ranks too.
+        assert [ray.get(h.ready.remote())["ranks"] for h in two.ranks("reference")] == [2, 2]
         assert [ray.get(h.ready.remote())["rank"] for h in two.ranks("critic")] == [0, 1]
         one_record = _one_iteration(one_config, one, InProcessRunner())
         two_record = _one_iteration(two_config, two, FlowRunner(prefect_tasks=False))
@@ -66,6 +70,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
             assert f"perf/{role}_grad_sync_seconds" not in one_record
             assert two_record[f"perf/{role}_grad_sync_seconds"] >= 0
         trained = [k for k in one_record if k.startswith(("train/policy_", "train/value_", "train/critic_", "optim/"))]
+        trained.append("train/kl")  # against the two sharded reference ranks' log-probs
         assert "train/policy_loss" in trained and "train/value_loss" in trained
         for key in trained:
             # Rank 0 reports the whole update (diagnostics summed over the shards): the
