@@ -29,8 +29,9 @@ Notation: b = batch, p = padded prompt length, r = padded response length.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
@@ -50,16 +51,17 @@ class PolicyWeightReceiver:
     would be wrong: it finalises every layer each time, restoring those the bucket
     does not carry. Not `model.load_weights` alone either: after start-up some kernels
     repack their weights (the CPU build leaves 0-element placeholders behind), and
-    only the layerwise reload restores the checkpoint layout, loads, and repacks."""
+    only the layerwise reload restores the checkpoint layout, loads, and repacks.
+    Every name is new to vLLM's Worker, which refuses an extension that shadows its own."""
 
     def begin_policy_weights(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        with torch.device(self.device):  # type: ignore[attr-defined]
+        with self._policy_weight_loading():
             initialize_layerwise_reload(self.model_runner.model)  # type: ignore[attr-defined]
 
     def load_policy_weight_bucket(self, named_tensors: dict[str, torch.Tensor]) -> int:
-        with torch.device(self.device):  # type: ignore[attr-defined]
+        with self._policy_weight_loading():
             self.model_runner.model.load_weights(weights=iter(named_tensors.items()))  # type: ignore[attr-defined]
         return len(named_tensors)
 
@@ -71,8 +73,17 @@ class PolicyWeightReceiver:
     def finish_policy_weights(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        with torch.device(self.device):  # type: ignore[attr-defined]
+        with self._policy_weight_loading():
             finalize_layerwise_reload(self.model_runner.model, self.model_config)  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def _policy_weight_loading(self) -> Iterator[None]:
+        """What vLLM's own weight update sets around these calls: the worker's device as
+        the default for new tensors, and its config for loaders that read it."""
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config), torch.device(self.device):  # type: ignore[attr-defined]
+            yield
 
 
 class VLLMEngine:
