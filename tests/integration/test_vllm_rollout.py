@@ -94,6 +94,7 @@ def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_
         "rl.max_steps=2",
         "rl.save_every=2",
         "rl.validation=null",
+        "rl.rollout.weight_sync_bucket_mib=0.05",  # many buckets into one reload (S-SCALE-3)
     ]
     summary = ppo(profile=TINY_PROFILE, overrides=overrides, run_name="vllm-two")
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -104,4 +105,4 @@ def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_
     # trainer's recomputed log-probs agree with vLLM's. Stale weights would not.
     for record in records:
         assert record["rollout/logprob_abs_diff"] < 1e-3, record["rollout/logprob_abs_diff"]
-    assert records[1]["perf/weight_sync_bytes"] > 0
+    assert records[1]["perf/weight_sync_bytes"] > 0 and records[1]["perf/weight_sync_buckets"] > 4
