@@ -45,13 +45,14 @@ class PolicyWeightReceiver:
     """Mixed into each vLLM worker (`worker_extension_cls`): the receiving end of
     weight_sync. Runs in the worker process, next to the model's parameters.
 
-    A version arrives as several buckets (S-SCALE-3), so vLLM's in-place reload is
-    opened once, fed bucket by bucket and closed once: the steps `Worker.reload_weights`
-    takes in one call, split so no bucket waits for the others. A reload per bucket
-    would be wrong: it finalises every layer each time, restoring those the bucket
-    does not carry. Not `model.load_weights` alone either: after start-up some kernels
-    repack their weights (the CPU build leaves 0-element placeholders behind), and
-    only the layerwise reload restores the checkpoint layout, loads, and repacks.
+    A version arrives as several buckets (S-SCALE-3), so vLLM's layerwise in-place
+    reload is opened once, fed bucket by bucket and closed once, as vLLM's own
+    `Worker.update_weights` brackets a chunked transfer: kernels are repacked once per
+    version, not once per bucket. Not `model.load_weights` alone: after start-up the
+    weight loaders are gone and some kernels have repacked their weights (the CPU build
+    leaves 0-element placeholders behind); only the layerwise reload restores the
+    checkpoint layout and loaders, loads, and repacks (without the opening call the CPU
+    build fails with "'Parameter' object has no attribute 'weight_loader'").
     Every name is new to vLLM's Worker, which refuses an extension that shadows its own."""
 
     def begin_policy_weights(self) -> None:
