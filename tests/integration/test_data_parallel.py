@@ -135,11 +135,13 @@ def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, reused_rol
 
 @pytest.mark.slow
 @pytest.mark.prefect
-def test_a_two_rank_boundary_resumes_on_one_rank_like_an_uninterrupted_run(
-    prefect_api, ray_cluster, tiny_overrides, tmp_path
+@pytest.mark.parametrize("resumed_ranks", [1, 4])
+def test_a_two_rank_boundary_resumes_on_other_rank_counts_like_an_uninterrupted_run(
+    prefect_api, ray_cluster, tiny_overrides, tmp_path, resumed_ranks
 ):
-    """S-SCALE-2, issue 17 item 4: started with grid.cpu_trainer_ranks=2, resumed with
-    1 from the sharded (DCP) boundary, the run ends within 1e-3 of a 1-rank run."""
+    """S-SCALE-2, issue 17 items 3 and 4: started with grid.cpu_trainer_ranks=2, resumed
+    with 1 or 4 ranks from the sharded (DCP) boundary, the run ends within 1e-3 of a
+    1-rank run."""
     from safetensors.torch import load_file
 
     from flows.training import ppo
@@ -148,18 +150,37 @@ def test_a_two_rank_boundary_resumes_on_one_rank_like_an_uninterrupted_run(
     common = tiny_overrides + SHARD_ALIGNED + ["rl.save_every=2"]
     resharded = common + ["job.name=dp-reshard"]
     ppo(profile=TINY_PROFILE, overrides=resharded + ["grid.cpu_trainer_ranks=2", "rl.max_steps=2"])
-    resumed = ppo(profile=TINY_PROFILE, overrides=resharded + ["grid.cpu_trainer_ranks=1", "rl.max_steps=4"])
+    resumed = ppo(
+        profile=TINY_PROFILE, overrides=resharded + [f"grid.cpu_trainer_ranks={resumed_ranks}", "rl.max_steps=4"]
+    )
     assert resumed["resumed_from"].endswith("iter_000002")
     ppo(profile=TINY_PROFILE, overrides=common + ["job.name=dp-one-rank", "rl.max_steps=4"])
 
     outputs = tmp_path / "outputs"
     assert (boundary(outputs / "dp-reshard", 2) / "policy" / "model" / ".metadata").exists()
+    if resumed_ranks > 1:  # the resumed run's own boundary: one shard file per rank it ran on
+        shards = sorted((boundary(outputs / "dp-reshard", 4) / "policy" / "model").glob("*.distcp"))
+        assert len(shards) == resumed_ranks
     for role in TRAINER_ROLES:
-        got = load_file(boundary(outputs / "dp-reshard", 4) / role / "model.safetensors")
         want = load_file(boundary(outputs / "dp-one-rank", 4) / role / "model.safetensors")
+        got = _full_weights(boundary(outputs / "dp-reshard", 4) / role, want)
         for name, tensor in want.items():
             torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-3, msg=f"{role} {name}")
     rows = {name: metric_records(outputs / name) for name in ("dp-reshard", "dp-one-rank")}
     assert [r["iteration"] for r in rows["dp-reshard"]] == [1, 2, 3, 4]
     for got, want in zip(rows["dp-reshard"], rows["dp-one-rank"]):
         assert got["train/reward_mean"] == want["train/reward_mean"]  # the same samples all the way
+
+
+def _full_weights(role_dir, like: dict) -> dict:
+    """A role's saved weights as whole tensors: the one-rank file, or the DCP shards of
+    several ranks reassembled in this process."""
+    from safetensors.torch import load_file
+
+    from checkpoint.dcp_io import load_tensors
+
+    if (role_dir / "model.safetensors").exists():
+        return load_file(role_dir / "model.safetensors")
+    state = {name: torch.empty_like(tensor) for name, tensor in like.items()}
+    load_tensors(state, str(role_dir / "model"), alone=True)
+    return state
