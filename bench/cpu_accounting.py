@@ -39,9 +39,12 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def process_group(pid: int, root: int, cmdline: str) -> str:
+def process_group(pid: int, root: int, cmdline: str, parent_group: str | None = None) -> str:
     if pid == root:
         return "driver process"
+    if "workers.fork_server" in cmdline:
+        # A forked role process carries the server's command line until Ray retitles it.
+        return "ray actors" if parent_group == "fork server" else "fork server"
     if cmdline.startswith("ray::") or "default_worker.py" in cmdline:
         # A worker is first seen as default_worker.py, later retitled ray::<Role>.
         return "ray actors"
@@ -87,7 +90,7 @@ class CpuSampler:
                 continue
             cpu[pid] = stat[1]
             if pid not in self.groups:
-                self.groups[pid] = process_group(pid, root, _cmdline(pid))
+                self.groups[pid] = process_group(pid, root, _cmdline(pid), self.groups.get(stat[0]))
         self.samples.append((time.monotonic(), cpu))
 
     def start(self) -> "CpuSampler":

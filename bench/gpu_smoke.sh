@@ -53,7 +53,8 @@ import sys
 import ray
 
 from flows.training import resolve_config
-from roles.actors import connect_ray, start_role_actors, stop_role_actors
+from roles.actors import start_role_actors, stop_role_actors
+from workers.ray_session import connect_ray
 
 config = resolve_config("configs/ppo_tiny_cpu.py", sys.argv[1:] + ["job.name=gpu-smoke-probe"], None, None)
 started, roles = connect_ray(config), None

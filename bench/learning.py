@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     iterations = args.iterations or config.rl.max_steps
     if args.flow:
-        from roles.actors import init_ray
+        from workers.ray_session import init_ray
 
         init_ray(num_cpus=config.grid.ray_num_cpus)  # once for all seeds
     way = "ppo flow (Prefect + Ray actors)" if args.flow else "direct loop (flows.in_process, no Prefect/Ray)"

@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_default_environment()
 
     from configs.loading import load_config
-    from roles.actors import init_ray
+    from workers.ray_session import init_ray
 
     config = load_config(args.profile, args.overrides)
     init_ray(num_cpus=config.grid.ray_num_cpus)  # once: every flow run below joins it

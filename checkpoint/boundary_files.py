@@ -15,8 +15,7 @@ from typing import Any
 import fsspec
 
 from checkpoint.boundary import MARKER_NAME, CheckpointError
-from checkpoint.role_state import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE
-from checkpoint.sharded_role import SHARDED_OPTIMIZER_DIR
+from checkpoint.role_layout import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE, SHARDED_OPTIMIZER_DIR
 
 CHUNK_BYTES = 1 << 20
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import fsspec
 
 from checkpoint.boundary import read_marker
-from checkpoint.role_state import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE
-from checkpoint.sharded_role import SHARDED_OPTIMIZER_DIR
+from checkpoint.role_layout import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE, SHARDED_OPTIMIZER_DIR
 from placement.plan import TRAINER_ROLES
 
 

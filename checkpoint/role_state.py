@@ -27,18 +27,19 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from checkpoint.digest import state_digest
+from checkpoint.role_layout import (  # noqa: F401 (the names of a role save, for its callers too)
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    OPTIMIZER_PRUNED_NOTE,
+    RNG_FILE,
+    SCHEDULER_FILE,
+    TRAINER_STATE_FILE,
+)
 
 # torch.distributed.checkpoint and FSDP are imported inside the trainer-only functions
 # below: importing them costs about a second, and the data role and the command
 # line's resume check use this module's file helpers without ever training.
 
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
-SCHEDULER_FILE = "scheduler.pt"
-TRAINER_STATE_FILE = "trainer_state.json"
-RNG_FILE = "rng.pt"
-# Written by retention (S-CKPT-6) beside a role whose OPTIMIZER_FILE it removed; a resume refuses it.
-OPTIMIZER_PRUNED_NOTE = "OPTIMIZER_PRUNED"
 
 
 class RoleCheckpointError(RuntimeError):

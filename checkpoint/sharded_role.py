@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from checkpoint.dcp_io import METADATA_FILE, UnsafeCheckpointFile, load_tensors, save_tensors
 from checkpoint.digest import state_digest
+from checkpoint.role_layout import PARAM_GROUPS_FILE, SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR
 from checkpoint.role_state import (
     OPTIMIZER_PRUNED_NOTE,
     RNG_FILE,
@@ -49,9 +50,6 @@ from checkpoint.role_state import (
     write_file,
 )
 
-SHARDED_MODEL_DIR = "model"
-SHARDED_OPTIMIZER_DIR = "optimizer"
-PARAM_GROUPS_FILE = "optimizer_param_groups.json"
 
 
 def is_sharded_layout(directory: str) -> bool:

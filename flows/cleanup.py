@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     apply_default_environment()
     import ray
 
-    from roles.actors import init_ray, kill_run_actors
+    from roles.actors import kill_run_actors
+    from workers.ray_session import init_ray, shutdown_ray
 
     started_here = not ray.is_initialized()
     if started_here:
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         killed = kill_run_actors(args.run_name)
     finally:
         if started_here:
-            ray.shutdown()
+            shutdown_ray()
     if killed:
         print(f"run {args.run_name!r}: killed actors {', '.join(killed)} in namespace ppo-{args.run_name}")
     else:

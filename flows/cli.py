@@ -7,9 +7,11 @@ that fails ends on the failing stage's task-run name and the way to resume.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from configs.loading import ConfigError, allow_profile_dir, load_config
 from flows.arguments import parse_args, warmup_override
@@ -42,12 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         return refuse([str(error)])
     from checkpoint.boundary import CheckpointError
     from flows.resume import ResumeError
+    from flows.run_config import resolve_config
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
     allow_profile_dir(Path(args.config).parent)
-    from flows.training import resolve_config
-
     try:
         resolved = resolve_config(args.config, overrides, None, None)  # absolute paths, as the flow will have them
         check_resume_point(resolved, args)
@@ -55,23 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(getattr(error, "problems", None) or [str(error)])
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
-    from flows.failures import StageFailed
-    from flows.training import ppo
-    from placement.ray_lowering import PlacementError
-
-    try:
-        summary = run_flow(args, overrides, resolved, ppo)
-    except ConfigError as error:
-        return refuse(error.problems)
-    except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
-        # Refusals about the run's own state or the cluster's: the message is the whole story.
-        return refuse([str(error)])
-    except StageFailed as error:
-        # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
-        print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    print_summary(summary)
-    return 0
+    return run_flow(args, overrides, resolved)
 
 
 def check_resume_point(config, args) -> None:
@@ -84,27 +69,79 @@ def check_resume_point(config, args) -> None:
     resume_boundary(config, RunPaths.for_config(config), resume=not args.fresh, resume_from=args.resume_from)
 
 
-def run_flow(args, overrides: list[str], resolved, flow_fn) -> dict:
-    """The flow, with Ray and the role actors started while its Prefect API starts,
-    not after it (issue 19): the flow adopts the actors launched for its very config
+def run_flow(args, overrides: list[str], resolved) -> int:
+    """The flow, with everything it waits for started at once rather than one after
+    another (issue 19): the temporary Prefect API first (the longest to come up), then
+    Ray with its fork server and the role actors, and only then does this process
+    import the flow; the flow adopts the actors launched for its very config
     (`resolved`, the config the flow resolves from the same profile and overrides).
     Everything this process started is stopped before the caller prints its last line."""
-    from roles.actors import connect_ray, discard_prelaunched, prelaunch_role_actors
+    from flows.temporary_api import start_temporary_api
+    from workers.ray_session import connect_ray, shutdown_ray
 
+    api = start_temporary_api()
     started_ray = False
+    discard_prelaunched = None
     try:
         started = time.perf_counter()
         started_ray = connect_ray(resolved)
+        from roles.actors import discard_prelaunched, prelaunch_role_actors
+
         prelaunch_role_actors(resolved)
         print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
               f"actors in {time.perf_counter() - started:.1f} s", flush=True)
-        return flow_fn(profile=args.config, overrides=overrides, resume=not args.fresh, resume_from=args.resume_from)
-    finally:
-        discard_prelaunched()  # a flow refused before it took them
-        if started_ray:
-            import ray
+        from checkpoint.boundary import CheckpointError
+        from flows.failures import StageFailed
+        from flows.resume import ResumeError
+        from flows.run_lock import RunLocked
+        from flows.training import ppo
+        from placement.ray_lowering import PlacementError
 
-            ray.shutdown()
+        try:
+            with _prefect_api(api, resolved):
+                summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
+                              resume_from=args.resume_from)
+        except ConfigError as error:
+            return refuse(error.problems)
+        except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
+            # Refusals about the run's own state or the cluster's: the message is the whole story.
+            return refuse([str(error)])
+        except StageFailed as error:
+            # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
+            print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr,
+                  flush=True)
+            return EXIT_FAILED
+        print_summary(summary)
+        return 0
+    finally:
+        if discard_prelaunched is not None:
+            discard_prelaunched()  # a flow refused before it took them
+        if started_ray:
+            shutdown_ray()
+        if api is not None:
+            api.stop()
+
+
+@contextlib.contextmanager
+def _prefect_api(api, config) -> Iterator[None]:
+    """The flow's Prefect client pointed at the temporary API, once it answers."""
+    if api is None:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+
+    api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    with temporary_settings({PREFECT_API_URL: api.api_url}):
+        try:
+            yield
+        finally:
+            # The flow's last logs and events reach the API before it stops (as in
+            # Prefect's own test harness); sent after, they are retried for a minute.
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=5)
+            EventsWorker.drain_all(timeout=5)
 
 
 def refuse(problems: list[str]) -> int:

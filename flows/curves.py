@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from flows.run_outputs import read_metrics
 
@@ -58,6 +55,12 @@ def curve_points(records: list[dict[str, Any]]) -> CurvePoints:
 def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
     """PNG bytes: reward mean (top) and KL to the reference (bottom) per iteration;
     critic-warmup iterations are shaded, since the policy does not move there."""
+    # Imported here: the flow process needs matplotlib only when it draws, and
+    # importing it costs half a second of every run's start (issue 19).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     figure = Figure(figsize=(8, 5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     reward_axes, kl_axes = figure.subplots(2, 1, sharex=True)

@@ -8,53 +8,27 @@ The command line (`python -m flows.ppo`) is flows/cli.py.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import StateType
 
-from configs.loading import load_config, profile_dirs
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from flows.history import RunHistory
 from flows.iteration import first_step, run_iterations
 from flows.preflight import require_runnable
 from flows.resume import find_resume_point, restore_roles, start_from_scratch
+from flows.run_config import DEFAULT_PROFILE, resolve_config
 from flows.run_lock import RunLock, local_run_dir, stale_after
 from flows.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
 from flows.trackers import open_trackers
 from placement.nodes import describe_layout
-from roles.actors import RoleHandles, connect_ray, start_role_actors, startup_timeout, stop_role_actors
+from roles.actors import RoleHandles, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
-
-DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
-
-
-def resolve_config(
-    profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, run_name: str | None
-) -> PPOConfig:
-    """Profile, then overrides, then the flow's own parameters (which win, so the
-    Prefect form's fields mean what they say). Paths become absolute because actors
-    do not share this process's working directory."""
-    extra = list(overrides or [])
-    if critic_warmup_iterations is not None:
-        extra.append(f"rl.critic_warmup_iterations={critic_warmup_iterations}")
-    if run_name:
-        extra.append(f"job.name={run_name}")
-    config = load_config(profile, extra, allowed_dirs=profile_dirs())  # S-SEC-2: a parameter runs no arbitrary file
-    updates: dict[str, Any] = {}
-    if "://" not in config.job.output_root:
-        updates["job"] = config.job.model_copy(update={"output_root": os.path.abspath(config.job.output_root)})
-    if config.model.tiny is not None and "://" not in config.model.path:
-        updates["model"] = config.model.model_copy(update={"path": os.path.abspath(config.model.path)})
-    if config.rl.data.path and "://" not in config.rl.data.path:
-        data = config.rl.data.model_copy(update={"path": os.path.abspath(config.rl.data.path)})
-        updates["rl"] = config.rl.model_copy(update={"data": data})
-    return config.model_copy(update=updates)
-
+from workers.ray_session import connect_ray, shutdown_ray
 
 def _flow_run_name() -> str:
     from prefect.runtime import flow_run
@@ -246,9 +220,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
             trackers.close()
         stop_role_actors(roles)
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            shutdown_ray()
 
 
 def run_summary(

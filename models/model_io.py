@@ -8,28 +8,30 @@ Sequences are `[left-padded prompt | right-padded response]`, length p + r.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
-import transformers
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
-    AutoModelForTokenClassification,
-)
-from transformers.modeling_outputs import TokenClassifierOutput
 
 from configs.schema import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers.modeling_outputs import TokenClassifierOutput
 from algorithm.ppo_math import token_entropy
 from data.packing import MULTIMODAL_EXTRA, MultimodalInputs, load_chat_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# transformers' model classes are imported in the functions that load a model: the flow
+# process imports this module (through the role classes it launches as actors) but
+# never loads a model, and `transformers.modeling_utils` costs it about 2 s of CPU at
+# start-up (issue 19). Role processes have it preloaded (workers/fork_server.py).
+
+
 def quiet_transformers() -> None:
     """Load reports and progress bars from every actor would drown the run's own log."""
+    import transformers
+
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
@@ -63,12 +65,16 @@ def load_image_processor(path: str):
 def is_vision_language(path: str) -> bool:
     """A model with a vision tower (config.json has a `vision_config`): it loads as an
     image-text-to-text model and its critic is `BackboneValueModel`."""
+    from transformers import AutoConfig
+
     return getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
 
 
 def load_causal_lm(path: str, dtype: str) -> torch.nn.Module:
     """The generating model: a causal LM, or for a vision-language family its
     image-text-to-text model (a causal LM over text that also takes pixels)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
     quiet_transformers()
     auto_class = AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
     return auto_class.from_pretrained(path, dtype=_DTYPES[dtype])
@@ -94,6 +100,8 @@ class BackboneValueModel(torch.nn.Module):
         self.score.to(next(backbone.parameters()).dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> TokenClassifierOutput:
+        from transformers.modeling_outputs import TokenClassifierOutput
+
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         return TokenClassifierOutput(logits=self.score(hidden))
 
@@ -104,6 +112,8 @@ def load_value_model(path: str, dtype: str, seed: int) -> torch.nn.Module:
     The head is new, so its initialisation is seeded here: two runs with the same
     seed start from the same critic (needed for bitwise resume comparisons).
     """
+    from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
+
     quiet_transformers()
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "vision_config", None) is not None:

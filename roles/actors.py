@@ -6,11 +6,8 @@ in-process (tests, the overhead benchmark) or as an actor.
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -27,8 +24,6 @@ from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole
 from roles.reward_role import RewardRole
 from roles.rollout_role import RolloutRole
-
-PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 ROLE_CLASSES: dict[str, type] = {
     "data": DataRole,
@@ -75,88 +70,6 @@ _live_placements: list[LoweredPlacement] = []  # reserved by start_role_actors, 
 
 def ray_namespace(config: PPOConfig) -> str:
     return f"ppo-{config.job.name}"
-
-
-def worker_env() -> dict[str, str]:
-    """Environment of every actor process: the project importable, one BLAS thread,
-    and the quiet, offline settings the whole run uses."""
-    env = {
-        "PYTHONPATH": os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-        # docs/performance.md; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
-        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
-    }
-    return env
-
-
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start (or join) Ray with the settings every actor of this project needs.
-
-    Ray 2.60 listens on every interface whatever node address it is given, so a Ray
-    started here requires a token (S-SEC-1): a fresh random one per process, held in
-    this process's environment (inherited by the Ray daemons and workers it starts),
-    never written to the home directory. Joining a cluster uses the cluster's own
-    settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, docs/launch.md)."""
-    if not address:
-        protect_local_ray(os.environ)
-        # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
-        # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
-        # invalid port makes Ray skip that server (it logs the failed start in
-        # monitor.log). A user who sets the variable keeps their own port.
-        os.environ.setdefault("AUTOSCALER_METRIC_PORT", "-1")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
-    options: dict[str, Any] = {
-        "runtime_env": {"env_vars": worker_env()},
-        "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",
-        "ignore_reinit_error": True,
-    }
-    if address:
-        ray.init(address=address, **options)
-    else:
-        # "local": a new Ray of this run's own, never a cluster some other process
-        # started on this machine (plain ray.init() would join that one).
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
-
-
-def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:
-    """Token authentication for a Ray this process starts, unless the user has
-    chosen a token of their own. An explicit RAY_AUTH_MODE=disabled is refused: it
-    would leave the run's control ports open to the network."""
-    mode = environ.get("RAY_AUTH_MODE", "token")
-    if mode != "token":
-        raise RuntimeError(
-            f"RAY_AUTH_MODE={mode!r}: a local Ray listens on every network interface, so the run requires token "
-            "authentication; unset RAY_AUTH_MODE (the run then makes its own token) or set it to 'token'"
-        )
-    environ["RAY_AUTH_MODE"] = "token"
-    if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
-        environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    if environ is os.environ:
-        _refresh_ray_auth()
-
-
-def _refresh_ray_auth() -> None:
-    """Ray reads the auth mode and token once, when it is imported; make this
-    process (the driver) see the settings just made, as Ray's own default-on
-    path does."""
-    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
-    from ray._raylet import Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def connect_ray(config: PPOConfig) -> bool:
-    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray. Returns True when this
-    process started Ray (and so must shut it down). Actors are named inside the run's
-    own namespace, so one cluster can host several runs."""
-    if ray.is_initialized():
-        return False
-    init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus)
-    return True
 
 
 @dataclass

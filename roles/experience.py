@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from roles.trajectory import PPOTargets, Trajectory
+if TYPE_CHECKING:  # the resume check reads experience files before any torch import (issue 19)
+    from roles.trajectory import PPOTargets, Trajectory
 
 EXPERIENCE_DIR = "experience"
 _FILE = re.compile(r"^iter_(\d{6,})\.jsonl\.gz$")

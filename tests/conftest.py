@@ -62,13 +62,12 @@ def prefect_api():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    import ray
 
-    from roles.actors import init_ray
+    from workers.ray_session import init_ray, shutdown_ray
 
     init_ray(num_cpus=2)
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 def short_run_overrides(output_root, model_dir: str) -> list[str]:

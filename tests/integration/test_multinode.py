@@ -31,7 +31,8 @@ from configs.loading import load_config
 from flows.runners import FlowRunner
 from placement.plan import plan_placement
 from placement.ray_lowering import PlacementError, lower_placement
-from roles.actors import ROLE_CLASSES, RoleHandles, worker_env
+from roles.actors import ROLE_CLASSES, RoleHandles
+from workers.ray_session import worker_env
 
 @ray.remote
 class Probe:

@@ -97,14 +97,27 @@ def train_ranks(rank: int, world: int, address: str, out: str, options: dict[str
         torch.distributed.destroy_process_group()
 
 
+# Each rank is forked from one stdlib forkserver that imported these once per test
+# session, instead of importing torch and transformers itself (about 5 CPU-s a rank;
+# issue 19). The forkserver is a fresh single-threaded process, so the ranks inherit
+# none of the test process's threads (Ray's, Prefect's).
+RANK_PRELOAD = ["torch", "transformers.modeling_utils", "tests.unit.fsdp_ranks", "trainer.update_runtime"]
+
+
 def spawn(body: Callable, world: int, out: Path, options: dict[str, Any] | None = None) -> None:
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
     from trainer.data_parallel import rendezvous_address
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(body, args=(world, rendezvous_address(), str(out), options or {}), nprocs=world, join=True)
+    multiprocessing.set_forkserver_preload(RANK_PRELOAD)
+    mp.start_processes(
+        body, args=(world, rendezvous_address(), str(out), options or {}), nprocs=world, join=True,
+        start_method="forkserver",
+    )
 
 
 def save_and_continue(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:

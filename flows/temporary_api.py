@@ -1,0 +1,130 @@
+"""The temporary Prefect API of a command-line run with no standing server, started
+the moment the command has read its config (issue 19).
+
+Prefect starts the same server by itself when a flow first needs an API
+(`SubprocessASGIServer`: uvicorn over Prefect's own app, on 127.0.0.1, its state in
+`$PREFECT_HOME`). Left to Prefect, it starts only once the flow is called, after this
+process has imported the role bodies and started Ray, and only after the flow process
+has imported Prefect's whole server package (about 2 s of CPU here) just to launch it.
+Its start-up (7 CPU-s, 19-25 s on a fresh database) is the longest single chain of a
+run's start, so the command line launches the same command with the same settings at
+once and points `PREFECT_API_URL` at it; the flow then finds an API that is up or
+coming up. A run with `PREFECT_API_URL` set (a standing server, `make serve`) starts
+none. The server answers only on loopback, as Prefect's own temporary one does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+PORT_IN_USE_EXIT = 3  # uvicorn's exit code when the port is taken: pick another
+
+
+@dataclass
+class TemporaryApi:
+    process: subprocess.Popen
+    port: int
+    command: list[str]
+    env: dict[str, str]
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def wait_until_up(self, timeout_s: float) -> None:
+        """Block until `/api/health` answers 200; a server that exits or does not answer
+        in time is a RuntimeError naming what it said."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() == PORT_IN_USE_EXIT:
+                self.port = free_loopback_port()
+                self.process = _launch(self.command, self.port, self.env)
+                continue
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the temporary Prefect API exited with code {self.process.returncode} while starting"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(
+            f"the temporary Prefect API on 127.0.0.1:{self.port} did not answer within {timeout_s:g} s "
+            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+        )
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_temporary_api() -> TemporaryApi | None:
+    """Launch the temporary API and point this process's Prefect client at it, or
+    return None when the run has a standing API (PREFECT_API_URL, in the environment
+    or the active Prefect profile) or temporary APIs are turned off."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+    env = {
+        **os.environ,
+        # What Prefect's SubprocessASGIServer gives its server: no UI, ephemeral mode.
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+    }
+    command = [
+        sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
+    ]
+    port = free_loopback_port()
+    api = TemporaryApi(_launch(command, port, env), port, command, env)
+    os.environ["PREFECT_API_URL"] = api.api_url  # read by the flow's client when it first connects
+    return api
+
+
+def _launch(command: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL, preexec_fn=_end_with_parent()
+    )
+
+
+def _end_with_parent():
+    """On Linux the server gets SIGTERM when this process dies, even by SIGKILL (Prefect's
+    own temporary server outlives a killed flow process); elsewhere it is stopped on exit."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    set_parent_death_signal = 1  # PR_SET_PDEATHSIG
+
+    def in_child() -> None:
+        prctl(set_parent_death_signal, signal.SIGTERM)
+
+    return in_child
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

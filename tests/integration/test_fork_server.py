@@ -1,0 +1,144 @@
+"""Role processes forked from one preloaded process (workers/fork_server.py, issue 19).
+
+What a user relies on: a forked actor is an ordinary Ray worker (the raylet's
+environment, the run's settings, a failure named as before), it imports nothing
+heavy itself, and nothing it started outlives the run, even when the driver is
+killed. The fault, resume and equality tests of this suite all run on forked actors
+too (the session's Ray is a local one).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.ray]
+
+
+def _fork_server():
+    from workers import ray_session
+
+    return ray_session._fork_server
+
+
+def _probe_class():
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Probe:
+        def facts(self) -> dict:
+            import sys
+
+            return {
+                "pid": os.getpid(),
+                "ppid": os.getppid(),
+                "job": os.environ.get("RAY_JOB_ID"),
+                "threads": os.environ.get("OMP_NUM_THREADS"),
+                "token_set": bool(os.environ.get("RAY_AUTH_TOKEN")),
+                "socket_env": os.environ.get("PPO_FORK_SERVER_SOCKET"),
+                "transformers_preloaded": "transformers.modeling_utils" in sys.modules,
+            }
+
+    return Probe
+
+
+def test_a_local_runs_actors_are_forked_workers_with_the_raylets_environment(ray_cluster):
+    import ray
+
+    server = _fork_server()
+    assert server is not None, "the session's local Ray should fork its workers (PPO_FORK_WORKERS unset)"
+    probe = _probe_class().remote()
+    facts = ray.get(probe.facts.remote(), timeout=120)
+    assert facts["ppid"] == server.process.pid  # forked by the server, not started by the raylet
+    assert facts["job"], "the child must run with the environment the raylet gave its worker"
+    assert facts["threads"] == "1" and facts["token_set"]
+    assert facts["socket_env"] == server.socket_path
+    assert facts["transformers_preloaded"]  # imported once in the server, not in the actor
+    # Only this user may ask the server for a process.
+    assert stat.S_IMODE(os.stat(server.directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(server.socket_path).st_mode) == 0o600
+    ray.kill(probe)
+
+
+def test_a_killed_forked_actor_fails_its_calls_and_leaves_no_process(ray_cluster):
+    import ray
+    from ray.exceptions import ActorDiedError
+
+    probe = _probe_class().remote()
+    pid = ray.get(probe.facts.remote(), timeout=120)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ActorDiedError):
+        ray.get(probe.facts.remote(), timeout=60)
+    assert not _alive(pid)
+
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from flows.environment import apply_default_environment
+    apply_default_environment()
+    import ray
+    from workers import ray_session
+    ray_session.init_ray(num_cpus=1)
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def pid(self):
+            return os.getpid()
+
+    probe = Probe.remote()
+    print(ray_session._fork_server.process.pid, ray.get(probe.pid.remote()), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_driver_leaves_neither_the_fork_server_nor_its_workers():
+    """S-FAULT-2: killing the whole run at any moment must not leave processes behind
+    that hold memory (the kill-point tests check the rerun; this checks the leftovers)."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(REPO_ROOT)], stdout=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")},
+    )
+    try:
+        server_pid, actor_pid = map(int, driver.stdout.readline().split())
+        assert _alive(server_pid) and _alive(actor_pid)
+    finally:
+        driver.kill()
+        driver.wait()
+    deadline = time.monotonic() + 30
+    while (_alive(server_pid) or _alive(actor_pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(server_pid), "the fork server outlived its driver"
+    assert not _alive(actor_pid), "a forked worker outlived its driver"
+
+
+def test_without_a_reachable_server_a_worker_starts_as_ray_starts_it(tmp_path):
+    """The client falls back to an ordinary `python default_worker.py ...` start: a
+    stopped or crashed server costs start-up time, never a run."""
+    marker = tmp_path / "argv.txt"
+    script = tmp_path / "fake_worker.py"
+    script.write_text(f"import sys; open({str(marker)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
+    client = REPO_ROOT / "workers" / "fork_client.py"
+    env = {**os.environ, "PPO_FORK_SERVER_SOCKET": str(tmp_path / "no-such.sock")}
+    done = subprocess.run([sys.executable, "-S", str(client), str(script), "--flag=1"], env=env, timeout=60)
+    assert done.returncode == 0
+    assert marker.read_text() == "--flag=1"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,171 @@
+"""The Ray a run uses: started here (a local Ray of the run's own) or joined (a cluster).
+
+Imports nothing heavy: the command line starts Ray through this module before it
+imports torch, transformers or the role bodies, so that Ray's daemons, the fork server
+and the Prefect API come up while those imports run (issue 19).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workers.fork_client import SOCKET_ENV
+from workers.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
+
+if TYPE_CHECKING:
+    from configs.schema import PPOConfig
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+# Settings of a local Ray, each a default a user's own setting wins over.
+LOCAL_RAY_DEFAULTS = {
+    # The workers Ray prestarts are plain Python processes; every role actor gets a
+    # worker of the run's own runtime environment instead, so they would only idle.
+    "RAY_enable_worker_prestart": "0",
+    "RAY_prestart_worker_first_driver": "0",
+}
+
+SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose workers the server at SOCKET_ENV forks
+_fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
+
+
+def worker_env() -> dict[str, str]:
+    """Environment of every actor process: the project importable, one BLAS thread,
+    and the quiet, offline settings the whole run uses."""
+    return {
+        "PYTHONPATH": os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        # docs/performance.md; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+    }
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start (or join) Ray with the settings every actor of this project needs.
+
+    Ray 2.60 listens on every interface whatever node address it is given, so a Ray
+    started here requires a token (S-SEC-1): a fresh random one per process, held in
+    this process's environment (inherited by the Ray daemons and workers it starts),
+    never written to the home directory. Joining a cluster uses the cluster's own
+    settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, docs/launch.md).
+
+    A local Ray forks its workers from a process that has imported torch,
+    transformers and the role bodies once (workers/fork_server.py), unless
+    PPO_FORK_WORKERS=0. A driver this process starts that joins the same Ray (a test's
+    command-line run) forks its workers from the same server; a cluster's workers
+    start as Ray starts them."""
+    global _fork_server
+    import ray
+
+    env_vars = worker_env()
+    runtime_env: dict[str, Any] = {"env_vars": env_vars}
+    if not address:
+        protect_local_ray(os.environ)
+        # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
+        # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
+        # invalid port makes Ray skip that server (it logs the failed start in
+        # monitor.log). A user who sets the variable keeps their own port.
+        os.environ.setdefault("AUTOSCALER_METRIC_PORT", "-1")
+        for key, value in LOCAL_RAY_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        if fork_workers_enabled() and _fork_server is None:
+            _fork_server = start_fork_server({**os.environ, **env_vars})
+        if _fork_server is not None:
+            env_vars.update(_fork_server.worker_env())
+            runtime_env["py_executable"] = py_executable()
+    elif fork_workers_enabled() and shared_fork_server(address) is not None:
+        env_vars[SOCKET_ENV] = shared_fork_server(address)
+        runtime_env["py_executable"] = py_executable()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
+    options: dict[str, Any] = {
+        "runtime_env": runtime_env,
+        "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",
+        "ignore_reinit_error": True,
+    }
+    try:
+        if address:
+            ray.init(address=address, **options)
+        else:
+            # "local": a new Ray of this run's own, never a cluster some other process
+            # started on this machine (plain ray.init() would join that one).
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+    except BaseException:
+        stop_fork_server()
+        raise
+    if _fork_server is not None and not address:
+        # Inherited by the processes this one starts (see shared_fork_server).
+        os.environ[SOCKET_ENV] = _fork_server.socket_path
+        os.environ[SERVED_RAY_ENV] = ray.get_runtime_context().gcs_address
+
+
+def shared_fork_server(address: str) -> str | None:
+    """The socket of the fork server of the Ray at `address`, when the process that
+    started that Ray on this machine handed it down; None for any other cluster."""
+    socket_path = os.environ.get(SOCKET_ENV)
+    if os.environ.get(SERVED_RAY_ENV) == address and socket_path and os.path.exists(socket_path):
+        return socket_path
+    return None
+
+
+def shutdown_ray() -> None:
+    """Stop Ray, then the fork server its workers came from (its children are gone
+    with Ray; any left are killed with it)."""
+    import ray
+
+    ray.shutdown()
+    stop_fork_server()
+
+
+def stop_fork_server() -> None:
+    global _fork_server
+    if _fork_server is not None:
+        os.environ.pop(SOCKET_ENV, None)
+        os.environ.pop(SERVED_RAY_ENV, None)
+        _fork_server.stop()
+        _fork_server = None
+
+
+def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:
+    """Token authentication for a Ray this process starts, unless the user has
+    chosen a token of their own. An explicit RAY_AUTH_MODE=disabled is refused: it
+    would leave the run's control ports open to the network."""
+    mode = environ.get("RAY_AUTH_MODE", "token")
+    if mode != "token":
+        raise RuntimeError(
+            f"RAY_AUTH_MODE={mode!r}: a local Ray listens on every network interface, so the run requires token "
+            "authentication; unset RAY_AUTH_MODE (the run then makes its own token) or set it to 'token'"
+        )
+    environ["RAY_AUTH_MODE"] = "token"
+    if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
+        environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if environ is os.environ:
+        _refresh_ray_auth()
+
+
+def _refresh_ray_auth() -> None:
+    """Ray reads the auth mode and token once, when it is imported; make this
+    process (the driver) see the settings just made, as Ray's own default-on
+    path does."""
+    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
+    from ray._raylet import Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def connect_ray(config: PPOConfig) -> bool:
+    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray. Returns True when this
+    process started Ray (and so must shut it down). Actors are named inside the run's
+    own namespace, so one cluster can host several runs."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus)
+    return True
