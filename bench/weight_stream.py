@@ -69,7 +69,7 @@ def main() -> None:
     import ray
 
     from roles.rollout.hf_engine import HFEngine
-    from roles.actors import init_ray
+    from workers.ray_session import init_ray
 
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     init_ray(num_cpus=2)
