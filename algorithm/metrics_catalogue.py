@@ -135,8 +135,11 @@ METRICS: tuple[Metric, ...] = (
     # weights and the park
     Metric("perf/weight_sync_bytes", "bytes of policy weights engine 0 loaded", "bytes", ACTOR_UPDATES,
            "roles/rollout_role.py"),
-    Metric("perf/weight_sync_load_seconds", "engine 0's time loading the new weights", "seconds", ACTOR_UPDATES,
+    Metric("perf/weight_sync_buckets", "buckets the new weights reached engine 0 in, each fetched and copied in "
+           "before the next (rl.rollout.weight_sync_bucket_mib, S-SCALE-3)", "count", ACTOR_UPDATES,
            "roles/rollout_role.py"),
+    Metric("perf/weight_sync_load_seconds", "engine 0's time fetching and loading the new weights, bucket by bucket",
+           "seconds", ACTOR_UPDATES, "roles/rollout_role.py"),
     Metric("perf/policy_park_seconds", "policy rank 0's time moving weights and optimizer state to the host "
            "(S-RUN-4)", "seconds", POLICY_PARKS, "roles/policy_role.py"),
     Metric("perf/policy_parked_bytes", "bytes policy rank 0 moved to the host when parking", "bytes",

@@ -306,6 +306,12 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(
         0.45, gt=0, le=1, description="vLLM: fraction of its GPU it may use (colocated with the trainer)."
     )
+    weight_sync_bucket_mib: float = Field(
+        256.0,
+        gt=0,
+        description="Largest bucket of full policy weights (MiB) gathered from the shards and sent to the engines "
+        "at once; a larger single tensor is a bucket of its own (S-SCALE-3).",
+    )
 
 
 class RLConfig(Section):
@@ -412,6 +418,12 @@ class GridConfig(Section):
         ge=1,
         description="Rollout engines (actors, each a shard of every batch) of a rollout group with no GPU; "
         "a GPU group has one per grid.rollout_tensor_parallel_size GPUs.",
+    )
+    cpu_reference_ranks: int = Field(
+        1,
+        ge=1,
+        description="Ranks (gloo) of the frozen reference when its group has no GPU, its model sharded over them "
+        "(FSDP2, S-SCALE-1); a GPU group has one rank per GPU.",
     )
     ray_address: str | None = Field(
         None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works)."

@@ -120,9 +120,10 @@ def ppo_iteration(
     trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
     trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
     trajectory, replay_summary, batch_id = run.call(roles.replay.add, trajectory, returns=3)
-    trajectory, reference_summary = run.call(roles.reference.score, trajectory, returns=2)
     # A sharded model's forward gathers its weights from every rank, so every rank
     # runs it on the same batch (S-SCALE-1); rank 0's result goes on.
+    references = [run.call(rank.score, trajectory, returns=2) for rank in roles.ranks("reference")]
+    trajectory, reference_summary = references[0]
     predictions = [run.call(rank.predict, trajectory, returns=2) for rank in critic_ranks]
     trajectory, critic_summary = predictions[0]
     # Rank 0 of the policy freezes the targets; every other trainer rank receives
@@ -151,7 +152,7 @@ def ppo_iteration(
     record: dict[str, Any] = {"iteration": iteration}
     record |= run.stage(stages.rollout, iteration, data_summary, rollout_summary)
     record |= run.stage(stages.reward, iteration, reward_summary, replay_summary)
-    record |= run.stage(stages.reference_score, iteration, reference_summary)
+    record |= run.stage(stages.reference_score, iteration, reference_summary, [s for _, s in references[1:]])
     record |= run.stage(stages.critic_predict, iteration, critic_summary, [s for _, s in predictions[1:]])
     agreed_batch, prepare_metrics = run.stage(
         stages.prepare_batch, iteration, prepare_summary, installs, experience,

@@ -49,7 +49,9 @@ def count_task_runs(client: Any, flow_runs: FlowRunFilter, finished_only: bool =
     body: dict[str, Any] = {"flow_runs": flow_runs.model_dump(mode="json", exclude_unset=True)}
     if finished_only:
         final = TaskRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CRASHED])
-        body["task_runs"] = TaskRunFilter(state=TaskRunFilterState(type=final)).model_dump(
+        # `name=None` spelled out: Prefect 3.7 (the vLLM environment, `make test-vllm`)
+        # declares the field without a default.
+        body["task_runs"] = TaskRunFilter(state=TaskRunFilterState(type=final, name=None)).model_dump(
             mode="json", exclude_unset=True
         )
     response = client.request("POST", "/task_runs/count", json=body)

@@ -25,8 +25,9 @@ trainer (policy, critic) gets one actor per rank, joined in one process group
 (trainer/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
 rollout gets one actor per engine, each generating a shard of every batch
 (`grid.cpu_rollout_engines` on the host); colocated, engine i shares bundle i with
-policy rank i. The reference runs one actor; its group still reserves every declared
-GPU, so a launch fails at start-up, not mid-run, when the cluster is too small.
+policy rank i. The frozen reference gets one rank per GPU of its group
+(`grid.cpu_reference_ranks` on the host), its model sharded over them like a
+trainer's, without gradients or optimizer state.
 """
 
 from __future__ import annotations
@@ -38,9 +39,13 @@ from configs.schema import PPOConfig
 TRAINER_ROLES = ("policy", "critic")
 """Roles that train, and so may run as several data-parallel ranks (S-FLOW-5)."""
 
-RANKED_ROLES = (*TRAINER_ROLES, "rollout")
-"""Roles that may run as several actors: the trainers' data-parallel ranks (one
-process group each) and the rollout's engines (independent, one shard each)."""
+SHARDED_ROLES = (*TRAINER_ROLES, "reference")
+"""Roles whose model is sharded with FSDP2 over their ranks, one process group each
+(S-SCALE-1): the two trainers and the frozen reference."""
+
+RANKED_ROLES = (*SHARDED_ROLES, "rollout")
+"""Roles that may run as several actors: the sharded roles' ranks (one process group
+each) and the rollout's engines (independent, one shard each)."""
 
 DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
 """Roles that hold a model on a device; the others (data, reward, replay) stay on the host."""
@@ -74,6 +79,7 @@ class PlacementPlan:
     colocated_offload: bool
     cpu_trainer_ranks: int = 1
     cpu_rollout_engines: int = 1
+    cpu_reference_ranks: int = 1
 
     @property
     def uses_gpus(self) -> bool:
@@ -123,13 +129,16 @@ class PlacementPlan:
     def ranks(self, role: str) -> int:
         """Data-parallel ranks a role's group provides: one per GPU (one engine per
         `grid.rollout_tensor_parallel_size` GPUs for the rollout); on the host, a trainer
-        takes `grid.cpu_trainer_ranks` and the rollout `grid.cpu_rollout_engines`."""
+        takes `grid.cpu_trainer_ranks`, the reference `grid.cpu_reference_ranks` and the
+        rollout `grid.cpu_rollout_engines`."""
         group = self.group_of(role)
         if group is None:
             return 1
         if group.gpus == 0:
             if role == "rollout":
                 return self.cpu_rollout_engines
+            if role == "reference":
+                return self.cpu_reference_ranks
             return self.cpu_trainer_ranks if role in TRAINER_ROLES else 1
         if role == "rollout":
             return max(1, group.gpus // self.rollout_tensor_parallel_size)
@@ -167,6 +176,7 @@ def plan_placement(config: PPOConfig) -> PlacementPlan:
         colocated_offload=config.rl.colocated_offload,
         cpu_trainer_ranks=grid.cpu_trainer_ranks,
         cpu_rollout_engines=grid.cpu_rollout_engines,
+        cpu_reference_ranks=grid.cpu_reference_ranks,
     )
 
 
@@ -191,6 +201,12 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
         problems.append(
             ("grid.cpu_trainer_ranks", f"is {grid.cpu_trainer_ranks} but both trainers have GPUs (one rank per GPU); "
              "it applies only to a trainer whose group has no GPU")
+        )
+    reference_group = plan.group_of("reference")
+    if grid.cpu_reference_ranks > 1 and reference_group is not None and reference_group.gpus:
+        problems.append(
+            ("grid.cpu_reference_ranks", f"is {grid.cpu_reference_ranks} but the reference has GPUs "
+             f"({reference_group.key}={reference_group.gpus}: one rank per GPU); it applies only on the host")
         )
     rollout_group = plan.group_of("rollout")
     assert rollout_group is not None  # both placements give the rollout a group

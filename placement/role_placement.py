@@ -42,9 +42,8 @@ class RolePlacement:
 
 
 def role_placements(plan: PlacementPlan) -> dict[str, tuple[RolePlacement, ...]]:
-    """Every rank of every device role (`DEVICE_ROLES`), rank 0 first. A ranked role
-    gets one placement per rank of its group; the reference runs one actor however
-    many GPUs its group reserves."""
+    """Every rank of every device role (`DEVICE_ROLES`), rank 0 first: one placement
+    per rank of the role's group (`RANKED_ROLES`, the frozen reference included)."""
     placements: dict[str, tuple[RolePlacement, ...]] = {}
     for role in DEVICE_ROLES:
         group = plan.group_of(role)

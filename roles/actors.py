@@ -13,7 +13,7 @@ from typing import Any
 import ray
 
 from configs.schema import PPOConfig
-from placement.plan import TRAINER_ROLES, plan_placement
+from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
 from roles.critic_role import CriticRole
@@ -122,7 +122,7 @@ def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -
         _kill_groups(groups)  # none of them may linger on a standing cluster
         raise
     for role, ranks in groups.items():
-        if role in TRAINER_ROLES and len(ranks) > 1:
+        if role in SHARDED_ROLES and len(ranks) > 1:
             address = ray.get(ranks[0].rendezvous_address.remote())
             ray.get([handle.join_data_parallel.remote(address, rank, len(ranks)) for rank, handle in enumerate(ranks)])
     return RoleHandles(
@@ -161,7 +161,7 @@ def _launch_actor(
     role: str, rank: int, ranks: int, cls: type, args: tuple[Any, ...], options: dict[str, Any], namespace: str
 ) -> Any:
     pool = active_pool()
-    joins_a_group = role in TRAINER_ROLES and ranks > 1
+    joins_a_group = role in SHARDED_ROLES and ranks > 1
     if pool is not None and pool.can_hold(options, joins_a_group):  # a driver that keeps processes (process_pool.py)
         return pool.launch(role, cls, args, options, serves=(namespace, actor_name(role, rank)))
     return (

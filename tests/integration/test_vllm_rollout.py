@@ -61,8 +61,14 @@ def test_engine_logprobs_match_the_trainer_and_weights_load(vllm_model_dir):
     assert torch.equal(again.response_ids, result.response_ids)
 
     # All-zero weights make every token equally likely: proof the new weights are in use.
+    # They arrive in three buckets, as weight_sync streams them (S-SCALE-3): one reload
+    # opened, fed and closed, so no layer is left with its old weights.
     zeros = {name: torch.zeros_like(tensor) for name, tensor in model.state_dict().items()}
-    received = engine.load_weights(zeros)
+    names = list(zeros)
+    third = -(-len(names) // 3)
+    received = engine.load_weights(
+        {name: zeros[name] for name in names[start:start + third]} for start in range(0, len(names), third)
+    )
     assert received == sum(t.numel() * t.element_size() for t in zeros.values())
     uniform = engine.generate(packed, max_new_tokens=2, temperature=1.0, seed=11)
     vocab = model.config.vocab_size
@@ -88,6 +94,7 @@ def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_
         "rl.max_steps=2",
         "rl.save_every=2",
         "rl.validation=null",
+        "rl.rollout.weight_sync_bucket_mib=0.05",  # many buckets into one reload (S-SCALE-3)
     ]
     summary = ppo(profile=TINY_PROFILE, overrides=overrides, run_name="vllm-two")
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -98,4 +105,4 @@ def test_two_ppo_iterations_with_the_vllm_engine(prefect_api, ray_cluster, vllm_
     # trainer's recomputed log-probs agree with vLLM's. Stale weights would not.
     for record in records:
         assert record["rollout/logprob_abs_diff"] < 1e-3, record["rollout/logprob_abs_diff"]
-    assert records[1]["perf/weight_sync_bytes"] > 0
+    assert records[1]["perf/weight_sync_bytes"] > 0 and records[1]["perf/weight_sync_buckets"] > 4

@@ -142,3 +142,56 @@ def resume_and_continue(rank: int, world: int, address: str, out: str, options: 
         update.load(boundary)
         write_result(Path(out), rank, update, train(update, (2,)), name)
     torch.distributed.destroy_process_group()
+
+
+def scored_trajectory(vocab_size: int):
+    """A fixed batch of 4 sequences (prompt 5, response 4), the last rows padded, the
+    same on every rank."""
+    from roles.trajectory import PromptBatch, Trajectory
+
+    generator = torch.Generator().manual_seed(2)
+    prompt_ids = torch.randint(0, vocab_size, (4, 5), generator=generator)
+    response_ids = torch.randint(0, vocab_size, (4, 4), generator=generator)
+    prompt_mask = torch.ones(4, 5, dtype=torch.long)
+    prompt_mask[3, :2] = 0  # left padding
+    response_mask = torch.ones(4, 4)
+    response_mask[2, 3:] = 0.0  # ended early
+    prompts = PromptBatch(
+        iteration=1, prompts=["p"] * 4, references=[None] * 4, metadata=[{}] * 4, row_ids=[0, 1, 2, 3]
+    )
+    return Trajectory(
+        iteration=1, policy_version=0, prompts=prompts, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        response_ids=response_ids, response_mask=response_mask, rollout_logprobs=torch.zeros(4, 4),
+        completions=[""] * 4,
+    )
+
+
+def score_reference(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
+    """The reference role body on `world` gloo ranks: join, shard, score the fixed
+    batch; rank 0 writes the log-probs, every rank how many weight elements it holds."""
+    from safetensors.torch import save_file
+
+    from configs.loading import load_config
+    from placement.plan import plan_placement
+    from placement.role_placement import role_placements
+    from roles.reference_role import ReferenceRole
+
+    torch.set_num_threads(1)
+    config = load_config(options["profile"], [f"model.path={options['model']}", f"grid.cpu_reference_ranks={world}"])
+    reference = ReferenceRole(config, role_placements(plan_placement(config))["reference"][rank])
+    if world > 1:
+        assert reference.join_data_parallel(address, rank, world)["ranks"] == world
+    scored, _ = reference.score(scored_trajectory(reference.model.config.vocab_size))
+    held = [int(local_part(p).numel()) for p in reference.model.parameters()]
+    grads = [p.requires_grad for p in reference.model.parameters()]
+    (Path(out) / f"held_{rank}.json").write_text(json.dumps({"held": sum(held), "requires_grad": any(grads)}))
+    if rank == 0:
+        save_file({"ref_logprobs": scored.ref_logprobs.contiguous()}, str(Path(out) / "scored.safetensors"))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    from trainer.sharding import local_part as part
+
+    return part(tensor)

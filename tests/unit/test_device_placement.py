@@ -40,13 +40,21 @@ def test_only_the_colocated_policy_and_engine_on_a_gpu_park(profile, overrides, 
     assert not any(p.parks for role in DEVICE_ROLES if role not in parking_roles for p in placements[role])
 
 
-def test_every_rank_gets_its_own_placement_and_the_reference_runs_once():
+def test_every_rank_gets_its_own_placement_and_the_reference_one_per_gpu_or_host_rank():
     config = load_config(TINY_PROFILE, ["grid.cpu_trainer_ranks=2", "grid.cpu_rollout_engines=2"])
     placements = role_placements(plan_placement(config))
     assert [(p.rank, p.ranks) for p in placements["policy"]] == [(0, 2), (1, 2)]
     assert [(p.rank, p.ranks) for p in placements["rollout"]] == [(0, 2), (1, 2)]
+    assert [(p.rank, p.ranks) for p in placements["reference"]] == [(0, 1)]  # cpu_trainer_ranks is the trainers'
     public = role_placements(plan_placement(load_config(PUBLIC_PROFILE)))
-    assert len(public["policy"]) == 2 and len(public["reference"]) == 1  # one actor, however many GPUs reserved
+    assert len(public["policy"]) == 2 and len(public["reference"]) == 1  # grid.reference_gpus=1
+    # S-SCALE-1: the frozen reference shards too, one rank per GPU or per grid.cpu_reference_ranks.
+    two_gpus = role_placements(plan_placement(load_config(PUBLIC_PROFILE, ["grid.reference_gpus=2",
+                                                                          "grid.gpus_per_node=5"])))
+    assert [(p.rank, p.ranks, p.device) for p in two_gpus["reference"]] == [(0, 2, "cuda"), (1, 2, "cuda")]
+    host = role_placements(plan_placement(load_config(TINY_PROFILE, ["grid.cpu_reference_ranks=2"])))
+    assert [(p.rank, p.ranks) for p in host["reference"]] == [(0, 2), (1, 2)]
+    assert len(host["policy"]) == len(host["critic"]) == 1
 
 
 def test_roles_without_gpus_in_their_group_stay_on_the_host():

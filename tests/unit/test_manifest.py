@@ -365,6 +365,11 @@ def test_the_manifest_prints_each_roles_mesh(tmp_path):
     assert "mesh: policy: 2 ranks on cpu (gloo), FSDP2 shard 2" in out
     assert "mesh: critic: 2 ranks on cpu (gloo), FSDP2 shard 2" in out and "x 1 replica" in out
     assert "mesh: reference: 1 rank on cpu, unsharded" in out
+    code, out, err = run_validate(TINY_PROFILE, [f"job.output_root={tmp_path}", "grid.cpu_reference_ranks=2"])
+    assert code == 0, err
+    # S-SCALE-1: the frozen reference shards its weights alone.
+    assert "mesh: reference: 2 ranks on cpu (gloo), FSDP2 shard 2 (each rank holds 1/2 of weights (frozen))" in out
+    assert "mesh: policy: 1 rank on cpu, unsharded" in out
 
 
 def test_a_trainer_mesh_that_does_not_fit_whole_nodes_is_refused(public_overrides):

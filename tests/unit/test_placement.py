@@ -137,6 +137,8 @@ def test_the_public_profile_runs_one_engine_per_policy_gpu_beside_its_rank():
             "not divisible by the 3 rollout engines",
         ),
         (PUBLIC_PROFILE, ["grid.cpu_rollout_engines=2"], "it applies only on the host"),
+        # The public profile's reference has a GPU: host reference ranks would be ignored.
+        (PUBLIC_PROFILE, ["grid.cpu_reference_ranks=2"], "the reference has GPUs (grid.reference_gpus=1"),
     ],
 )
 def test_rank_layouts_that_cannot_work_are_refused(profile, overrides, message):

@@ -1,0 +1,119 @@
+"""One policy version's weights as a stream of bounded buckets (S-SCALE-3, S-FLOW-6).
+
+The policy's ranks gather the full weights from their shards one bucket at a time
+(`trainer.sharding.full_weight_buckets`). Inside a Ray actor, rank 0 puts each bucket
+into the object store as soon as it is gathered and drops it, so it never holds more
+than its shard and one bucket; what it returns is a `WeightPublication`, a small
+manifest of bucket references and the names each bucket carries. Every rollout engine
+fetches the buckets one after the other and copies each into its model before taking
+the next. In process (tests, the in-process runner) the buckets are the dicts
+themselves and nothing is copied.
+
+The manifest lets a receiver refuse a publication before touching its model: a
+weight it would never get, one it would get twice, or one it does not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+
+class WeightPublicationError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class WeightPublication:
+    names: tuple[tuple[str, ...], ...] = ()  # the weight names of each bucket, in gathering order
+    sizes: tuple[int, ...] = ()  # bytes of each bucket
+    stored: tuple[Any, ...] = ()  # each bucket: an ObjectRef (from a Ray actor) or the {name: tensor} dict
+
+    @property
+    def buckets(self) -> int:
+        return len(self.names)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+    def check_covers(self, expected: Sequence[str] | None, receiver: str) -> None:
+        """Refuse a publication in which a weight arrives twice, or (given the names the
+        receiver's model holds) one of them never arrives or one arrives it has no
+        place for; the message names the weight."""
+        bucket_of: dict[str, int] = {}
+        for index, names in enumerate(self.names):
+            for name in names:
+                if name in bucket_of:
+                    raise WeightPublicationError(
+                        f"{receiver} refuses the published weights: {name!r} arrives twice (buckets "
+                        f"{bucket_of[name]} and {index} of {self.buckets}); every weight must arrive exactly once"
+                    )
+                bucket_of[name] = index
+        if expected is None:
+            return
+        missing = [name for name in expected if name not in bucket_of]
+        wanted = set(expected)
+        unknown = [name for name in bucket_of if name not in wanted]
+        if missing or unknown:
+            problems = []
+            if missing:
+                problems.append(f"{len(missing)} weight(s) never arrive, first {missing[0]!r}")
+            if unknown:
+                problems.append(f"{len(unknown)} weight(s) its model does not have, first {unknown[0]!r}")
+            raise WeightPublicationError(
+                f"{receiver} refuses the published weights ({self.buckets} buckets): {'; '.join(problems)}"
+            )
+
+    def fetch(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Each bucket in turn, fetched only when the one before has been handed on;
+        a bucket that does not hold the names the manifest gives it is refused."""
+        for index, (names, stored) in enumerate(zip(self.names, self.stored)):
+            bucket = stored if isinstance(stored, dict) else _object_store_get(stored)
+            if set(bucket) != set(names):
+                absent, extra = sorted(set(names) - set(bucket)), sorted(set(bucket) - set(names))
+                raise WeightPublicationError(
+                    f"published bucket {index} of {self.buckets} does not hold what its manifest names: "
+                    f"missing {absent[:3]}, not named {extra[:3]}"
+                )
+            yield bucket
+            del bucket  # held by the consumer alone from here: one bucket at a time
+
+
+def publish(buckets: Iterable[dict[str, torch.Tensor]]) -> WeightPublication:
+    """The manifest of gathered buckets (empty buckets, those of ranks that keep
+    nothing, are left out), each stored as soon as it is gathered."""
+    store = _bucket_store()
+    names, sizes, stored = [], [], []
+    for bucket in buckets:
+        if not bucket:
+            continue
+        names.append(tuple(bucket))
+        sizes.append(sum(t.numel() * t.element_size() for t in bucket.values()))
+        stored.append(store(bucket))
+        del bucket
+    return WeightPublication(tuple(names), tuple(sizes), tuple(stored))
+
+
+def _bucket_store() -> Callable[[dict[str, torch.Tensor]], Any]:
+    """`ray.put` inside a Ray actor (the role's process then drops the bucket), the
+    bucket itself anywhere else (a driver or a test holding role objects)."""
+    try:
+        import ray
+    except ImportError:
+        return _keep
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        return ray.put
+    return _keep
+
+
+def _keep(bucket: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return bucket
+
+
+def _object_store_get(reference: Any) -> dict[str, torch.Tensor]:
+    import ray
+
+    return ray.get(reference)
