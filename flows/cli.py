@@ -78,7 +78,7 @@ def run_flow(args, overrides: list[str], resolved) -> int:
     import the flow; the flow adopts the actors launched for its very config
     (`resolved`, the config the flow resolves from the same profile and overrides).
     Everything this process started is stopped before the caller prints its last line."""
-    from flows.temporary_api import start_temporary_api
+    from flows.temporary_api import TemporaryApiFailed, start_temporary_api
     from workers.ray_session import connect_ray, shutdown_ray
 
     api = start_temporary_api()
@@ -101,7 +101,7 @@ def run_flow(args, overrides: list[str], resolved) -> int:
         from placement.ray_lowering import PlacementError
 
         try:
-            with _prefect_api(api, resolved):
+            with _prefect_api(api):
                 summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
                               resume_from=args.resume_from)
         except ConfigError as error:
@@ -109,6 +109,9 @@ def run_flow(args, overrides: list[str], resolved) -> int:
         except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
             # Refusals about the run's own state or the cluster's: the message is the whole story.
             return refuse([str(error)])
+        except TemporaryApiFailed as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            return EXIT_FAILED
         except StageFailed as error:
             # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
             print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr,
@@ -150,7 +153,7 @@ def _import_quietly(module: str) -> None:
 
 
 @contextlib.contextmanager
-def _prefect_api(api, config) -> Iterator[None]:
+def _prefect_api(api) -> Iterator[None]:
     """The flow's Prefect client pointed at the temporary API, once it answers."""
     if api is None:
         yield

@@ -28,6 +28,10 @@ from dataclasses import dataclass
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code when the port is taken: pick another
 
 
+class TemporaryApiFailed(RuntimeError):
+    """The temporary API exited while starting or did not answer in time."""
+
+
 @dataclass
 class TemporaryApi:
     process: subprocess.Popen
@@ -41,7 +45,7 @@ class TemporaryApi:
 
     def wait_until_up(self, timeout_s: float) -> None:
         """Block until `/api/health` answers 200; a server that exits or does not answer
-        in time is a RuntimeError naming what it said."""
+        in time is a TemporaryApiFailed naming which."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() == PORT_IN_USE_EXIT:
@@ -49,7 +53,7 @@ class TemporaryApi:
                 self.process = _launch(self.command, self.port, self.env)
                 continue
             if self.process.poll() is not None:
-                raise RuntimeError(
+                raise TemporaryApiFailed(
                     f"the temporary Prefect API exited with code {self.process.returncode} while starting"
                 )
             try:
@@ -59,7 +63,7 @@ class TemporaryApi:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.05)
-        raise RuntimeError(
+        raise TemporaryApiFailed(
             f"the temporary Prefect API on 127.0.0.1:{self.port} did not answer within {timeout_s:g} s "
             "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
         )

@@ -1,0 +1,60 @@
+"""The command line's temporary Prefect API (flows/temporary_api.py, issue 19): none
+when a standing server is configured, a failed start named, and never left behind by
+a command that was killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from flows.temporary_api import TemporaryApi, TemporaryApiFailed, start_temporary_api
+from tests.conftest import REPO_ROOT
+
+
+def test_a_standing_server_means_no_temporary_api(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        assert start_temporary_api() is None
+
+
+def test_a_server_that_exits_while_starting_is_named():
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
+    api = TemporaryApi(process, port=9, command=[], env={})
+    with pytest.raises(TemporaryApiFailed, match="exited with code 7"):
+        api.wait_until_up(timeout_s=30)
+
+
+KILLED_PARENT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    from flows.temporary_api import _launch
+    child = _launch([sys.executable, "-c", "import time; time.sleep(120)"], 9, {})
+    print(child.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_the_server_ends_when_the_command_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, str(REPO_ROOT)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the temporary API outlived the command that started it")
