@@ -10,8 +10,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.fork_client import SOCKET_ENV
-
 CLIENT = Path(__file__).resolve().parent / "fork_client.py"
 ENABLE_ENV = "PPO_FORK_WORKERS"  # "0": every worker imports everything itself, as Ray starts it
 
@@ -32,9 +30,6 @@ class ForkServer:
     directory: str
     socket_path: str
     watch_fd: int  # this process's end of the pipe the server watches: closing it stops the server
-
-    def worker_env(self) -> dict[str, str]:
-        return {SOCKET_ENV: self.socket_path}
 
     def stop(self, timeout_s: float = 10.0) -> None:
         try:

@@ -75,11 +75,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             os.environ.setdefault(key, value)
         if fork_workers_enabled() and _fork_server is None:
             _fork_server = start_fork_server({**os.environ, **env_vars})
-        if _fork_server is not None:
-            env_vars.update(_fork_server.worker_env())
-            runtime_env["py_executable"] = py_executable()
-    elif fork_workers_enabled() and shared_fork_server(address) is not None:
-        env_vars[SOCKET_ENV] = shared_fork_server(address)
+    socket_path = _fork_socket(address)
+    if socket_path is not None:
+        env_vars[SOCKET_ENV] = socket_path
         runtime_env["py_executable"] = py_executable()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
@@ -102,6 +100,16 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         # Inherited by the processes this one starts (see shared_fork_server).
         os.environ[SOCKET_ENV] = _fork_server.socket_path
         os.environ[SERVED_RAY_ENV] = ray.get_runtime_context().gcs_address
+
+
+def _fork_socket(address: str | None) -> str | None:
+    """The fork server this driver's workers come from: the one it started for its own
+    local Ray, or the one handed down with the Ray at `address`; None for plain workers."""
+    if not fork_workers_enabled():
+        return None
+    if not address:
+        return _fork_server.socket_path if _fork_server is not None else None
+    return shared_fork_server(address)
 
 
 def shared_fork_server(address: str) -> str | None:
