@@ -25,6 +25,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from workers.parent_death import parent_death_signal_setter
+
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code when the port is taken: pick another
 
 
@@ -106,26 +108,12 @@ def start_temporary_api() -> TemporaryApi | None:
 
 
 def _launch(command: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL, preexec_fn=_end_with_parent()
-    )
-
-
-def _end_with_parent():
     """On Linux the server gets SIGTERM when this process dies, even by SIGKILL (Prefect's
     own temporary server outlives a killed flow process); elsewhere it is stopped on exit."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    set_parent_death_signal = 1  # PR_SET_PDEATHSIG
-
-    def in_child() -> None:
-        prctl(set_parent_death_signal, signal.SIGTERM)
-
-    return in_child
+    return subprocess.Popen(
+        [*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL,
+        preexec_fn=parent_death_signal_setter(signal.SIGTERM),
+    )
 
 
 def free_loopback_port() -> int:

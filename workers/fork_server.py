@@ -32,6 +32,8 @@ import socket
 import struct
 import sys
 
+from workers.parent_death import parent_death_signal_setter
+
 # Modules every role process imports, or imports on its first model load or call;
 # a module that is missing is skipped, not fatal. Not Ray: a worker forked from a
 # process that had imported Ray fails its start (its core worker finds no job id).
@@ -57,6 +59,7 @@ PRELOAD = (
     "roles.rollout.hf_engine",
 )
 HEADER = struct.Struct("!I")
+_die_with_server = parent_death_signal_setter(signal.SIGKILL)
 MAX_FDS = 3
 REQUEST_TIMEOUT_S = 10.0
 
@@ -134,7 +137,8 @@ def _fork_worker(connection: socket.socket, servers: list[socket.socket], inheri
         # ends a worker by signalling its group, which would otherwise be the server's,
         # and so every forked worker and the server itself.
         os.setpgid(0, 0)
-        _die_with_parent()  # a crashed server leaves no workers Ray cannot account for
+        if _die_with_server is not None:  # a crashed server leaves no workers Ray cannot account for
+            _die_with_server()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for server_socket in (*servers, connection):  # the server's, not the worker's
@@ -149,15 +153,6 @@ def _fork_worker(connection: socket.socket, servers: list[socket.socket], inheri
         print(f"fork server: worker failed to start: {error!r}", file=sys.stderr, flush=True)
         os._exit(1)
     os._exit(0)
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        pass
 
 
 def _become(request: dict) -> None:
