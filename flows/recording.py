@@ -32,6 +32,11 @@ from prefect.client.schemas.objects import StateType
 from prefect.logging import get_logger
 
 RECORDING_TIMEOUT_S = 300.0
+# The server's recorder writes queued task runs at least once a second (flows/environment.py),
+# so the wait is about a second at most. A short, even recheck ends it within 0.1 s of
+# the write (a doubling delay overshot by up to 0.8 s, on every block and at every run's
+# end); a count costs the server a few milliseconds.
+RECHECK_S = 0.1
 
 
 def run_flow_runs(flow_run_id: UUID) -> FlowRunFilter:
@@ -65,7 +70,6 @@ def wait_until_recorded(flow_run_id: UUID, expected: int, timeout_s: float = REC
     the history is a view, and training never waits on it for ever."""
     started = time.monotonic()
     flow_runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-    delay = 0.05
     with get_client(sync_client=True) as client:
         while True:
             recorded = count_task_runs(client, flow_runs, finished_only=True)
@@ -78,5 +82,4 @@ def wait_until_recorded(flow_run_id: UUID, expected: int, timeout_s: float = REC
                     f"within {timeout_s:g} s; going on without waiting longer"
                 )
                 return waited
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            time.sleep(RECHECK_S)

@@ -1,7 +1,11 @@
-"""The command Ray runs for each worker of a local run (its `py_executable`): asks the
-fork server (workers/fork_server.py) for a worker already holding torch and
-transformers, then lives until that worker ends and ends the same way, passing on the
-signals it gets. Without a reachable server it becomes an ordinary Python worker.
+"""The command Ray runs for each worker of a local run: asks the fork server
+(workers/fork_server.py) for a worker already holding torch and transformers, then
+lives until that worker ends and ends the same way, passing on the signals it gets.
+Without a reachable server it becomes an ordinary Python worker.
+
+A local Ray runs it in place of `python` for everything it starts in Python (see
+workers/fork_launch.py `write_launcher`), so a command that is not a worker's becomes
+plain Python at once, unchanged.
 
 Imports only the standard library: this process starts once per actor.
 """
@@ -16,9 +20,19 @@ import struct
 import sys
 
 SOCKET_ENV = "PPO_FORK_SERVER_SOCKET"
+WORKER_SCRIPT = "default_worker.py"  # Ray's worker entry point: the one command that is forked
+
+
+def is_worker_command(argv: list[str]) -> bool:
+    """Ray's worker command (its script, after any interpreter flags), not a daemon's
+    or the runtime-environment shim's (`setup_worker.py`)."""
+    script = next((arg for arg in argv if not arg.startswith("-")), "")
+    return os.path.basename(script) == WORKER_SCRIPT
 
 
 def main(argv: list[str]) -> None:
+    if not is_worker_command(argv):
+        os.execv(sys.executable, [sys.executable, *argv])
     path = os.environ.get(SOCKET_ENV)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

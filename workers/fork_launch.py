@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,20 @@ def py_executable() -> str:
     return f"{sys.executable} -S {CLIENT}"
 
 
+def write_launcher(directory: str) -> str:
+    """An executable that stands in for `python` in the commands a local Ray starts
+    (workers/ray_session.py): the worker command becomes a fork, every other command
+    plain Python. Ray runs a worker straight from its worker command only when the job
+    has no runtime environment; with one (the runtime-env `py_executable` route) each
+    worker first goes through Ray's `setup_worker.py`, an interpreter that imports Ray
+    (about 0.5 CPU-s per actor, docs/performance.md section 4)."""
+    path = os.path.join(directory, "python")
+    with open(path, "w") as launcher:
+        launcher.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(CLIENT))} \"$@\"\n")
+    os.chmod(path, 0o700)
+    return path
+
+
 def fork_workers_enabled() -> bool:
     return os.environ.get(ENABLE_ENV, "1") != "0"
 
@@ -30,6 +45,7 @@ class ForkServer:
     directory: str
     socket_path: str
     watch_fd: int  # this process's end of the pipe the server watches: closing it stops the server
+    launcher: str  # what the raylet runs for `python` (write_launcher)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         try:
@@ -54,6 +70,7 @@ def start_fork_server(env: dict[str, str]) -> ForkServer:
     the server in order, not the workers directly."""
     directory = tempfile.mkdtemp(prefix="ppo-fork-")  # mode 0700
     socket_path = os.path.join(directory, "server.sock")
+    launcher = write_launcher(directory)
     watch_read, watch_write = os.pipe()
     try:
         process = subprocess.Popen(
@@ -70,4 +87,4 @@ def start_fork_server(env: dict[str, str]) -> ForkServer:
         raise
     finally:
         os.close(watch_read)
-    return ForkServer(process, directory, socket_path, watch_write)
+    return ForkServer(process, directory, socket_path, watch_write, launcher)
