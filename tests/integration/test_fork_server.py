@@ -47,6 +47,8 @@ def _probe_class():
                 "token_set": bool(os.environ.get("RAY_AUTH_TOKEN")),
                 "socket_env": os.environ.get("PPO_FORK_SERVER_SOCKET"),
                 "transformers_preloaded": "transformers.modeling_utils" in sys.modules,
+                "runtime_env": ray.get_runtime_context().runtime_env,
+                "pythonpath": os.environ.get("PYTHONPATH", ""),
             }
 
     return Probe
@@ -67,6 +69,10 @@ def test_a_local_runs_actors_are_forked_workers_with_the_raylets_environment(ray
     assert facts["threads"] == "1" and facts["token_set"]
     assert facts["socket_env"] == server.socket_path
     assert facts["transformers_preloaded"]  # imported once in the server, not in the actor
+    # The run's settings came from the raylet's environment, not a runtime environment:
+    # with one, Ray starts every worker through its setup_worker.py shim first.
+    assert facts["runtime_env"] == {}
+    assert str(REPO_ROOT) in facts["pythonpath"].split(os.pathsep)
     # Only this user may ask the server for a process.
     assert stat.S_IMODE(os.stat(server.directory).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(server.socket_path).st_mode) == 0o600
@@ -151,13 +157,27 @@ def test_without_a_reachable_server_a_worker_starts_as_ray_starts_it(tmp_path):
     """The client falls back to an ordinary `python default_worker.py ...` start: a
     stopped or crashed server costs start-up time, never a run."""
     marker = tmp_path / "argv.txt"
-    script = tmp_path / "fake_worker.py"
+    script = tmp_path / "default_worker.py"  # the name of Ray's worker script: a command the client forks
     script.write_text(f"import sys; open({str(marker)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
     client = REPO_ROOT / "workers" / "fork_client.py"
     env = {**os.environ, "PPO_FORK_SERVER_SOCKET": str(tmp_path / "no-such.sock")}
     done = subprocess.run([sys.executable, "-S", str(client), str(script), "--flag=1"], env=env, timeout=60)
     assert done.returncode == 0
     assert marker.read_text() == "--flag=1"
+
+
+def test_the_launcher_runs_any_command_but_a_workers_as_plain_python(ray_cluster):
+    """A local Ray starts all its Python daemons with the launcher it uses for workers
+    (workers/fork_launch.py): those must run unchanged, with site-packages, in the very
+    process the raylet started, not as a fork."""
+    server = _fork_server()
+    process = subprocess.Popen(
+        [server.launcher, "-u", "-c", "import os, sys; print(os.getpid(), sys.flags.no_site, sys.argv[1:])", "x"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PPO_FORK_SERVER_SOCKET": server.socket_path},
+    )
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert out.split(maxsplit=2) == [str(process.pid), "0", "['x']\n"]
 
 
 def _alive(pid: int) -> bool:
