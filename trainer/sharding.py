@@ -9,16 +9,27 @@ rank 0's initial weights, and the loss diagnostics summed over the ranks.
 
 One rank is not sharded: a mesh of one would add DTensor wrappers and no saving, and
 the unsharded path is what the bitwise resume tests pin (S-CKPT-8).
+
+FSDP and DTensor are imported when a model is sharded, not with this module: they
+bring in sympy (together about 0.7 CPU-s), and the driver imports this module with
+the role classes it launches but never shards anything. Until they are imported,
+nothing can be an FSDP module or a DTensor, which is how the checks below answer
+without importing them. Role processes have them preloaded (workers/fork_server.py).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import sys
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+FSDP_MODULE = "torch.distributed.fsdp"
+DTENSOR_MODULE = "torch.distributed.tensor"
 
 PUBLISH_BUCKET_BYTES = 256 * 2**20
 """Largest group of gathered full parameters a rank holds on its device at once while
@@ -26,9 +37,21 @@ gathering (S-SCALE-3): one bucket is unsharded, copied to the host, dropped. Wei
 publication takes its bound from `rl.rollout.weight_sync_bucket_mib` (the same default)."""
 
 
+def _is_fsdp_module(value: Any) -> bool:
+    fsdp = sys.modules.get(FSDP_MODULE)
+    return fsdp is not None and isinstance(value, fsdp.FSDPModule)
+
+
+def _is_dtensor(value: Any) -> bool:
+    tensor = sys.modules.get(DTENSOR_MODULE)
+    return tensor is not None and isinstance(value, tensor.DTensor)
+
+
 def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
     """bf16 compute with fp32 gradient reduction on GPUs; on the host everything stays
     in the parameters' own dtype, so a CPU run computes what one rank computes."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     if device.type == "cuda":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
@@ -44,6 +67,8 @@ def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 def build_mesh(world: int, device: torch.device, shard: int | None = None) -> DeviceMesh:
     """One shard dimension over every rank, or (replicas, shard) for a role that
     spans nodes (HSDP: sharded within a node, replicated across; placement/mesh.py)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     shard = world if shard is None else shard
     if shard == world:
         return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
@@ -53,6 +78,8 @@ def build_mesh(world: int, device: torch.device, shard: int | None = None) -> De
 def shard_model(model: torch.nn.Module, world: int, device: torch.device, shard: int | None = None) -> DeviceMesh:
     """Shard `model` in place over the role's mesh (the default process group must
     exist). Parameters become DTensors, so an optimizer must be built after this."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
     mesh = build_mesh(world, device, shard)
     policy = mixed_precision(device)
     for block in block_modules(model):
@@ -69,13 +96,13 @@ def shard_model(model: torch.nn.Module, world: int, device: torch.device, shard:
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    return _is_fsdp_module(model)
 
 
 def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
     """Reduce-scatter after this backward (the last micro-batch of a minibatch), or
     only accumulate locally (the others): one reduction per optimizer step."""
-    if isinstance(model, FSDPModule):
+    if _is_fsdp_module(model):
         model.set_requires_gradient_sync(sync)
 
 
@@ -84,7 +111,7 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
     (a DTensor reduced to a full tensor), then every shard scaled by the same factor."""
     grads = [p.grad for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if isinstance(total, DTensor):
+    if _is_dtensor(total):
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
     return total
@@ -92,7 +119,7 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
 
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor, or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 def full_weight_buckets(
@@ -105,7 +132,7 @@ def full_weight_buckets(
     bucket: dict[str, torch.Tensor] = {}
     filled = 0
     for name, tensor in model.state_dict().items():
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        full = tensor.full_tensor() if _is_dtensor(tensor) else tensor
         size = full.numel() * full.element_size()
         if filled and filled + size > bucket_bytes:
             yield bucket

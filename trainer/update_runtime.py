@@ -19,7 +19,6 @@ import torch
 
 from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
-from checkpoint.sharded_role import is_sharded_layout, load_sharded_role, save_sharded_role
 from configs.schema import OptimizerConfig
 from roles.trajectory import PPOTargets
 from trainer.data_parallel import SINGLE, DataParallel, join_group
@@ -234,6 +233,8 @@ class UpdateRuntime:
             **extra_state,
         }
         if is_sharded(self.model):
+            from checkpoint.sharded_role import save_sharded_role  # see load()
+
             return save_sharded_role(
                 directory, role=self.role, rank=self.data_parallel.rank, model=self.model,
                 optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=trainer_state,
@@ -256,7 +257,14 @@ class UpdateRuntime:
 
     def load(self, directory: str) -> dict[str, Any]:
         """Either layout at any rank count: a sharded boundary (DCP) reshards to this
-        role's ranks, a one-rank boundary is sliced into them (S-SCALE-2)."""
+        role's ranks, a one-rank boundary is sliced into them (S-SCALE-2).
+
+        The sharded layout's module is imported here, not with this one: it brings in
+        torch.distributed.tensor and sympy (0.7 CPU-s), which the driver, importing the
+        role classes to launch their actors, never uses. Role processes have it
+        preloaded (workers/fork_server.py)."""
+        from checkpoint.sharded_role import is_sharded_layout, load_sharded_role
+
         load = load_sharded_role if is_sharded_layout(directory) else load_trainable_role
         state = load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.optimizer_step = int(state["optimizer_step"])

@@ -57,6 +57,17 @@ PRELOAD = (
     "roles.policy_role",
     "roles.rollout_role",
     "roles.rollout.hf_engine",
+    # Imported when a role first shards, saves or loads (trainer/sharding.py,
+    # trainer/update_runtime.py), not with the role bodies.
+    "torch.distributed.fsdp",
+    "checkpoint.sharded_role",
+    # What `import ray` brings from other packages, in every worker (about 0.1 CPU-s).
+    "google.protobuf",
+    "requests",
+    "urllib3",
+    "attr",
+    "jsonschema",
+    "msgpack",
 )
 HEADER = struct.Struct("!I")
 _die_with_server = parent_death_signal_setter(signal.SIGKILL)
