@@ -19,7 +19,9 @@ block subflows (tasks/run_artifacts.py), and the run's are keyed by the run name
 
 History is best effort: an API hiccup while writing an artifact is logged as a
 warning and never fails training. Metrics.jsonl and the committed boundaries on
-disk are the record; these artifacts are the view.
+disk are the record; these artifacts are the view. So the writes of each iteration
+go out from a background thread (tasks/artifact_writes.py) while the next iteration
+runs, and `finish`/`fail` wait for them before the summary.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from prefect.logging import get_logger
 
 from flows.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
 from flows.run_outputs import RunPaths, read_metrics
+from tasks.artifact_writes import artifact_writes
 from tasks.run_artifacts import current_flow_run_id, run_flow_run_id
 from tasks.stage_names import TIMED_STAGES
 
@@ -278,8 +281,9 @@ class RunHistory:
         self._publish_progress()
 
     def finish(self, summary: Mapping[str, Any]) -> str | None:
-        """Draw the curve into the run directory and publish the summary. Returns the
-        curve's path (None when the run has no iterations)."""
+        """Draw the curve into the run directory and publish the summary, once every
+        iteration's writes are sent. Returns the curve's path (None when the run has
+        no iterations)."""
         paths = RunPaths(str(summary["run_dir"]))
         records = read_metrics(paths.metrics)
         curve_path = _best_effort(
@@ -288,6 +292,7 @@ class RunHistory:
         )
         curve_png = _best_effort("read the reward curve back", lambda: _read_bytes(curve_path)) if curve_path else None
         markdown = summary_markdown(summary, records, curve_path, curve_png, self.max_steps)
+        artifact_writes().flush()
         self._create("publish the run summary", MarkdownArtifact(
             markdown=markdown, key=self.summary_key, description=f"PPO run {self.run_name}: summary"
         ))
@@ -295,6 +300,7 @@ class RunHistory:
 
     def fail(self, error: BaseException) -> None:
         last = self.rows[-1]["iteration"] if self.rows else None
+        artifact_writes().flush()
         self._create("publish the failure note", MarkdownArtifact(
             markdown=failure_markdown(self.run_name, last, error),
             key=self.summary_key,
@@ -317,19 +323,26 @@ class RunHistory:
         _best_effort(what, _send)
 
     def _publish_table(self) -> None:
+        """The table as it is now, sent in the background: a newer one not yet sent
+        replaces it (each carries the whole window)."""
         table = table_rows(self.rows)
         first, last = table[0]["iteration"], table[-1]["iteration"]
         description = (
             f"PPO run {self.run_name}: one row per outer iteration, iterations {first}-{last} "
             f"(the newest {TABLE_WINDOW}; every iteration's row is in its block's table and in metrics.jsonl)"
         )
-        if self.table_id is None:
-            self.table_id = self._create(
-                "create the iteration table", TableArtifact(table=table, key=self.table_key, description=description)
-            )
-        else:
-            self._update("update the iteration table", self.table_id,
-                         ArtifactUpdate(data=json.dumps(table), description=description))
+
+        def write() -> None:
+            if self.table_id is None:
+                self.table_id = self._create(
+                    "create the iteration table",
+                    TableArtifact(table=table, key=self.table_key, description=description),
+                )
+            else:
+                self._update("update the iteration table", self.table_id,
+                             ArtifactUpdate(data=json.dumps(table), description=description))
+
+        artifact_writes().submit(write, key=(self.table_key, "table"))
 
     def _publish_block_row(self, row: dict[str, Any]) -> None:
         """The block subflow this iteration ran in gets a table of its own iterations
@@ -339,34 +352,43 @@ class RunHistory:
             return
         if self.block is None or self.block.flow_run_id != here:
             self.block = BlockTable(flow_run_id=here)
-        self.block.rows.append(row)
-        table = table_rows(self.block.rows)
+        block = self.block
+        block.rows.append(row)
+        table = table_rows(block.rows)
         description = (
             f"PPO run {self.run_name}: iterations {table[0]['iteration']}-{table[-1]['iteration']} of this block"
         )
-        if self.block.table_id is None:
-            self.block.table_id = self._create(
-                "create the block's iteration table", TableArtifact(table=table, description=description),
-                on_this_run=False,
-            )
-        else:
-            self._update("update the block's iteration table", self.block.table_id,
-                         ArtifactUpdate(data=json.dumps(table), description=description))
+
+        def write() -> None:
+            if block.table_id is None:
+                block.table_id = self._create(
+                    "create the block's iteration table", TableArtifact(table=table, description=description),
+                    on_this_run=False,
+                )
+            else:
+                self._update("update the block's iteration table", block.table_id,
+                             ArtifactUpdate(data=json.dumps(table), description=description))
+
+        artifact_writes().submit(write, key=(self.table_key, "block", here))
 
     def _publish_progress(self) -> None:
         done = self.rows[-1]["iteration"] if self.rows else 0
         percent = 100.0 * min(done, self.max_steps) / max(self.max_steps, 1)
         description = f"PPO run {self.run_name}: iteration {done} of {self.max_steps}"
-        if self.progress_id is None:
-            self.progress_id = self._create(
-                "create the progress artifact",
-                ProgressArtifact(progress=percent, key=self.progress_key, description=description),
+
+        def write() -> None:
+            if self.progress_id is None:
+                self.progress_id = self._create(
+                    "create the progress artifact",
+                    ProgressArtifact(progress=percent, key=self.progress_key, description=description),
+                )
+                return
+            _best_effort(
+                "update the progress artifact",
+                lambda: update_progress_artifact(self.progress_id, percent, description=description),
             )
-            return
-        _best_effort(
-            "update the progress artifact",
-            lambda: update_progress_artifact(self.progress_id, percent, description=description),
-        )
+
+        artifact_writes().submit(write, key=(self.progress_key, "progress"))
 
 
 @dataclass

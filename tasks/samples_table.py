@@ -5,7 +5,9 @@ Nobody trusts a reward curve without reading completions: the iteration's
 (prompt, completion, reward, advantage), and the run's `ppo-<run>-samples` key
 always points at the newest. Each table is a few short rows, so its cost per
 iteration stays flat. The whole batch is in the experience file the table names.
-Best effort, as the run's other history (flows/history.py): never fails training.
+Best effort, as the run's other history (flows/history.py): never fails training,
+and sent from the background (tasks/artifact_writes.py), so the task does not wait
+for the API to store it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from prefect.artifacts import TableArtifact
 from prefect.context import TaskRunContext
 
 from roles.replay_role import ExperienceReceipt
+from tasks.artifact_writes import artifact_writes
 from tasks.run_artifacts import run_flow_run_id
 
 SHOWN = ("row_id", "prompt", "completion", "reference", "reward", "advantage", "return", "policy_version")
@@ -43,11 +46,15 @@ def publish_samples(receipt: ExperienceReceipt, key: str | None) -> None:
         f"iteration {receipt.iteration}: {len(receipt.table)} of {receipt.samples} samples; "
         f"all of them in {receipt.path}"
     )
-    try:
-        # On the `ppo` flow run (and on this task run), not on the block subflow it runs in.
-        artifact = TableArtifact(
-            table=samples_table(receipt), key=key, description=description, flow_run_id=run_flow_run_id()
-        )
-        artifact.create(_sync=True)  # type: ignore[call-arg]  # Prefect's sync/async dispatch
-    except Exception as error:  # the table is a view; the experience file is the record
-        get_run_logger().warning(f"samples table: could not publish: {type(error).__name__}: {error}")
+    # On the `ppo` flow run (and on this task run), not on the block subflow it runs in.
+    artifact = TableArtifact(
+        table=samples_table(receipt), key=key, description=description, flow_run_id=run_flow_run_id()
+    )
+
+    def write() -> None:
+        try:
+            artifact.create(_sync=True)  # type: ignore[call-arg]  # Prefect's sync/async dispatch
+        except Exception as error:  # the table is a view; the experience file is the record
+            get_run_logger().warning(f"samples table: could not publish: {type(error).__name__}: {error}")
+
+    artifact_writes().submit(write)
