@@ -56,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         check_resume_point(resolved, args)
     except (ConfigError, ResumeError, CheckpointError) as error:
         return refuse(getattr(error, "problems", None) or [str(error)])
+    from flows.temporary_api import launch_early
+
+    early_api = launch_early()  # before this process imports Prefect (flows/temporary_api.py)
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
-    return run_flow(args, overrides, resolved)
+    return run_flow(args, overrides, resolved, early_api)
 
 
 def check_resume_point(config, args) -> None:
@@ -71,7 +74,7 @@ def check_resume_point(config, args) -> None:
     resume_boundary(config, RunPaths.for_config(config), resume=not args.fresh, resume_from=args.resume_from)
 
 
-def run_flow(args, overrides: list[str], resolved) -> int:
+def run_flow(args, overrides: list[str], resolved, early_api=None) -> int:
     """The flow, with everything it waits for started at once rather than one after
     another (issue 19): the temporary Prefect API first (the longest to come up), then
     Ray with its fork server and the role actors, and only then does this process
@@ -81,7 +84,7 @@ def run_flow(args, overrides: list[str], resolved) -> int:
     from flows.temporary_api import TemporaryApiFailed, start_temporary_api
     from workers.ray_session import connect_ray, shutdown_ray
 
-    api = start_temporary_api()
+    api = start_temporary_api(early_api)
     started_ray = False
     discard_prelaunched = None
     try:

@@ -49,6 +49,7 @@ class FlowRunner:
         self.stage_timeout_s = stage_timeout_s
         self.seconds: dict[str, float] = {}
         self.task_runs = 0  # stage task runs started in the current block
+        self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
         self._actors = actor_labels(roles) if roles is not None else {}
         self._nodes = actor_nodes({key: handle for key, (_, handle) in self._actors.items()}) if self._actors else {}
@@ -64,10 +65,13 @@ class FlowRunner:
         self.seconds = {}
         self._upstream = []
 
-    def block(self, first: int, last: int, body: Callable[[], Result]) -> Result:
+    def block(self, first: int, last: int, body: Callable[[], Result], last_block: bool = False) -> Result:
         """Iterations `first..last` (run by `body`) as one block subflow run of the
         running flow (flows/blocks.py). The block ends once the server has recorded
-        every task run it ran (flows/recording.py), so no task run is lost."""
+        every task run it ran (flows/recording.py), so no task run is lost; the run's
+        last block leaves that wait to `wait_recorded`, which the flow calls once its
+        closing work (export, summary) is done: up to a second the server needs
+        anyway, no longer added to every run's end."""
         if not self.prefect_tasks:
             return body()
         from flows.blocks import run_block
@@ -77,11 +81,25 @@ class FlowRunner:
         def recorded() -> Result:
             self.task_runs = 0
             result = body()
-            wait_until_recorded(current_flow_run_id(), self.task_runs)
+            if last_block:
+                self._unrecorded = (current_flow_run_id(), self.task_runs)
+            else:
+                wait_until_recorded(current_flow_run_id(), self.task_runs)
             return result
 
         with artifacts_on_this_run():
             return run_block(first, last, recorded)
+
+    def wait_recorded(self) -> None:
+        """The last block's wait (see `block`), once; nothing when there is none."""
+        if self._unrecorded is None:
+            return
+        from flows.recording import wait_until_recorded
+
+        flow_run_id, task_runs = self._unrecorded
+        self._unrecorded = None
+        if flow_run_id is not None:
+            wait_until_recorded(flow_run_id, task_runs)
 
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any:
         if returns == 1:
@@ -215,9 +233,12 @@ class InProcessRunner:
     def start_iteration(self) -> None:
         self.seconds = {}
 
-    def block(self, first: int, last: int, body: Callable[[], Result]) -> Result:
+    def block(self, first: int, last: int, body: Callable[[], Result], last_block: bool = False) -> Result:
         """No UI to group iterations for: the block's iterations, as they come."""
         return body()
+
+    def wait_recorded(self) -> None:
+        """Nothing is recorded anywhere."""
 
     def call(self, method: Callable[..., Any], *args: Any, returns: int = 1) -> Any:
         call = next(self._calls)

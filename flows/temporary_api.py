@@ -11,10 +11,16 @@ run's start, so the command line launches the same command with the same setting
 once and points `PREFECT_API_URL` at it; the flow then finds an API that is up or
 coming up. A run with `PREFECT_API_URL` set (a standing server, `make serve`) starts
 none. The server answers only on loopback, as Prefect's own temporary one does.
+
+It is launched even before this process imports Prefect (`launch_early`: that import
+is a second of CPU here, all of it on the API's own path to answering), unless the
+environment or a settings file in sight could name a standing API; whether the run
+keeps it is decided by Prefect's own settings once imported (`start_temporary_api`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -24,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 from workers.parent_death import parent_death_signal_setter
 
@@ -80,29 +87,82 @@ class TemporaryApi:
                 self.process.wait()
 
 
-def start_temporary_api() -> TemporaryApi | None:
-    """Launch the temporary API and point this process's Prefect client at it, or
-    return None when the run has a standing API (PREFECT_API_URL, in the environment
-    or the active Prefect profile) or temporary APIs are turned off."""
-    import prefect
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
+# What Prefect's SubprocessASGIServer gives its server, beside the settings: no UI, ephemeral mode.
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+# Settings that decide whether a run has a standing API (or may start a temporary one).
+DECIDING_ENV = ("PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_API_SERVICES_EPHEMERAL_ENABLED")
 
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+
+def launch_early() -> TemporaryApi | None:
+    """The temporary API, launched without importing Prefect, when nothing in sight
+    could name a standing API; None leaves the decision to `start_temporary_api`.
+    The server reads the same environment, profile and settings files as Prefect
+    would hand it, so its settings are the ones a later launch would pass."""
+    if standing_api_possible(os.environ, Path.cwd()):
         return None
-    env = {
-        **os.environ,
-        # What Prefect's SubprocessASGIServer gives its server: no UI, ephemeral mode.
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-        **get_current_settings().to_environment_variables(exclude_unset=True),
-    }
-    command = [
-        sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    command = server_command(str(Path(next(iter(spec.submodule_search_locations))).parent))
+    env = {**os.environ, **SERVER_ENV}
+    port = free_loopback_port()
+    return TemporaryApi(_launch(command, port, env), port, command, env)
+
+
+def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Path) -> bool:
+    """False only when no setting that could name an API (or turn temporary ones off)
+    is in the environment, the active profiles file, or a settings file Prefect reads
+    from the working directory: a plain read of their text, no Prefect import. True
+    may be wrong (Prefect then decides); False is right for every source it names."""
+    if any(environ.get(key) for key in DECIDING_ENV):
+        return True
+    home = Path(os.path.expanduser(environ.get("PREFECT_HOME") or "~/.prefect"))
+    profiles = Path(os.path.expanduser(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml"))
+    sources = [(profiles, ("API_URL", "EPHEMERAL")), (cwd / ".env", ("PREFECT_",)),
+               (cwd / "prefect.toml", ("",)), (cwd / "pyproject.toml", ("tool.prefect",))]
+    for path, markers in sources:
+        try:
+            text = path.read_text(errors="replace")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            continue
+        except OSError:
+            return True
+        if any(marker in text for marker in markers):
+            return True
+    return False
+
+
+def server_command(prefect_parent_dir: str) -> list[str]:
+    return [
+        sys.executable, "-m", "uvicorn", "--app-dir", prefect_parent_dir, "--factory",
         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
     ]
-    port = free_loopback_port()
-    api = TemporaryApi(_launch(command, port, env), port, command, env)
+
+
+def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | None:
+    """Point this process's Prefect client at a temporary API (`early`, or one launched
+    now), or return None when the run has a standing API (PREFECT_API_URL, in the
+    environment or the active Prefect profile) or temporary APIs are turned off; an
+    `early` one is then stopped."""
+    try:
+        import prefect
+        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
+
+        standing = bool(PREFECT_API_URL.value()) or not PREFECT_SERVER_EPHEMERAL_ENABLED.value()
+    except BaseException:
+        if early is not None:
+            early.stop()
+        raise
+    if standing:
+        if early is not None:
+            early.stop()
+        return None
+    api = early
+    if api is None:
+        env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
+        command = server_command(str(prefect.__module_path__.parent))
+        port = free_loopback_port()
+        api = TemporaryApi(_launch(command, port, env), port, command, env)
     os.environ["PREFECT_API_URL"] = api.api_url  # read by the flow's client when it first connects
     return api
 

@@ -166,6 +166,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         f"in {time.perf_counter() - started:.1f} s"
     )
     roles = None
+    runner = None
     history = None
     trackers = None
     try:
@@ -210,10 +211,16 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
         summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
         history.finish(summary)
+        runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block)
         return summary
     except Exception as error:
         if history is not None:
             history.fail(error)
+        if runner is not None:
+            try:  # a failure after the last block (the export) still shows all that block's task runs
+                runner.wait_recorded()
+            except Exception as wait_error:  # never in place of the run's own error
+                logger.warning(f"could not confirm the last block's task runs were recorded: {wait_error!r}")
         raise
     finally:
         if trackers is not None:

@@ -114,7 +114,8 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr(flows.training, "ppo", flow_body)
     # No Ray or actors in a unit test: the CLI's start-ahead of them is not what this checks.
     monkeypatch.setattr("workers.ray_session.connect_ray", lambda config: False)
-    monkeypatch.setattr("flows.temporary_api.start_temporary_api", lambda: None)
+    monkeypatch.setattr("flows.temporary_api.start_temporary_api", lambda early=None: None)
+    monkeypatch.setattr("flows.temporary_api.launch_early", lambda: None)
     monkeypatch.setattr("roles.actors.prelaunch_role_actors", lambda config: None)
     monkeypatch.chdir(tmp_path)
     assert flows.cli.main(["--config", str(profile), "--", f"job.output_root={tmp_path / 'out'}"]) == 2

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from flows.temporary_api import TemporaryApi, TemporaryApiFailed, start_temporary_api
+from flows.temporary_api import TemporaryApi, TemporaryApiFailed, standing_api_possible, start_temporary_api
 from tests.conftest import REPO_ROOT
 
 
@@ -22,6 +22,43 @@ def test_a_standing_server_means_no_temporary_api(monkeypatch):
 
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         assert start_temporary_api() is None
+
+
+def test_a_server_launched_early_is_stopped_when_prefect_names_a_standing_api():
+    """The early launch guesses from the files it can read; Prefect's own settings decide."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    early = TemporaryApi(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]), 9, [], {})
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        assert start_temporary_api(early) is None
+    assert early.process.wait(timeout=10) is not None
+
+
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [
+        ("env", None),
+        ("profiles.toml", '[profiles.team]\nPREFECT_API_URL = "http://prefect.internal:4200/api"\n'),
+        ("profiles.toml", '[profiles.default]\nPREFECT_SERVER_EPHEMERAL_ENABLED = "false"\n'),
+        (".env", "PREFECT_API_URL=http://prefect.internal:4200/api\n"),
+        ("prefect.toml", '[api]\nurl = "http://prefect.internal:4200/api"\n'),
+        ("pyproject.toml", '[tool.prefect.api]\nurl = "http://prefect.internal:4200/api"\n'),
+    ],
+)
+def test_no_early_launch_where_a_standing_api_may_be_configured(tmp_path, where, text):
+    home, cwd = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    cwd.mkdir()
+    environ = {"PREFECT_HOME": str(home)}
+    assert standing_api_possible(environ, cwd) is False  # nothing anywhere: launch at once
+    (cwd / "pyproject.toml").write_text('[project]\nname = "unrelated"\n')
+    (home / "profiles.toml").write_text('active = "default"\n[profiles.default]\nPREFECT_LOGGING_LEVEL = "INFO"\n')
+    assert standing_api_possible(environ, cwd) is False  # files that name no API
+    if where == "env":
+        environ["PREFECT_API_URL"] = "http://prefect.internal:4200/api"
+    else:
+        (home if where == "profiles.toml" else cwd).joinpath(where).write_text(text)
+    assert standing_api_possible(environ, cwd) is True
 
 
 def test_a_server_that_exits_while_starting_is_named():
