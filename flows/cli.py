@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from flows.arguments import parse_args, warmup_override
 
 EXIT_FAILED = 1  # a stage failed: resumable
 EXIT_REFUSED = 2  # config, resume point or checkpoint refused: nothing ran
+HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")  # and legacy name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,14 +159,29 @@ def _import_quietly(module: str) -> None:
 
 @contextlib.contextmanager
 def _prefect_api(api) -> Iterator[None]:
-    """The flow's Prefect client pointed at the temporary API, once it answers."""
+    """The flow's Prefect client pointed at the temporary API, once it answers.
+
+    Against it the flow runs send no heartbeats (unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+    is set): a heartbeat lets a server mark a run crashed when its process stops
+    sending them, and this server stops with this process, so none could ever be
+    missed; each flow run's end waited up to a second for its heartbeat thread
+    (Prefect 3.9 sleeps it in whole seconds), two per run. Runs against a standing
+    server (deployments, `make serve`) keep them."""
     if api is None:
         yield
         return
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
-    with temporary_settings({PREFECT_API_URL: api.api_url}):
+    settings: dict = {PREFECT_API_URL: api.api_url}
+    if not any(key in os.environ for key in HEARTBEAT_SETTINGS):
+        settings[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    with temporary_settings(settings):
         try:
             yield
         finally:

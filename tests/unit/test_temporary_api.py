@@ -68,6 +68,35 @@ def test_a_server_that_exits_while_starting_is_named():
         api.wait_until_up(timeout_s=30)
 
 
+class _UpAlready:
+    api_url = "http://127.0.0.1:9/api"
+
+    def wait_until_up(self, timeout_s: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("user_setting", [None, "60"])
+def test_flow_runs_against_the_temporary_api_send_no_heartbeats_unless_asked(monkeypatch, user_setting):
+    """Nothing could miss a heartbeat of a server that ends with the command; each flow
+    run's end waited up to a second for its heartbeat thread."""
+    from prefect.settings import get_current_settings
+
+    from flows.cli import _prefect_api
+
+    if user_setting is None:
+        monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
+    else:
+        monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", user_setting)
+    monkeypatch.delenv("PREFECT_RUNNER_HEARTBEAT_FREQUENCY", raising=False)
+    monkeypatch.setattr("prefect.logging.handlers.APILogWorker.drain_all", lambda timeout=None: None)
+    monkeypatch.setattr("prefect.events.worker.EventsWorker.drain_all", lambda timeout=None: None)
+    with _prefect_api(_UpAlready()):
+        settings = get_current_settings()
+        assert settings.api.url == "http://127.0.0.1:9/api"
+        expected = None if user_setting is None else int(user_setting)
+        assert settings.flows.heartbeat_frequency == expected
+
+
 KILLED_PARENT = textwrap.dedent(
     """
     import sys, time
