@@ -103,10 +103,8 @@ def launch_early() -> TemporaryApi | None:
     spec = importlib.util.find_spec("prefect")
     if spec is None or not spec.submodule_search_locations:
         return None
-    command = server_command(str(Path(next(iter(spec.submodule_search_locations))).parent))
-    env = {**os.environ, **SERVER_ENV}
-    port = free_loopback_port()
-    return TemporaryApi(_launch(command, port, env), port, command, env)
+    return _launch_api(server_command(str(Path(next(iter(spec.submodule_search_locations))).parent)),
+                       {**os.environ, **SERVER_ENV})
 
 
 def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Path) -> bool:
@@ -157,14 +155,17 @@ def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | Non
         if early is not None:
             early.stop()
         return None
-    api = early
-    if api is None:
-        env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
-        command = server_command(str(prefect.__module_path__.parent))
-        port = free_loopback_port()
-        api = TemporaryApi(_launch(command, port, env), port, command, env)
+    api = early or _launch_api(
+        server_command(str(prefect.__module_path__.parent)),
+        {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)},
+    )
     os.environ["PREFECT_API_URL"] = api.api_url  # read by the flow's client when it first connects
     return api
+
+
+def _launch_api(command: list[str], env: dict[str, str]) -> TemporaryApi:
+    port = free_loopback_port()
+    return TemporaryApi(_launch(command, port, env), port, command, env)
 
 
 def _launch(command: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
