@@ -20,7 +20,6 @@ keeps it is decided by Prefect's own settings once imported (`start_temporary_ap
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from workers.parent_death import parent_death_signal_setter
 
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code when the port is taken: pick another
 
 
@@ -100,11 +100,7 @@ def launch_early() -> TemporaryApi | None:
     would hand it, so its settings are the ones a later launch would pass."""
     if standing_api_possible(os.environ, Path.cwd()):
         return None
-    spec = importlib.util.find_spec("prefect")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return _launch_api(server_command(str(Path(next(iter(spec.submodule_search_locations))).parent)),
-                       {**os.environ, **SERVER_ENV})
+    return _launch_api(server_command(), {**os.environ, **SERVER_ENV})
 
 
 def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Path) -> bool:
@@ -130,10 +126,11 @@ def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Pat
     return False
 
 
-def server_command(prefect_parent_dir: str) -> list[str]:
+def server_command() -> list[str]:
+    """Prefect's own server command, over Prefect's app wrapped by flows/temporary_server.py."""
     return [
-        sys.executable, "-m", "uvicorn", "--app-dir", prefect_parent_dir, "--factory",
-        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
+        sys.executable, "-m", "uvicorn", "--app-dir", PROJECT_ROOT, "--factory",
+        "flows.temporary_server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
     ]
 
 
@@ -143,7 +140,6 @@ def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | Non
     environment or the active Prefect profile) or temporary APIs are turned off; an
     `early` one is then stopped."""
     try:
-        import prefect
         from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
 
         standing = bool(PREFECT_API_URL.value()) or not PREFECT_SERVER_EPHEMERAL_ENABLED.value()
@@ -156,7 +152,7 @@ def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | Non
             early.stop()
         return None
     api = early or _launch_api(
-        server_command(str(prefect.__module_path__.parent)),
+        server_command(),
         {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)},
     )
     os.environ["PREFECT_API_URL"] = api.api_url  # read by the flow's client when it first connects
