@@ -8,7 +8,8 @@ process has imported the role bodies and started Ray, and only after the flow pr
 has imported Prefect's whole server package (about 2 s of CPU here) just to launch it.
 Its start-up (7 CPU-s, 19-25 s on a fresh database) is the longest single chain of a
 run's start, so the command line launches the same command with the same settings at
-once and points `PREFECT_API_URL` at it; the flow then finds an API that is up or
+once (over Prefect's app behind one retry middleware, flows/temporary_server.py) and
+points `PREFECT_API_URL` at it; the flow then finds an API that is up or
 coming up. A run with `PREFECT_API_URL` set (a standing server, `make serve`) starts
 none. The server answers only on loopback, as Prefect's own temporary one does.
 
