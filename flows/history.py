@@ -322,6 +322,19 @@ class RunHistory:
 
         _best_effort(what, _send)
 
+    def _send_table(
+        self, holder: "RunHistory | BlockTable", what: str, table: list[dict[str, Any]], description: str,
+        key: str | None = None, on_this_run: bool = True,
+    ) -> None:
+        """Create `holder`'s table artifact on its first write, update it in place after."""
+        if holder.table_id is None:
+            holder.table_id = self._create(
+                f"create {what}", TableArtifact(table=table, key=key, description=description), on_this_run=on_this_run
+            )
+        else:
+            update = ArtifactUpdate(data=json.dumps(table), description=description)
+            self._update(f"update {what}", holder.table_id, update)
+
     def _publish_table(self) -> None:
         """The table as it is now, sent in the background: a newer one not yet sent
         replaces it (each carries the whole window)."""
@@ -333,14 +346,7 @@ class RunHistory:
         )
 
         def write() -> None:
-            if self.table_id is None:
-                self.table_id = self._create(
-                    "create the iteration table",
-                    TableArtifact(table=table, key=self.table_key, description=description),
-                )
-            else:
-                self._update("update the iteration table", self.table_id,
-                             ArtifactUpdate(data=json.dumps(table), description=description))
+            self._send_table(self, "the iteration table", table, description, key=self.table_key)
 
         artifact_writes().submit(write, key=(self.table_key, "table"))
 
@@ -360,14 +366,7 @@ class RunHistory:
         )
 
         def write() -> None:
-            if block.table_id is None:
-                block.table_id = self._create(
-                    "create the block's iteration table", TableArtifact(table=table, description=description),
-                    on_this_run=False,
-                )
-            else:
-                self._update("update the block's iteration table", block.table_id,
-                             ArtifactUpdate(data=json.dumps(table), description=description))
+            self._send_table(block, "the block's iteration table", table, description, on_this_run=False)
 
         artifact_writes().submit(write, key=(self.table_key, "block", here))
 

@@ -78,7 +78,7 @@ def build_mesh(world: int, device: torch.device, shard: int | None = None) -> De
 def shard_model(model: torch.nn.Module, world: int, device: torch.device, shard: int | None = None) -> DeviceMesh:
     """Shard `model` in place over the role's mesh (the default process group must
     exist). Parameters become DTensors, so an optimizer must be built after this."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     mesh = build_mesh(world, device, shard)
     policy = mixed_precision(device)
@@ -86,7 +86,7 @@ def shard_model(model: torch.nn.Module, world: int, device: torch.device, shard:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     for module in model.modules():
-        if isinstance(module, FSDPModule):
+        if _is_fsdp_module(module):
             # The loss is weighted by the whole minibatch (every rank's shard), so the
             # reduction must sum, not average over the ranks; plain SUM, since gloo
             # has no pre-multiplied sum.

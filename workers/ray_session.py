@@ -64,7 +64,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     import ray
 
     env_vars = worker_env()
-    runtime_env: dict[str, Any] = {"env_vars": env_vars}
     if not address:
         protect_local_ray(os.environ)
         # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
@@ -79,7 +78,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     socket_path = _fork_socket(address)
     if socket_path is not None:
         env_vars[SOCKET_ENV] = socket_path
-        runtime_env["py_executable"] = py_executable()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     options: dict[str, Any] = {
@@ -88,6 +86,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     }
     try:
         if address:
+            # A joined Ray's raylet knows nothing of this run: its settings, and the fork
+            # client for a local Ray handed down here, come in a runtime environment.
+            runtime_env: dict[str, Any] = {"env_vars": env_vars}
+            if socket_path is not None:
+                runtime_env["py_executable"] = py_executable()
             ray.init(address=address, runtime_env=runtime_env, **options)
         else:
             # "local": a new Ray of this run's own, never a cluster some other process
