@@ -66,10 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bucket-mib", type=float, nargs="+", default=[8, 64, 4096])
     args = parser.parse_args()
+    from workers.ray_session import init_ray, prepare_ray_auth
+
+    prepare_ray_auth(joins_cluster=False)  # before Ray is imported
     import ray
 
     from roles.rollout.hf_engine import HFEngine
-    from workers.ray_session import init_ray
 
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     init_ray(num_cpus=2)

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from configs.loading import ConfigError, allow_profile_dir, load_config
 from flows.arguments import parse_args, warmup_override
+from workers.ray_session import RayAuthRefused, prepare_ray_auth
 
 EXIT_FAILED = 1  # a stage failed: resumable
 EXIT_REFUSED = 2  # config, resume point or checkpoint refused: nothing ran
@@ -39,12 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides)
         require_runnable(config)
+        # Before anything imports Ray: it reads its auth settings once, at import (S-SEC-1).
+        prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
         # S-FAULT-4: a live run of this name is refused before any service starts.
         check_run_lock(local_run_dir(f"{config.job.output_root}/{config.job.name}"),
                        stale_after(config.rl.stage_timeout_seconds))
     except ConfigError as error:
         return refuse(error.problems)
-    except RunLocked as error:
+    except (RunLocked, RayAuthRefused) as error:
         return refuse([str(error)])
     from checkpoint.boundary import CheckpointError
     from flows.resume import ResumeError
@@ -125,6 +128,7 @@ def run_flow(args, overrides: list[str], resolved, early_api=None) -> int:
         print_summary(summary)
         return 0
     finally:
+        drain_prefect()  # on every way out, before the temporary API (if any) stops
         if discard_prelaunched is not None:
             discard_prelaunched()  # a flow refused before it took them
         if started_ray:
@@ -182,16 +186,20 @@ def _prefect_api(api) -> Iterator[None]:
     if not any(key in os.environ for key in HEARTBEAT_SETTINGS):
         settings[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
     with temporary_settings(settings):
-        try:
-            yield
-        finally:
-            # The flow's last logs and events reach the API before it stops (as in
-            # Prefect's own test harness); sent after, they are retried for a minute.
-            from prefect.events.worker import EventsWorker
-            from prefect.logging.handlers import APILogWorker
+        yield
 
-            APILogWorker.drain_all(timeout=5)
-            EventsWorker.drain_all(timeout=5)
+
+def drain_prefect(timeout_s: float = 5.0) -> None:
+    """Send the flow's last logs and events now, whichever API they go to (a standing
+    one or the command's own, which stops with it): queued, they would be sent only
+    by Prefect's exit handlers, or retried for a minute against a stopped API."""
+    if "prefect.logging.handlers" not in sys.modules:  # the command never got as far as Prefect
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=timeout_s)
+    EventsWorker.drain_all(timeout=timeout_s)
 
 
 def refuse(problems: list[str]) -> int:

@@ -43,6 +43,7 @@ from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger
 
+from adapters.prefect_adapter import create_artifact
 from flows.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
 from flows.run_outputs import RunPaths, read_metrics
 from tasks.artifact_writes import artifact_writes
@@ -312,7 +313,7 @@ class RunHistory:
         run running now: a block's own table); its id, or None when the API refused."""
         if on_this_run:
             artifact.flow_run_id = self.flow_run_id
-        created = _best_effort(what, lambda: artifact.create(_sync=True))  # Prefect's sync/async dispatch
+        created = _best_effort(what, lambda: create_artifact(artifact))
         return None if created is None else created.id
 
     def _update(self, what: str, artifact_id: UUID, update: ArtifactUpdate) -> None:

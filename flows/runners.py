@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from flows.failures import naming_failures
-from placement.nodes import actor_nodes, is_lost, node_addresses, node_name
+from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
 from tasks.faults import fault_point
 
 Result = TypeVar("Result")
@@ -51,8 +51,11 @@ class FlowRunner:
         self.task_runs = 0  # stage task runs started in the current block
         self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
-        self._actors = actor_labels(roles) if roles is not None else {}
-        self._nodes = actor_nodes({key: handle for key, (_, handle) in self._actors.items()}) if self._actors else {}
+        labelled = labelled_actors(roles) if roles is not None else {}
+        where = actor_whereabouts(labelled) if labelled else {}
+        # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
+        self._actors = {actor_id: (label, labelled[label]) for label, (actor_id, _) in where.items()}
+        self._nodes = {actor_id: node for actor_id, node in where.values()}
 
     def layout(self) -> dict[str, list[str]]:
         """Node id -> the actors on it (role and rank), as found at start-up."""
@@ -200,17 +203,16 @@ class FlowRunner:
         return f"{node_name(node, addresses)} left the Ray cluster (it held {', '.join(self.layout()[node])})"
 
 
-def actor_labels(roles: Any) -> dict[str, tuple[str, Any]]:
-    """Ray actor id -> (role name as a user reads it, handle), for every rank."""
+def labelled_actors(roles: Any) -> dict[str, Any]:
+    """Every rank's handle under the role name a user reads (`policy`, `policy[1]`)."""
     from roles.actors import actor_label
 
-    labels: dict[str, tuple[str, Any]] = {}
+    labelled: dict[str, Any] = {}
     for role, _ in roles.items():
         ranks = roles.ranks(role)
         for rank, handle in enumerate(ranks):
-            labels[handle._actor_id.hex()] = (actor_label(role, rank, len(ranks)), handle)
-    return labels
-
+            labelled[actor_label(role, rank, len(ranks))] = handle
+    return labelled
 
 
 @dataclass

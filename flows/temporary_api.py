@@ -1,5 +1,5 @@
 """The temporary Prefect API of a command-line run with no standing server, started
-the moment the command has read its config (issue 19).
+the moment the command has read its config.
 
 Prefect starts the same server by itself when a flow first needs an API
 (`SubprocessASGIServer`: uvicorn over Prefect's own app, on 127.0.0.1, its state in
@@ -32,6 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from adapters.prefect_adapter import temporary_api_supported
 from workers.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -99,7 +100,7 @@ def launch_early() -> TemporaryApi | None:
     could name a standing API; None leaves the decision to `start_temporary_api`.
     The server reads the same environment, profile and settings files as Prefect
     would hand it, so its settings are the ones a later launch would pass."""
-    if standing_api_possible(os.environ, Path.cwd()):
+    if standing_api_possible(os.environ, Path.cwd()) or not temporary_api_supported():
         return None
     return _launch_api(server_command(), {**os.environ, **SERVER_ENV})
 
@@ -128,7 +129,8 @@ def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Pat
 
 
 def server_command() -> list[str]:
-    """Prefect's own server command, over Prefect's app wrapped by flows/temporary_server.py."""
+    """Prefect's own server command (uvicorn on loopback), over Prefect's app wrapped by
+    flows/temporary_server.py."""
     return [
         sys.executable, "-m", "uvicorn", "--app-dir", PROJECT_ROOT, "--factory",
         "flows.temporary_server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
@@ -148,7 +150,7 @@ def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | Non
         if early is not None:
             early.stop()
         raise
-    if standing:
+    if standing or not temporary_api_supported():  # Prefect's settings name an API, or Prefect starts its own
         if early is not None:
             early.stop()
         return None

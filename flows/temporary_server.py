@@ -1,18 +1,11 @@
-"""The app the command line's temporary Prefect API serves: Prefect's own
-(`prefect.server.api.server:create_app`), with requests that hit a locked SQLite
-database retried in the server within a fraction of a second (issue 19).
-
-Why: the server's task-run recorder writes while a request's DEFERRED transaction
-reads and then writes; SQLite in WAL mode cannot make that request wait, so it fails
-with "database is locked", the server answers 503 `{"exception_message": "Service
-Unavailable"}`, and Prefect's client retries after a fixed 2 s back-off (Prefect 3.9,
-not configurable). About one run in five lost those 2 s when its first block subflow
-was created (docs/performance.md section 4). The same request, run again here a few
-tens of milliseconds later, normally succeeds. Only that response is retried: any
-other 503 (the readiness probe's) goes out at once, and after `ATTEMPTS` tries the 503
-goes to the client, whose own back-off then applies as before. A 503 means the
-request's transaction was rolled back, so running it again is what the client itself
-would do.
+"""The app the command line's temporary Prefect API serves: Prefect's own, with
+requests that hit a locked SQLite database retried in the server within a fraction of a
+second, where Prefect's client would wait a fixed 2 s (docs/architecture.md, "The
+temporary API"). Only the 503 that Prefect's own handler sends for a locked database is
+retried (its body is asked of the handler, adapters/prefect_adapter.py); any other
+response goes out at once, and after `ATTEMPTS` tries the 503 goes to the client. A 503
+means the request's transaction was rolled back, so running it again is what the
+client itself would do.
 """
 
 from __future__ import annotations
@@ -29,15 +22,16 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ATTEMPTS = 20
 PAUSE_S = 0.05
-LOCKED_BODY = {"exception_message": "Service Unavailable"}  # prefect.server.api.server's retryable 503
 
 
 class RetryLockedDatabase:
-    """ASGI middleware: an HTTP request answered with the retryable-lock 503 is run
-    again, with its body replayed, up to `attempts` times, `pause_s` apart."""
+    """ASGI middleware: an HTTP request answered with a 503 whose JSON body is
+    `locked_body` is run again, with its body replayed, up to `attempts` times,
+    `pause_s` apart."""
 
-    def __init__(self, app: App, attempts: int = ATTEMPTS, pause_s: float = PAUSE_S) -> None:
+    def __init__(self, app: App, locked_body: Any, attempts: int = ATTEMPTS, pause_s: float = PAUSE_S) -> None:
         self.app = app
+        self.locked_body = locked_body
         self.attempts = attempts
         self.pause_s = pause_s
 
@@ -73,7 +67,7 @@ class RetryLockedDatabase:
                     raise
             if not held:
                 return
-            if not _is_locked(held):  # another 503: as the app sent it
+            if not _is_locked(held, self.locked_body):  # another 503: as the app sent it
                 for message in held:
                     await send(message)
                 return
@@ -109,16 +103,16 @@ def _replay(body: bytes, ending: Message | None, receive: Receive) -> Receive:
     return replay
 
 
-def _is_locked(held: list[Message]) -> bool:
+def _is_locked(held: list[Message], locked_body: Any) -> bool:
     body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
     try:
-        return json.loads(body) == LOCKED_BODY
+        return json.loads(body) == locked_body
     except ValueError:
         return False
 
 
 def create_app() -> App:
     """The uvicorn factory of the temporary API (flows/temporary_api.py)."""
-    from prefect.server.api.server import create_app as prefect_app
+    from adapters.prefect_adapter import locked_database_body, server_app
 
-    return RetryLockedDatabase(prefect_app())
+    return RetryLockedDatabase(server_app(), locked_body=locked_database_body())

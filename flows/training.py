@@ -8,6 +8,8 @@ The command line (`python -m flows.ppo`) is flows/cli.py.
 
 from __future__ import annotations
 
+from flows import ray_auth_first  # noqa: F401  (before anything below imports Ray)
+
 import time
 from typing import Any
 

@@ -7,22 +7,28 @@ from __future__ import annotations
 from typing import Any
 
 
-def actor_nodes(actors: dict[str, Any], timeout_s: float = 30.0) -> dict[str, str]:
-    """Actor key -> the id of the node its process runs on. Best effort: a failure here
-    leaves the map empty and failures are then named without the node."""
+def actor_whereabouts(actors: dict[str, Any], timeout_s: float = 30.0) -> dict[str, tuple[str, str]]:
+    """Actor key -> (its Ray actor id, the id of the node its process runs on), asked of
+    each actor itself (Ray's public runtime context). Best effort: an actor that does
+    not answer in time is left out, and its failures are then named without it."""
     import ray
 
-    def node_of_actor(_self: Any) -> str:
+    def whereabouts(_self: Any) -> tuple[str | None, str]:
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        from adapters.ray_adapter import calling_actor_id
 
-    try:
-        keys = list(actors)
-        nodes = ray.get([actors[key].__ray_call__.remote(node_of_actor) for key in keys], timeout=timeout_s)
-    except Exception:  # an actor already gone: its own stage will name it
-        return {}
-    return dict(zip(keys, nodes))
+        return calling_actor_id(), ray.get_runtime_context().get_node_id()
+
+    asked = {actors[key].__ray_call__.remote(whereabouts): key for key in actors}
+    answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
+    found: dict[str, tuple[str, str]] = {}
+    for ref in answered:
+        try:
+            found[asked[ref]] = ray.get(ref)
+        except Exception:  # an actor already gone: its own stage will name it
+            continue
+    return found
 
 
 def node_addresses() -> dict[str, tuple[str, bool]]:

@@ -102,7 +102,7 @@ class RoleProcessPool:
             self.reused += 1
         else:
             handle = ray.remote(reusable_class(role_class)).options(max_restarts=0, **actor_options).remote(*args)
-            self.made.add(handle._actor_id)
+            self.made.add(handle)
         self.serving[serves] = handle
         return handle
 
@@ -110,12 +110,12 @@ class RoleProcessPool:
         return self.serving.get((namespace, name))
 
     def owns(self, handle: Any) -> bool:
-        return handle._actor_id in self.made
+        return handle in self.made
 
     def release(self, role: str, handle: Any, keep: bool) -> None:
         """A run is done with `handle`: keep its process for the next run (its body
         dropped) or kill it. A process that cannot drop its body in time is killed."""
-        self.serving = {key: h for key, h in self.serving.items() if h._actor_id != handle._actor_id}
+        self.serving = {key: h for key, h in self.serving.items() if h != handle}
         if keep:
             try:
                 ray.get(handle.discard.remote(), timeout=self.discard_timeout_s)
@@ -123,7 +123,7 @@ class RoleProcessPool:
                 return
             except Exception:  # dead or stuck: not worth keeping
                 pass
-        self.made.discard(handle._actor_id)
+        self.made.discard(handle)
         with contextlib.suppress(Exception):
             ray.kill(handle)
 

@@ -18,6 +18,7 @@ from prefect import get_run_logger
 from prefect.artifacts import TableArtifact
 from prefect.context import TaskRunContext
 
+from adapters.prefect_adapter import create_artifact
 from roles.replay_role import ExperienceReceipt
 from tasks.artifact_writes import artifact_writes
 from tasks.run_artifacts import run_flow_run_id
@@ -53,7 +54,7 @@ def publish_samples(receipt: ExperienceReceipt, key: str | None) -> None:
 
     def write() -> None:
         try:
-            artifact.create(_sync=True)  # type: ignore[call-arg]  # Prefect's sync/async dispatch
+            create_artifact(artifact)
         except Exception as error:  # the table is a view; the experience file is the record
             get_run_logger().warning(f"samples table: could not publish: {type(error).__name__}: {error}")
 

@@ -20,6 +20,10 @@ from flows.environment import apply_default_environment  # noqa: E402  (before P
 
 apply_default_environment()  # the same Prefect/Ray settings as `make run`
 
+from workers.ray_session import prepare_ray_auth  # noqa: E402
+
+prepare_ray_auth(joins_cluster=False)  # the session's local Ray: before any test module imports Ray
+
 # Property tests (issue 16 item 8) are derandomized so CI sees the same examples on
 # every run; HYPOTHESIS_PROFILE=explore searches with fresh random examples.
 from hypothesis import settings  # noqa: E402

@@ -59,9 +59,21 @@ def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
 
 def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks, each its own FSDP unit (gathered one at a time in
-    forward and backward): the classes the model names in `_no_split_modules`."""
+    forward and backward): the classes a transformers model declares unsplittable
+    (its `_no_split_modules`), else the entries of its longest `ModuleList` (the
+    layer stack). Without either the whole model would be one unit: the peak memory
+    of an unsharded model, with nothing failing, so that is refused."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [module for module in model.modules() if type(module).__name__ in names]
+    blocks = [module for module in model.modules() if type(module).__name__ in names]
+    if blocks:
+        return blocks
+    stacks = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)]
+    if not stacks:
+        raise ValueError(
+            f"{type(model).__name__} names no blocks to shard (no `_no_split_modules`, no ModuleList of layers): "
+            "FSDP would gather the whole model at once"
+        )
+    return list(max(stacks, key=len))
 
 
 def build_mesh(world: int, device: torch.device, shard: int | None = None) -> DeviceMesh:

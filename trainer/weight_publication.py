@@ -102,9 +102,11 @@ def _bucket_store() -> Callable[[dict[str, torch.Tensor]], Any]:
     bucket itself anywhere else (a driver or a test holding role objects)."""
     try:
         import ray
+
+        from adapters.ray_adapter import calling_actor_id
     except ImportError:
         return _keep
-    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+    if calling_actor_id() is not None:
         return ray.put
     return _keep
 

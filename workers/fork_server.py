@@ -1,5 +1,5 @@
 """A process that has imported torch, transformers and the role bodies once, and forks
-every Ray worker of a local run from itself (issue 19).
+every Ray worker of a local run from itself.
 
 On two cores most of a run's start-up was seven actor processes each importing the
 same modules (about 5 CPU-s per model role, docs/performance.md section 4). A child
@@ -134,7 +134,7 @@ def _fork_worker(connection: socket.socket, servers: list[socket.socket], inheri
         request, fds = _receive_request(connection)
     finally:
         connection.settimeout(None)
-    if request is None:
+    if request is None or not _single_threaded():
         for fd in fds:
             os.close(fd)
         return None
@@ -243,6 +243,28 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
             print(f"fork server: not preloading {name}: {error}", file=sys.stderr, flush=True)
 
 
+def thread_count() -> int:
+    """Threads of this process, native ones included (a BLAS or OpenMP pool that an
+    import started): what a fork would leave behind in the child."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def _single_threaded() -> bool:
+    """Only a single-threaded process forks safely: a lock another thread held at the
+    fork stays locked in the child for ever. Refused here, the request's worker starts
+    as Ray starts it (the client falls back)."""
+    threads = thread_count()
+    if threads > 1:
+        print(f"fork server: {threads} threads in this process; not forking (the worker starts unforked)",
+              file=sys.stderr, flush=True)
+    return threads == 1
+
+
 def _cuda_initialized() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
@@ -258,6 +280,8 @@ def main() -> None:
     if _cuda_initialized():
         # A CUDA context does not survive a fork: leave every worker to start itself.
         print("fork server: CUDA was initialised while preloading; not forking workers", file=sys.stderr, flush=True)
+        return
+    if not _single_threaded():  # every request would be refused: leave the workers to start themselves
         return
     serve(listener, args.watch_fd)
     # Its children are killed; tearing down thousands of imported modules would only

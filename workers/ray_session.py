@@ -2,7 +2,7 @@
 
 Imports nothing heavy: the command line starts Ray through this module before it
 imports torch, transformers or the role bodies, so that Ray's daemons, the fork server
-and the Prefect API come up while those imports run (issue 19).
+and the Prefect API come up while those imports run.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from adapters.ray_adapter import fork_launch_supported, stop_autoscaler_monitor, worker_python
 from workers.fork_client import SOCKET_ENV
 from workers.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
 
@@ -65,7 +67,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
     env_vars = worker_env()
     if not address:
-        protect_local_ray(os.environ)
+        require_local_ray_auth()
         # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
         # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
         # invalid port makes Ray skip that server (it logs the failed start in
@@ -73,7 +75,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         os.environ.setdefault("AUTOSCALER_METRIC_PORT", "-1")
         for key, value in LOCAL_RAY_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        if fork_workers_enabled() and _fork_server is None:
+        if fork_workers_enabled() and _fork_server is None and fork_launch_supported():
             _fork_server = start_fork_server({**os.environ, **env_vars})
     socket_path = _fork_socket(address)
     if socket_path is not None:
@@ -113,40 +115,19 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 def _local_ray_environment(env_vars: dict[str, str], launcher: str | None) -> Iterator[None]:
     """While a local Ray starts: `env_vars` in the environment its daemons inherit (the
     raylet passes its own to every worker), and `launcher` (workers/fork_launch.py) as
-    the Python that Ray's process starter puts in their commands, so that the raylet's
-    worker command forks from the server. Both are put back as they were afterwards:
-    this process keeps its own environment, and nothing but Ray's starter sees the
-    launcher (it is removed with the server)."""
-    from ray._private import services
-
+    the Python the raylet runs for its workers. The environment is put back as it was
+    afterwards: this process keeps its own."""
     saved = {key: os.environ.get(key) for key in env_vars}
     os.environ.update(env_vars)
-    real_sys = services.sys
-    if launcher is not None:
-        services.sys = _SysWithExecutable(real_sys, launcher)
     try:
-        yield
+        with worker_python(launcher):
+            yield
     finally:
-        services.sys = real_sys
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-class _SysWithExecutable:
-    """`sys`, but with another `executable`: what ray._private.services reads when it
-    builds the command of each process it starts (Ray 2.60: `sys.executable` in those
-    commands, and no setting for it; tests/integration/test_fork_server.py fails if a
-    Ray upgrade stops forking)."""
-
-    def __init__(self, real_sys: Any, executable: str) -> None:
-        self._real_sys = real_sys
-        self.executable = executable
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real_sys, name)
 
 
 def _fork_socket(address: str | None) -> str | None:
@@ -170,27 +151,16 @@ def shared_fork_server(address: str) -> str | None:
 
 def shutdown_ray() -> None:
     """Stop Ray, then the fork server its workers came from (its children are gone
-    with Ray; any left are killed with it)."""
+    with Ray; any left are killed with it). Each step runs whatever the one before did."""
     import ray
 
-    _stop_autoscaler_monitor()
-    ray.shutdown()
-    stop_fork_server()
-
-
-def _stop_autoscaler_monitor() -> None:
-    """Kill the local Ray's autoscaler monitor before the rest of Ray stops.
-
-    `ray.shutdown()` stops the GCS before the monitor, and the monitor answers SIGTERM
-    by reporting its own end to that GCS: gone, it hangs until Ray kills it a second
-    later (Ray 2.60, measured: 1.0 s of every shutdown, docs/performance.md). A local
-    Ray never autoscales, so the monitor holds nothing worth a graceful end; killed
-    first, it reports nothing, and no driver sees an "autoscaler failed" error."""
-    from ray._private import worker
-
-    node = worker._global_node
-    if node is not None and node.head:  # a Ray this process started, not a joined cluster
-        node.kill_monitor(check_alive=False)
+    try:
+        stop_autoscaler_monitor()
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            stop_fork_server()
 
 
 def stop_fork_server() -> None:
@@ -202,32 +172,57 @@ def stop_fork_server() -> None:
         _fork_server = None
 
 
+class RayAuthRefused(RuntimeError):
+    """The environment turns off the token authentication a local Ray requires."""
+
+
 def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:
     """Token authentication for a Ray this process starts, unless the user has
     chosen a token of their own. An explicit RAY_AUTH_MODE=disabled is refused: it
-    would leave the run's control ports open to the network."""
+    would leave the run's control ports open to the network.
+
+    Ray reads these settings once, when it is imported: a process sets them before its
+    first `import ray` (`prepare_ray_auth`), so that its driver and every process it
+    starts agree, with nothing of Ray's refreshed afterwards."""
     mode = environ.get("RAY_AUTH_MODE", "token")
     if mode != "token":
-        raise RuntimeError(
+        raise RayAuthRefused(
             f"RAY_AUTH_MODE={mode!r}: a local Ray listens on every network interface, so the run requires token "
             "authentication; unset RAY_AUTH_MODE (the run then makes its own token) or set it to 'token'"
         )
     environ["RAY_AUTH_MODE"] = "token"
     if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
         environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    if environ is os.environ:
-        _refresh_ray_auth()
 
 
-def _refresh_ray_auth() -> None:
-    """Ray reads the auth mode and token once, when it is imported; make this
-    process (the driver) see the settings just made, as Ray's own default-on
-    path does."""
-    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
-    from ray._raylet import Config
+def prepare_ray_auth(joins_cluster: bool) -> None:
+    """Before this process's first `import ray`: the settings of a local Ray's token
+    authentication (S-SEC-1), or nothing for a process that joins a cluster (whose own
+    RAY_AUTH_* settings apply). Entry points call it as soon as they know which; once
+    Ray is imported it changes nothing (`require_local_ray_auth` then says why)."""
+    if not joins_cluster and "ray" not in sys.modules:
+        protect_local_ray(os.environ)
 
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
+
+def require_local_ray_auth() -> None:
+    """A local Ray is started only by a driver whose auth settings were made before Ray
+    read them (at import): otherwise the driver could not join the Ray it starts."""
+    if "ray" not in sys.modules:
+        protect_local_ray(os.environ)
+        return
+    protect_local_ray(dict(os.environ))  # an explicit RAY_AUTH_MODE=disabled is named as such
+    if not _auth_ready(os.environ):
+        raise RuntimeError(
+            "Ray was imported before the run's Ray authentication settings were made: call "
+            "workers.ray_session.prepare_ray_auth(joins_cluster=False) before the first `import ray`, "
+            "or set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) yourself"
+        )
+
+
+def _auth_ready(environ: "os._Environ[str] | dict[str, str]") -> bool:
+    return environ.get("RAY_AUTH_MODE") == "token" and bool(
+        environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH")
+    )
 
 
 def connect_ray(config: PPOConfig) -> bool:

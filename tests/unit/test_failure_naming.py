@@ -15,14 +15,9 @@ POLICY_ID, REFERENCE_ID = "aa" * 16, "bb" * 16
 NODE_A, NODE_B = "1" * 56, "2" * 56
 
 
-class Handle:
-    def __init__(self, actor_id: str) -> None:
-        self._actor_id = bytes.fromhex(actor_id)  # `.hex()` as Ray's ActorID has
-
-
 class Roles:
     def items(self):
-        return [("policy", Handle(POLICY_ID)), ("reference", Handle(REFERENCE_ID))]
+        return [("policy", object()), ("reference", object())]
 
     def ranks(self, role):
         return [dict(self.items())[role]]
@@ -30,7 +25,8 @@ class Roles:
 
 @pytest.fixture
 def runner(monkeypatch):
-    monkeypatch.setattr(runners, "actor_nodes", lambda actors: {POLICY_ID: NODE_A, REFERENCE_ID: NODE_B})
+    monkeypatch.setattr(runners, "actor_whereabouts", lambda actors: {
+        "policy": (POLICY_ID, NODE_A), "reference": (REFERENCE_ID, NODE_B)})
     monkeypatch.setattr(runners, "node_addresses", lambda: {NODE_A: ("10.0.0.5", True), NODE_B: ("10.0.0.6", False)})
     monkeypatch.setattr("roles.actors.kill_quietly", lambda handle: None)
     return runners.FlowRunner(Roles())
@@ -61,7 +57,7 @@ def test_a_stage_timeout_on_a_cluster_names_the_node_the_stuck_actor_ran_on(runn
             return self
 
         def actor_id(self):
-            return Handle(POLICY_ID)._actor_id
+            return bytes.fromhex(POLICY_ID)  # `.hex()` as Ray's ActorID has
 
     message = runner.explain(StageTimeout([Late()], 20.0))
     assert message == (

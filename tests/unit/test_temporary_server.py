@@ -1,13 +1,17 @@
 """The temporary API's retry of requests that met a locked SQLite database
-(flows/temporary_server.py, issue 19): retried in the server, body and all, only for
-that 503, and never for ever."""
+(flows/temporary_server.py): retried in the server, body and all, only for that 503,
+and never for ever. The 503 is the one Prefect's own exception handler sends for a
+locked database (asked of the installed Prefect, S-DEP-2), not a copy of it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-from flows.temporary_server import LOCKED_BODY, RetryLockedDatabase
+from adapters.prefect_adapter import locked_database_body
+from flows.temporary_server import RetryLockedDatabase
+
+LOCKED_BODY = locked_database_body()
 
 
 def _json_app(outcomes: list[tuple[int, dict]], seen: list[bytes]):
@@ -52,7 +56,8 @@ def _call(app, body_parts: list[bytes]) -> list[dict]:
 
 def test_a_locked_database_503_is_retried_in_the_server_with_the_same_body():
     seen: list[bytes] = []
-    app = RetryLockedDatabase(_json_app([(503, LOCKED_BODY), (503, LOCKED_BODY), (201, {"id": "x"})], seen), pause_s=0)
+    outcomes = [(503, LOCKED_BODY), (503, LOCKED_BODY), (201, {"id": "x"})]
+    app = RetryLockedDatabase(_json_app(outcomes, seen), LOCKED_BODY, pause_s=0)
     sent = _call(app, [b'{"name": ', b'"rollout"}'])
     assert seen == [b'{"name": "rollout"}'] * 3  # replayed whole on every attempt
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [201]
@@ -61,7 +66,8 @@ def test_a_locked_database_503_is_retried_in_the_server_with_the_same_body():
 
 def test_any_other_503_goes_out_at_once():
     seen: list[bytes] = []
-    app = RetryLockedDatabase(_json_app([(503, {"message": "Database is not available"})], seen), pause_s=0)
+    unavailable = [(503, {"message": "Database is not available"})]
+    app = RetryLockedDatabase(_json_app(unavailable, seen), LOCKED_BODY, pause_s=0)
     sent = _call(app, [b""])
     assert len(seen) == 1
     assert sent[0]["status"] == 503 and json.loads(sent[1]["body"]) == {"message": "Database is not available"}
@@ -69,7 +75,7 @@ def test_any_other_503_goes_out_at_once():
 
 def test_after_its_attempts_the_503_reaches_the_client_whose_own_back_off_applies():
     seen: list[bytes] = []
-    app = RetryLockedDatabase(_json_app([(503, LOCKED_BODY)] * 4, seen), attempts=4, pause_s=0)
+    app = RetryLockedDatabase(_json_app([(503, LOCKED_BODY)] * 4, seen), LOCKED_BODY, attempts=4, pause_s=0)
     sent = _call(app, [b"{}"])
     assert len(seen) == 4
     assert sent[0]["status"] == 503 and json.loads(sent[1]["body"]) == LOCKED_BODY

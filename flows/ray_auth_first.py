@@ -1,0 +1,14 @@
+"""Imported first by the `ppo` flow's module: a deployment's flow process (started by a
+Prefect worker, not the command line) makes a local Ray's auth settings before anything
+imports Ray, which reads them once. A process that names a cluster in RAY_ADDRESS keeps
+the cluster's own settings; one whose profile names it (`grid.ray_address`) should set
+RAY_ADDRESS in the worker's environment too (docs/launch.md)."""
+
+import contextlib
+import os
+
+from workers.ray_session import RayAuthRefused, prepare_ray_auth
+
+# A refused setting (RAY_AUTH_MODE=disabled) is named when the flow starts Ray, not here.
+with contextlib.suppress(RayAuthRefused):
+    prepare_ray_auth(joins_cluster=bool(os.environ.get("RAY_ADDRESS")))
