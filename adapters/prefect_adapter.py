@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -43,7 +44,8 @@ def locked_database_body() -> Any:
     from prefect.server.api.server import custom_internal_exception_handler
 
     locked = sqlalchemy.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
-    response = asyncio.run(custom_internal_exception_handler(None, locked))  # type: ignore[arg-type]
+    with ThreadPoolExecutor(1) as thread:  # uvicorn calls the app factory inside its own event loop
+        response = thread.submit(asyncio.run, custom_internal_exception_handler(None, locked)).result()
     if response.status_code != 503:
         raise RuntimeError(f"Prefect answers a locked database with {response.status_code}, not a retryable 503")
     return json.loads(bytes(response.body))
