@@ -44,6 +44,8 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
         **os.environ,
         "PREFECT_API_URL": PREFECT_API_URL.value(),
         "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        # Logs go out only when drained: the last ones reach the API only if the command drains them.
+        "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60",
     }
     result = subprocess.run(
         [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides],
@@ -69,6 +71,13 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
             if settled or time.time() > deadline:
                 break
             time.sleep(0.5)
+        # The run's last log line reached the standing API before the command exited
+        # (nothing of the command is left to send it now).
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_runs[0].id])))
+        assert any(log.message.startswith("Finished in state Failed") for log in logs), [
+            log.message[:80] for log in logs][-5:]
     assert runs["rollout[iter=1]"].state.is_completed()
     assert runs["reward[iter=1]"].state.is_failed()
     assert not any(

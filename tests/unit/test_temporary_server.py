@@ -79,3 +79,52 @@ def test_after_its_attempts_the_503_reaches_the_client_whose_own_back_off_applie
     sent = _call(app, [b"{}"])
     assert len(seen) == 4
     assert sent[0]["status"] == 503 and json.loads(sent[1]["body"]) == LOCKED_BODY
+
+
+def test_a_request_that_met_a_really_locked_database_is_retried_through_prefects_own_handler(tmp_path):
+    """A real SQLite database, locked by another connection, answered by Prefect's own
+    exception handler (as registered on its app) and retried until the lock is gone."""
+    import sqlite3
+
+    import httpx
+    import sqlalchemy
+    from prefect.server.api.server import custom_internal_exception_handler
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    database = tmp_path / "locked.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{database}", connect_args={"timeout": 0})
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text("CREATE TABLE runs (name TEXT)"))
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+    attempts = []
+
+    async def insert(request):
+        attempts.append(await request.body())
+        if len(attempts) == 3:
+            holder.execute("COMMIT")  # the other writer is done
+        with engine.begin() as connection:  # raises sqlalchemy's OperationalError: database is locked
+            connection.execute(sqlalchemy.text("INSERT INTO runs VALUES (:name)"), {"name": "rollout"})
+        return JSONResponse({"inserted": True}, status_code=201)
+
+    prefect_like = Starlette(routes=[Route("/runs", insert, methods=["POST"])],
+                             exception_handlers={Exception: custom_internal_exception_handler})
+
+    async def post(app) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            return await client.post("/runs", content=b'{"name": "rollout"}')
+
+    response = asyncio.run(post(RetryLockedDatabase(prefect_like, LOCKED_BODY, pause_s=0.01)))
+    assert response.status_code == 201 and response.json() == {"inserted": True}
+    assert attempts == [b'{"name": "rollout"}'] * 3
+    with engine.connect() as connection:
+        assert connection.execute(sqlalchemy.text("SELECT count(*) FROM runs")).scalar() == 1
+    # Without the retry, the client gets Prefect's 503 and its own fixed back-off.
+    holder.execute("BEGIN EXCLUSIVE")
+    attempts.clear()
+    refused = asyncio.run(post(prefect_like))
+    assert refused.status_code == 503 and refused.json() == LOCKED_BODY
+    holder.execute("COMMIT")
