@@ -3,6 +3,8 @@ nothing at all outside a task run (the in-process runner has no UI)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from configs.loading import ConfigError, load_config
@@ -27,14 +29,65 @@ def test_rows_keep_the_shown_columns_rounded_and_cut_short():
     assert row["advantage"] == 0.1235
 
 
-def test_outside_a_task_run_nothing_is_published(monkeypatch):
-    import tasks.samples_table as module
+class _Published:
+    """Stands in for Prefect's TableArtifact and the background writer: what would
+    have reached the UI, and what was sent."""
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("no API call outside a task run")
+    def __init__(self, monkeypatch, in_task_run: bool) -> None:
+        import tasks.samples_table as module
 
-    monkeypatch.setattr(module, "TableArtifact", refuse)
+        self.tables: list[dict] = []
+        self.created = 0
+        self.submitted: list = []
+        published = self
+
+        class Artifact:
+            def __init__(self, **fields) -> None:
+                published.tables.append(fields)
+
+            def create(self, **kwargs) -> None:
+                published.created += 1
+
+        class Writes:
+            def submit(self, write, key=None) -> None:
+                published.submitted.append(write)
+
+        class Context:
+            @staticmethod
+            def get():
+                return object() if in_task_run else None
+
+        monkeypatch.setattr(module, "TableArtifact", Artifact)
+        monkeypatch.setattr(module, "artifact_writes", lambda: Writes())
+        monkeypatch.setattr(module, "TaskRunContext", Context)
+
+
+def test_inside_a_task_run_the_table_is_published_under_the_key(monkeypatch):
+    published = _Published(monkeypatch, in_task_run=True)
     publish_samples(_receipt(), "ppo-r-samples")
+    (table,) = published.tables
+    assert table["key"] == "ppo-r-samples"
+    assert table["table"] == samples_table(_receipt())
+    assert table["description"] == (
+        "iteration 2: 1 of 16 samples; all of them in /runs/r/experience/iter_000002.jsonl.gz"
+    )
+    assert published.created == 0  # sent from the background, not by the task itself
+    (write,) = published.submitted
+    write()
+    assert published.created == 1
+
+
+def test_outside_a_task_run_nothing_is_published(monkeypatch):
+    published = _Published(monkeypatch, in_task_run=False)
+    publish_samples(_receipt(), "ppo-r-samples")
+    assert published.tables == [] and published.submitted == []
+
+
+def test_without_a_key_or_rows_nothing_is_published(monkeypatch):
+    published = _Published(monkeypatch, in_task_run=True)
+    publish_samples(_receipt(), None)
+    publish_samples(replace(_receipt(), table=[]), "ppo-r-samples")
+    assert published.tables == [] and published.submitted == []
 
 
 def test_bad_experience_settings_are_refused_naming_the_key():
