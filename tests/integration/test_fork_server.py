@@ -98,14 +98,21 @@ def test_ending_one_forked_actor_leaves_the_others_and_the_server_alive(ray_clus
 
     server = _fork_server()
     ended, kept = _probe_class().remote(), _probe_class().remote()
-    ended_pid = ray.get(ended.facts.remote(), timeout=120)["pid"]
+    ended_facts = ray.get(ended.facts.remote(), timeout=120)
+    ended_pid, ended_group = ended_facts["pid"], ended_facts["pgid"]
     ray.get(kept.facts.remote(), timeout=120)
     ray.kill(ended)
-    deadline = time.monotonic() + 30
-    while _alive(ended_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(ended_pid)
-    time.sleep(1)  # the raylet's group kill follows its first signal
+    _wait_for(lambda: not _alive(ended_pid), 30, f"the ended actor's process {ended_pid} outlived ray.kill by 30 s")
+    # The raylet follows its first signal with a kill of the worker's process group
+    # once the worker has exited (Ray 2.60: SIGKILL, if the group has processes left).
+    # Wait until that group is empty: only then can the group kill reach no one. A
+    # worker in the server's group leaves it non-empty until that kill has ended the
+    # server and every forked worker, which the checks below then find.
+    _wait_for(
+        lambda: not _group_members(ended_group), 30,
+        lambda: f"process group {ended_group} of the ended actor still holds {_group_members(ended_group)} "
+        f"30 s after its process ended (server {server.process.pid}): the raylet's group kill would end them",
+    )
     assert ray.get(kept.facts.remote(), timeout=60)["pid"] != ended_pid
     assert server.process.poll() is None
     ray.kill(kept)
@@ -180,9 +187,35 @@ def test_the_launcher_runs_any_command_but_a_workers_as_plain_python(ray_cluster
     assert out.split(maxsplit=2) == [str(process.pid), "0", "['x']\n"]
 
 
-def _alive(pid: int) -> bool:
+def _wait_for(condition, timeout_s: float, message) -> None:
+    """Poll `condition` every 0.05 s; fail with `message` (or what it returns) when it
+    has not held within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(message() if callable(message) else message)
+        time.sleep(0.05)
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...)."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+            return handle.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes in process group `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
