@@ -1,4 +1,4 @@
-"""Per-rank memory of an FSDP2-sharded trainer at 1, 2 and 4 gloo ranks (issue 17).
+"""Per-rank memory of an FSDP2-sharded trainer at 1, 2 and 4 gloo ranks (S-SCALE-1).
 
 `python -m bench.fsdp_memory [--ranks 1 2 4] [--model-dir DIR]` builds a Qwen3 model
 of about 100M parameters with the project's own tiny-model builder (wider and deeper

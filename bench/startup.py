@@ -1,4 +1,4 @@
-"""Where the time to the first iteration goes (issue 19): the CPU profile launched
+"""Where the time to the first iteration goes: the CPU profile launched
 as a user launches it, each output line timestamped from the command's start.
 
 For each of `--repeats` fresh runs (a new run name, the shared tiny model) and one

@@ -1,4 +1,4 @@
-"""Does the Prefect UI stay fast at thousands of iterations? (issue 18 item 1, S-OPS-1)
+"""Does the Prefect UI stay fast at thousands of iterations? (S-OPS-1)
 
 Starts its own `prefect server` on 127.0.0.1 (a fresh database, the project's server
 settings from flows/environment.py), then for each N runs N iterations of the real

@@ -6,7 +6,7 @@
     # and a zoomed detail of the run graph (a box in CSS pixels of the 1600x1000 page):
     python -m bench.ui_screenshot --run-name tiny-cpu --crop 1105,105,1330,490 --out docs/images/flow-run-graph.png
 
-The proof that the UI tells a run's story without a terminal (issue 8): the run
+The proof that the UI tells a run's story without a terminal: the run
 graph shows each stage by name (`rollout[iter=2]`). The page is a single-page app
 that draws the graph on a canvas after several API calls, so Chromium gets a virtual
 time budget to finish before the shot; the device scale factor (2 by default) keeps
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-# Quiet, offline, reproducible headless flags (issue 8 lists the first eight).
+# Quiet, offline, reproducible headless flags.
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",

@@ -91,7 +91,7 @@ def write_marker(
 
 def _read_text(path: str) -> str | None:
     """A small marker or pointer file's text; None when it does not exist. Bytes that
-    are not UTF-8 are refused naming the file and offset (issue 16 item 8)."""
+    are not UTF-8 are refused naming the file and offset."""
     try:
         with fsspec.open(path, "rb") as handle:
             data = handle.read()
@@ -209,7 +209,7 @@ def read_latest(checkpoints_root: str) -> str | None:
         return None
     name = text.strip()
     # The whole name, not a prefix: `iter_000001/../../elsewhere` must not lead resume
-    # out of the run's own checkpoints folder (issue 16 item 8).
+    # out of the run's own checkpoints folder (S-SEC-2).
     if not _BOUNDARY_NAME.fullmatch(name):
         raise CheckpointError(f"{pointer} names {name[:80]!r}, expected a boundary like iter_000012")
     boundary = f"{checkpoints_root.rstrip('/')}/{name}"

@@ -1,7 +1,7 @@
 """The file names of a role's save inside a boundary. Kept apart from the code that
 writes them (role_state.py, sharded_role.py, which import torch) so that reading a
 boundary's marker and files, as the command line's resume check does before anything
-starts, imports no torch (issue 19)."""
+starts, imports no torch."""
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"

@@ -81,7 +81,7 @@ def check_resume_point(config, args) -> None:
 
 def run_flow(args, overrides: list[str], resolved, early_api=None) -> int:
     """The flow, with everything it waits for started at once rather than one after
-    another (issue 19): the temporary Prefect API first (the longest to come up), then
+    another: the temporary Prefect API first (the longest to come up), then
     Ray with its fork server and the role actors, and only then does this process
     import the flow; the flow adopts the actors launched for its very config
     (`resolved`, the config the flow resolves from the same profile and overrides).

@@ -56,7 +56,7 @@ def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
     """PNG bytes: reward mean (top) and KL to the reference (bottom) per iteration;
     critic-warmup iterations are shaded, since the policy does not move there."""
     # Imported here: the flow process needs matplotlib only when it draws, and
-    # importing it costs half a second of every run's start (issue 19).
+    # importing it is a noticeable part of every run's start (docs/performance.md).
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator

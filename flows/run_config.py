@@ -1,6 +1,6 @@
 """The config a run trains with, resolved the same way by the command line (before
 anything starts) and by the flow: light to import, so the command line can start the
-run's services before it imports the flow (issue 19)."""
+run's services before it imports the flow."""
 
 from __future__ import annotations
 

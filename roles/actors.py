@@ -88,7 +88,7 @@ _prelaunched: dict[str, LaunchedActors] = {}  # namespace -> actors the CLI laun
 def prelaunch_role_actors(config: PPOConfig) -> None:
     """Launch the run's actors now, for `start_role_actors` to adopt: the CLI calls
     this before the flow starts, so the actors' imports and model loads overlap the
-    Prefect API's start-up instead of following it (issue 19)."""
+    Prefect API's start-up instead of following it."""
     _prelaunched[ray_namespace(config)] = launch_role_actors(config)
 
 

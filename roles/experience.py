@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-if TYPE_CHECKING:  # the resume check reads experience files before any torch import (issue 19)
+if TYPE_CHECKING:  # the resume check reads experience files before any torch import
     from roles.trajectory import PPOTargets, Trajectory
 
 EXPERIENCE_DIR = "experience"

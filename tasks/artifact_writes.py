@@ -1,5 +1,5 @@
 """Artifact writes sent from one background thread, so that no iteration waits on the
-Prefect API for its own view (issue 19).
+Prefect API for its own view.
 
 Each iteration updates three artifacts of the run's history (flows/history.py) and
 creates one samples table (tasks/samples_table.py). Sent inline, the flow waited on
