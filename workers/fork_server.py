@@ -1,22 +1,16 @@
 """A process that has imported torch, transformers and the role bodies once, and forks
-every Ray worker of a local run from itself.
+every Ray worker of a local run from itself, so that a role process starts with those
+modules already imported (shared copy-on-write) and only its role's construction is
+left (docs/architecture.md, "How a run starts").
 
-On two cores most of a run's start-up was seven actor processes each importing the
-same modules (about 5 CPU-s per model role, docs/performance.md section 4). A child
-forked from this process starts with those modules already imported (shared
-copy-on-write), so only its role's own construction is left.
-
-Ray starts each worker through `workers.fork_client` (the run's `py_executable`), which
-hands this server the worker's command line, environment, working directory and
-standard streams over a Unix socket that only this user can open; the server forks, the
-child becomes Ray's `default_worker.py` with exactly those, and the client lives as long
-as the child and ends the way it ended, so the raylet sees the process it started
-behave like a worker. PyTorch's own DataLoader workers are forked after `import torch`
-in the same way.
+The raylet runs `workers.fork_client` as the `python` of each worker's command (the
+launcher of workers/fork_launch.py); the client hands this server the worker's command
+line, environment, working directory and standard streams over a Unix socket only this
+user can open, the server forks, and the child becomes Ray's `default_worker.py` with
+exactly those. The client lives as long as the child and ends the way it ended.
 
 The server imports no Ray, and each child takes the environment the raylet gave its
-worker before Ray is imported in it. The server must not start threads before it forks; with one BLAS thread
-(OMP_NUM_THREADS=1, every worker's setting) importing these modules starts none.
+worker before Ray is imported in it. It forks only while it has a single thread.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ boundary without `_SUCCESS`.
 The killed run is the documented command in its own process (SIGKILLed by the test
 fault hook, tasks/faults.py); it joins this session's Prefect API and Ray cluster, so
 each case costs its iterations, not a server start. Two points run in the default
-suite (mid-iteration, and between the pointer and the metrics row); all under -m slow.
+suite (mid-iteration, and between the pointer and the metrics row); the other eight under -m slow.
 """
 
 from __future__ import annotations
