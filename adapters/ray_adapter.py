@@ -78,7 +78,7 @@ def stop_autoscaler_monitor() -> None:
               file=sys.stderr, flush=True)
 
 
-def calling_actor_id() -> str | None:
+def current_actor() -> str | None:
     """The Ray actor id of the calling process; None in a driver or a task (public API)."""
     import ray
 

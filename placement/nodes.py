@@ -16,9 +16,9 @@ def actor_whereabouts(actors: dict[str, Any], timeout_s: float = 30.0) -> dict[s
     def whereabouts(_self: Any) -> tuple[str | None, str]:
         import ray
 
-        from adapters.ray_adapter import calling_actor_id
+        from adapters.ray_adapter import current_actor
 
-        return calling_actor_id(), ray.get_runtime_context().get_node_id()
+        return current_actor(), ray.get_runtime_context().get_node_id()
 
     asked = {actors[key].__ray_call__.remote(whereabouts): key for key in actors}
     answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)

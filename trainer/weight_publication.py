@@ -103,10 +103,10 @@ def _bucket_store() -> Callable[[dict[str, torch.Tensor]], Any]:
     try:
         import ray
 
-        from adapters.ray_adapter import calling_actor_id
+        from adapters.ray_adapter import current_actor
     except ImportError:
         return _keep
-    if calling_actor_id() is not None:
+    if current_actor() is not None:
         return ray.put
     return _keep
 
