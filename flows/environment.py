@@ -7,17 +7,16 @@ import os
 import sys
 
 DEFAULTS = {
-    # A fresh embedded-API database takes 19-25 s to start here; the default 20 s
-    # timeout fails about half the time.
+    # A fresh embedded-API database can take longer to start on a small machine than
+    # Prefect's default timeout allows (DESIGN.md, "Facts measured").
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # No internet: analytics would log an error on every start.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
     # The Prefect server records each task-run state event in its own SQLite
-    # transaction by default (about 40 ms of server CPU per task run, taken from the
-    # cores the actors train on). Batched, every state is still recorded, up to 1 s
-    # later (docs/performance.md). They reach the embedded server the flow starts.
+    # transaction by default, server CPU taken from the cores the actors train on.
+    # Batched, every state is still recorded, a little later (docs/performance.md). They reach the embedded server the flow starts.
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "50",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",

@@ -32,10 +32,9 @@ from prefect.client.schemas.objects import StateType
 from prefect.logging import get_logger
 
 RECORDING_TIMEOUT_S = 300.0
-# The server's recorder writes queued task runs at least once a second (flows/environment.py),
-# so the wait is about a second at most. A short, even recheck ends it within 0.1 s of
-# the write (a doubling delay overshot by up to 0.8 s, on every block and at every run's
-# end); a count costs the server a few milliseconds.
+# The server's recorder writes queued task runs on a short interval (flows/environment.py):
+# a short, even recheck ends the wait soon after the write, where a doubling delay
+# overshot it on every block and at every run's end; a count is cheap for the server.
 RECHECK_S = 0.1
 
 

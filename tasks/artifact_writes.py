@@ -3,8 +3,7 @@ Prefect API for its own view.
 
 Each iteration updates three artifacts of the run's history (flows/history.py) and
 creates one samples table (tasks/samples_table.py). Sent inline, the flow waited on
-the server for each: about 1.8 s of a 40-iteration CPU run, measured with and without
-them (docs/performance.md section 4). Here they go out in submission order on one
+the server for each (docs/performance.md section 4). Here they go out in submission order on one
 thread, each in the context it was submitted from (the flow run or task run it
 attaches to, the API the run talks to). Writes under one key coalesce: a write that
 has not started yet is replaced by a newer one under the same key, which is right for

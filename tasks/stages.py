@@ -5,7 +5,7 @@ waits for its own stage's calls, checks what the stage promised, logs its metric
 (prints inside actors never reach the UI) and completes when the stage completes.
 The UI therefore shows one task run per stage with its true end time, an actor's
 error fails the task of the stage that raised it, and Prefect's own bookkeeping
-(about 10 ms a task here) overlaps the next stage's compute (docs/performance.md).
+overlaps the next stage's compute (docs/performance.md).
 
 A task's arguments are Ray object references when the flow runs it, or the values
 themselves when the in-process runner calls its `.fn` (flows/runners.py): `resolve`

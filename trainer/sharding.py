@@ -11,7 +11,7 @@ One rank is not sharded: a mesh of one would add DTensor wrappers and no saving,
 the unsharded path is what the bitwise resume tests pin (S-CKPT-8).
 
 FSDP and DTensor are imported when a model is sharded, not with this module: they
-bring in sympy (together about 0.7 CPU-s), and the driver imports this module with
+bring in sympy, and the driver imports this module with
 the role classes it launches but never shards anything. Until they are imported,
 nothing can be an FSDP module or a DTensor, which is how the checks below answer
 without importing them. Role processes have them preloaded (workers/fork_server.py).

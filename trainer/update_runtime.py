@@ -260,7 +260,7 @@ class UpdateRuntime:
         role's ranks, a one-rank boundary is sliced into them (S-SCALE-2).
 
         The sharded layout's module is imported here, not with this one: it brings in
-        torch.distributed.tensor and sympy (0.7 CPU-s), which the driver, importing the
+        torch.distributed.tensor and sympy, which the driver, importing the
         role classes to launch their actors, never uses. Role processes have it
         preloaded (workers/fork_server.py)."""
         from checkpoint.sharded_role import is_sharded_layout, load_sharded_role

@@ -55,7 +55,7 @@ PRELOAD = (
     # trainer/update_runtime.py), not with the role bodies.
     "torch.distributed.fsdp",
     "checkpoint.sharded_role",
-    # What `import ray` brings from other packages, in every worker (about 0.1 CPU-s).
+    # What `import ray` brings from other packages, in every worker.
     "google.protobuf",
     "requests",
     "urllib3",
@@ -279,7 +279,7 @@ def main() -> None:
         return
     serve(listener, args.watch_fd)
     # Its children are killed; tearing down thousands of imported modules would only
-    # make the driver's shutdown wait (about 1.4 s here).
+    # make the driver's shutdown wait.
     os._exit(0)
 
 
