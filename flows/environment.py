@@ -16,7 +16,8 @@ DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "false",
     # The Prefect server records each task-run state event in its own SQLite
     # transaction by default, server CPU taken from the cores the actors train on.
-    # Batched, every state is still recorded, a little later (docs/performance.md). They reach the embedded server the flow starts.
+    # Batched, every state is still recorded, a little later (docs/performance.md).
+    # They reach the embedded server the flow starts.
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "50",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
