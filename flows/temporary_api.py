@@ -9,8 +9,8 @@ has imported Prefect's whole server package just to launch it. Its start-up is t
 longest single chain of a run's start (docs/performance.md), so the command line
 launches the same command with the same settings at once (over Prefect's app behind
 one retry middleware, flows/temporary_server.py) and points `PREFECT_API_URL` at it;
-the flow then finds an API that is up or coming up. A run with `PREFECT_API_URL` set (a standing server, `make serve`) starts
-none. The server answers only on loopback, as Prefect's own temporary one does.
+the flow then finds an API that is up or coming up. A run with `PREFECT_API_URL` set
+(a standing server, `make serve`) starts none. The server answers only on loopback, as Prefect's own temporary one does.
 
 It is launched even before this process imports Prefect (`launch_early`: that import
 is on the API's own path to answering), unless the
