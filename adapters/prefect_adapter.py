@@ -1,7 +1,7 @@
 """Prefect's internals, used only on the Prefect versions they were written against.
 
 Two things need them: the command line's own temporary API (Prefect's server app,
-behind the retry of flows/temporary_server.py, docs/architecture.md) and creating an
+behind the retry of processes/temporary_server.py, docs/architecture.md) and creating an
 artifact synchronously from a thread Prefect might take for async. Outside
 `WRITTEN_FOR` the run lets Prefect start its own temporary server, and artifacts are
 created through the plain public `.create()`.

@@ -75,7 +75,7 @@ def evaluate_dir(model_dir: str, max_operand: int, max_new_tokens: int = 4) -> f
 
 def _run_profile(profile: str, overrides: list[str], direct: bool) -> int:
     from configs.loading import load_config
-    from flows.environment import apply_default_environment
+    from cli.environment import apply_default_environment
     from models.model_io import ensure_model
 
     apply_default_environment()

@@ -42,7 +42,7 @@ def _cmdline(pid: int) -> str:
 def process_group(pid: int, root: int, cmdline: str, parent_group: str | None = None) -> str:
     if pid == root:
         return "driver process"
-    if "workers.fork_server" in cmdline:
+    if "processes.fork_server" in cmdline:
         # A forked role process carries the server's command line until Ray retitles it.
         return "ray actors" if parent_group == "fork server" else "fork server"
     if cmdline.startswith("ray::") or "default_worker.py" in cmdline:

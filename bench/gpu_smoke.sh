@@ -43,7 +43,7 @@ OVERRIDES=(job.output_root="$OUT" job.name=gpu-smoke rl.max_steps="$ITERATIONS" 
            grid.ray_num_cpus=null "${PLACEMENT[@]}" "${EXTRA[@]}")
 
 echo "gpu_smoke: placement ${PLACEMENT[*]}"
-"$PY" -m flows.manifest --config configs/ppo_tiny_cpu.py -- "${OVERRIDES[@]}"
+"$PY" -m cli.manifest --config configs/ppo_tiny_cpu.py -- "${OVERRIDES[@]}"
 
 # The same actors the flow starts, asked where their models live: each role's ready()
 # reports the device it computes on (and the policy whether it is parked on the host).
@@ -53,8 +53,8 @@ import sys
 import ray
 
 from flows.training import resolve_config
-from roles.actors import start_role_actors, stop_role_actors
-from workers.ray_session import connect_ray
+from processes.actors import start_role_actors, stop_role_actors
+from processes.ray_session import connect_ray
 
 config = resolve_config("configs/ppo_tiny_cpu.py", sys.argv[1:] + ["job.name=gpu-smoke-probe"], None, None)
 started, roles = connect_ray(config), None

@@ -42,7 +42,7 @@ def run_seed(
     seeded = [*overrides, f"job.seed={seed}"] + ([f"rl.max_steps={iterations}"] if iterations else [])
     if use_flow:
         from flows.training import ppo
-        from flows.run_outputs import read_metrics
+        from rundir.run_outputs import read_metrics
 
         name = f"learning-seed{seed}-{os.getpid()}"
         ppo(
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides")
     args = parser.parse_args(argv)
 
-    from flows.environment import apply_default_environment
+    from cli.environment import apply_default_environment
 
     apply_default_environment()
     from configs.loading import load_config
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     iterations = args.iterations or config.rl.max_steps
     if args.flow:
-        from workers.ray_session import init_ray
+        from processes.ray_session import init_ray
 
         init_ray(num_cpus=config.grid.ray_num_cpus)  # once for all seeds
     way = "ppo flow (Prefect + Ray actors)" if args.flow else "direct loop (flows.in_process, no Prefect/Ray)"

@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from bench.cpu_accounting import CpuSampler
-from flows.environment import apply_default_environment
-from tasks.stage_names import EVALUATE, SAVE_ARTIFACT_TASK, TIMED_STAGES
+from cli.environment import apply_default_environment
+from contracts.stage_names import EVALUATE, SAVE_ARTIFACT_TASK, TIMED_STAGES
 
 DEFAULT_PROFILE = "configs/ppo_tiny_cpu.py"
 # The timed stages of every iteration (commits are off here; evaluation runs on its own cadence).
@@ -164,7 +164,7 @@ def run_flow_once(
     profile: str, overrides: list[str], output_root: str, name: str
 ) -> tuple[list[dict[str, Any]], RayGetMeter, list[float]]:
     from flows.training import ppo
-    from flows.run_outputs import read_metrics
+    from rundir.run_outputs import read_metrics
 
     meter = RayGetMeter()
     metrics_path = f"{output_root}/{name}/metrics.jsonl"
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_default_environment()
 
     from configs.loading import load_config
-    from workers.ray_session import init_ray
+    from processes.ray_session import init_ray
 
     config = load_config(args.profile, args.overrides)
     init_ray(num_cpus=config.grid.ray_num_cpus)  # once: every flow run below joins it

@@ -1,10 +1,10 @@
 """Does the Prefect UI stay fast at thousands of iterations? (S-OPS-1)
 
 Starts its own `prefect server` on 127.0.0.1 (a fresh database, the project's server
-settings from flows/environment.py), then for each N runs N iterations of the real
+settings from cli/environment.py), then for each N runs N iterations of the real
 flow shape in a fresh process: the real iteration program (flows/iteration.py), the
 real `FlowRunner` with one Prefect task per stage named `<stage>[iter=N]`, the block
-subflows and the run's history artifacts (flows/history.py). Only the model work is
+subflows and the run's history artifacts (views/history.py). Only the model work is
 stubbed: the roles are the CPU profile's role bodies in process (a tiny batch), each
 method computed once at iteration 1 and its result replayed afterwards, so the stage
 tasks carry real summaries and the flow's time is Prefect's. Checkpoint commits and
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.environment import DEFAULTS
+from cli.environment import DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE = "configs/ppo_tiny_cpu.py"
@@ -95,11 +95,11 @@ def run_flow(iterations: int, block: int, model_dir: str, out: str) -> None:
     from prefect import flow
 
     from configs.loading import load_config
-    from flows.history import RunHistory
+    from views.history import RunHistory
     from flows.in_process import build_roles
     from flows.iteration import run_iterations
     from flows.runners import FlowRunner
-    from tasks.run_artifacts import current_flow_run_id
+    from views.run_artifacts import current_flow_run_id
 
     run_name = f"ui-scale-{iterations}"
     config = load_config(PROFILE, [

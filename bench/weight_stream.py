@@ -66,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bucket-mib", type=float, nargs="+", default=[8, 64, 4096])
     args = parser.parse_args()
-    from workers.ray_session import init_ray, prepare_ray_auth
+    from processes.ray_session import init_ray, prepare_ray_auth
 
     prepare_ray_auth(joins_cluster=False)  # before Ray is imported
     import ray

@@ -45,8 +45,8 @@ esac
 API_URL="http://${CLIENT_HOST}:${PORT}/api"
 
 mkdir -p "$STATE_DIR/home"
-# The server and Ray tuning the CLI run applies too (flows/environment.py).
-TUNING="$("$PYTHON" -m flows.environment --export-tuning)"
+# The server and Ray tuning the CLI run applies too (cli/environment.py).
+TUNING="$("$PYTHON" -m cli.environment --export-tuning)"
 # Everything below (server, CLI, worker, the flow runs the worker starts) shares
 # this environment; env.sh lets a user's shell talk to the same server.
 cat > "$STATE_DIR/env.sh" <<EOF

@@ -21,11 +21,11 @@ from configs.schema import PPOConfig
 from placement.plan import plan_placement
 from placement.role_placement import role_placements
 from flows.iteration import first_step, run_iterations
-from flows.resume import find_resume_point, restore_roles, start_from_scratch
-from flows.run_lock import RunLock, local_run_dir
-from flows.run_outputs import RunPaths, append_metrics
+from rundir.resume import find_resume_point, restore_roles, start_from_scratch
+from rundir.run_lock import RunLock, local_run_dir
+from rundir.run_outputs import RunPaths, append_metrics
 from flows.runners import InProcessRunner
-from flows.trackers import Trackers, open_trackers
+from views.trackers import Trackers, open_trackers
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
@@ -57,7 +57,7 @@ class InProcessRoles:
 
 
 def build_roles(config: PPOConfig) -> InProcessRoles:
-    """Every role in this process, constructed in `roles.actors.ROLE_CLASSES` order
+    """Every role in this process, constructed in `processes.actors.ROLE_CLASSES` order
     (the tiny model is built on first use, as in the flow). Each device role gets
     rank 0's placement from the same `role_placements` the actors are started with."""
     placements = role_placements(plan_placement(config))
@@ -95,7 +95,7 @@ def run_in_process(
         paths: write the run there as the flow does (boundaries on the save cadence,
             metrics.jsonl); None writes nothing.
         resume: with `paths`, continue from the run's last committed boundary exactly
-            as the flow does (flows/resume.py); `start` is then the iteration after it.
+            as the flow does (rundir/resume.py); `start` is then the iteration after it.
         resume_from: with `paths`, go back to this earlier committed boundary
             (`iter_000010`) instead, as the flow's parameter of that name does.
         on_iteration: called with each record as soon as it is complete.
@@ -126,7 +126,7 @@ def run_in_process(
             start = point.iteration + 1
         else:
             start_from_scratch(paths)
-        trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (flows/trackers.py)
+        trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (views/trackers.py)
         try:
             run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
         finally:

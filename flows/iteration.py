@@ -19,12 +19,12 @@ from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
 from flows.blocks import iteration_blocks
-from flows.history import artifact_key
-from flows.run_outputs import RunPaths
+from views.history import artifact_key
+from rundir.run_outputs import RunPaths
 from tasks import commit as commit_tasks
 from tasks import stages
 from placement.plan import TRAINER_ROLES
-from tasks.stage_names import TRAIN, time_key
+from contracts.stage_names import TRAIN, time_key
 
 
 class Runner(Protocol):
@@ -40,7 +40,7 @@ class Runner(Protocol):
 
 
 class Roles(Protocol):
-    """Actor handles (roles/actors.py RoleHandles) or role objects (flows/in_process.py
+    """Actor handles (processes/actors.py RoleHandles) or role objects (flows/in_process.py
     InProcessRoles): each role's rank 0 as an attribute (`roles.policy`), every rank
     through `ranks`."""
 

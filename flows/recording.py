@@ -32,7 +32,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.logging import get_logger
 
 RECORDING_TIMEOUT_S = 300.0
-# The server's recorder writes queued task runs on a short interval (flows/environment.py):
+# The server's recorder writes queued task runs on a short interval (cli/environment.py):
 # a short, even recheck ends the wait soon after the write, where a doubling delay
 # overshot it on every block and at every run's end; a count is cheap for the server.
 RECHECK_S = 0.1

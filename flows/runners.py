@@ -79,7 +79,7 @@ class FlowRunner:
             return body()
         from flows.blocks import run_block
         from flows.recording import wait_until_recorded
-        from tasks.run_artifacts import artifacts_on_this_run, current_flow_run_id
+        from views.run_artifacts import artifacts_on_this_run, current_flow_run_id
 
         def recorded() -> Result:
             self.task_runs = 0
@@ -163,7 +163,7 @@ class FlowRunner:
         """A dead or stuck actor named by its role (and node), instead of Ray's actor id."""
         from ray.exceptions import RayActorError, RayError
 
-        from roles.actors import kill_quietly
+        from processes.actors import kill_quietly
         from tasks.stages import StageTimeout
 
         if isinstance(error, StageTimeout):
@@ -205,7 +205,7 @@ class FlowRunner:
 
 def labelled_actors(roles: Any) -> dict[str, Any]:
     """Every rank's handle under the role name a user reads (`policy`, `policy[1]`)."""
-    from roles.actors import actor_label
+    from processes.actors import actor_label
 
     labelled: dict[str, Any] = {}
     for role, _ in roles.items():

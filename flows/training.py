@@ -3,12 +3,12 @@
 Set-up (config, resume point, Ray, role actors), then the iterations (flows/iteration.py,
 one Prefect task per stage), then the final export and the run's summary. Parameters
 are flat so the Prefect UI form and `prefect deployment run --params` can set them.
-The command line (`python -m flows.ppo`) is flows/cli.py.
+The command line (`python -m flows.ppo`) is cli/command.py.
 """
 
 from __future__ import annotations
 
-from flows import ray_auth_first  # noqa: F401  (before anything below imports Ray)
+from processes import ray_auth_first  # noqa: F401  (before anything below imports Ray)
 
 import time
 from typing import Any
@@ -18,19 +18,19 @@ from prefect.client.schemas.objects import StateType
 
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
-from flows.history import RunHistory
+from views.history import RunHistory
 from flows.iteration import first_step, run_iterations
-from flows.preflight import require_runnable
-from flows.resume import find_resume_point, restore_roles, start_from_scratch
-from flows.run_config import DEFAULT_PROFILE, resolve_config
-from flows.run_lock import RunLock, local_run_dir, stale_after
-from flows.run_outputs import RunPaths, append_metrics, read_metrics
+from cli.preflight import require_runnable
+from rundir.resume import find_resume_point, restore_roles, start_from_scratch
+from rundir.run_config import DEFAULT_PROFILE, resolve_config
+from rundir.run_lock import RunLock, local_run_dir, stale_after
+from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.runners import FlowRunner
-from flows.trackers import open_trackers
+from views.trackers import open_trackers
 from placement.nodes import describe_layout
-from roles.actors import RoleHandles, start_role_actors, startup_timeout, stop_role_actors
+from processes.actors import RoleHandles, start_role_actors, startup_timeout, stop_role_actors
 from tasks import commit as commit_tasks
-from workers.ray_session import connect_ray, shutdown_ray
+from processes.ray_session import connect_ray, shutdown_ray
 
 def _flow_run_name() -> str:
     from prefect.runtime import flow_run

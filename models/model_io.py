@@ -25,7 +25,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # transformers' model classes are imported in the functions that load a model: the flow
 # process imports this module (through the role classes it launches as actors) but
 # never loads a model, and `transformers.modeling_utils` is one of the costliest imports at
-# start-up. Role processes have it preloaded (workers/fork_server.py).
+# start-up. Role processes have it preloaded (processes/fork_server.py).
 
 
 def quiet_transformers() -> None:

@@ -14,7 +14,7 @@ from algorithm.ppo_math import clipped_value_loss
 from configs.schema import OptimizerConfig, PPOConfig
 from models.model_io import ensure_model, load_value_model, response_values
 from roles.trainer_role import TrainerRole
-from roles.trajectory import PPOTargets, Trajectory
+from contracts.trajectory import PPOTargets, Trajectory
 
 
 class CriticRole(TrainerRole):

@@ -14,7 +14,7 @@ from configs.schema import DataConfig, PPOConfig
 from algorithm.rewards import resolve_terminal
 from data.prompt_projection import project_prompt, project_reference, reference_key_for
 from data.sources import iter_source_rows
-from roles.trajectory import PromptBatch
+from contracts.trajectory import PromptBatch
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 if TYPE_CHECKING:  # the resume check reads experience files before any torch import
-    from roles.trajectory import PPOTargets, Trajectory
+    from contracts.trajectory import PPOTargets, Trajectory
 
 EXPERIENCE_DIR = "experience"
 _FILE = re.compile(r"^iter_(\d{6,})\.jsonl\.gz$")

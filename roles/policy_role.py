@@ -36,7 +36,7 @@ from models.model_io import (
 )
 from placement.role_placement import RolePlacement
 from roles.trainer_role import TrainerRole
-from roles.trajectory import PPOTargets, TrainReceipt, Trajectory
+from contracts.trajectory import PPOTargets, TrainReceipt, Trajectory
 from trainer.sharding import full_weight_buckets
 from trainer.weight_publication import WeightPublication, publish
 

@@ -20,7 +20,7 @@ from models.model_io import ensure_model, load_causal_lm, model_device, response
 from placement.mesh import role_mesh
 from placement.plan import plan_placement
 from placement.role_placement import RolePlacement
-from roles.trajectory import Trajectory
+from contracts.trajectory import Trajectory
 from trainer.data_parallel import SINGLE, DataParallel, join_group, rendezvous_address
 from trainer.runtime import configure_torch_threads
 from trainer.sharding import is_sharded, shard_model

@@ -14,7 +14,7 @@ from typing import Any
 
 from configs.schema import PPOConfig
 from roles.experience import prune_experience, sample_rows, write_experience
-from roles.trajectory import PPOTargets, Trajectory, batch_identity
+from contracts.trajectory import PPOTargets, Trajectory, batch_identity
 
 
 @dataclass(frozen=True)

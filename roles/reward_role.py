@@ -10,7 +10,7 @@ import torch
 
 from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resolve_terminal, terminal_score
 from configs.schema import PPOConfig
-from roles.trajectory import Trajectory
+from contracts.trajectory import Trajectory
 
 
 class RewardRole:

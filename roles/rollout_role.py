@@ -14,7 +14,7 @@ from data.packer_choice import build_packer
 from models.model_io import ensure_model, load_tokenizer
 from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
-from roles.trajectory import PromptBatch, Trajectory
+from contracts.trajectory import PromptBatch, Trajectory
 from trainer.runtime import configure_torch_threads
 from trainer.weight_publication import WeightPublication
 

@@ -17,7 +17,7 @@ from configs.schema import OptimizerConfig, PPOConfig
 from placement.mesh import role_mesh
 from placement.plan import plan_placement
 from placement.role_placement import RolePlacement
-from roles.trajectory import PPOTargets, TrainReceipt
+from contracts.trajectory import PPOTargets, TrainReceipt
 from trainer.data_parallel import rendezvous_address
 from trainer.runtime import configure_torch_threads
 from trainer.update_runtime import UpdateRuntime

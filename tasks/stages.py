@@ -26,8 +26,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
-from roles.trajectory import TrainReceipt
-from tasks.samples_table import publish_samples
+from contracts.trajectory import TrainReceipt
+from views.samples_table import publish_samples
 
 STAGE_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
 

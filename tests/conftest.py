@@ -16,11 +16,11 @@ _PREFECT_HOME = tempfile.mkdtemp(prefix="ppo-tests-prefect-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from flows.environment import apply_default_environment  # noqa: E402  (before Prefect is imported)
+from cli.environment import apply_default_environment  # noqa: E402  (before Prefect is imported)
 
 apply_default_environment()  # the same Prefect/Ray settings as `make run`
 
-from workers.ray_session import prepare_ray_auth  # noqa: E402
+from processes.ray_session import prepare_ray_auth  # noqa: E402
 
 prepare_ray_auth(joins_cluster=False)  # the session's local Ray: before any test module imports Ray
 
@@ -67,7 +67,7 @@ def prefect_api():
 @pytest.fixture(scope="session")
 def ray_cluster():
 
-    from workers.ray_session import init_ray, shutdown_ray
+    from processes.ray_session import init_ray, shutdown_ray
 
     init_ray(num_cpus=2)
     yield

@@ -14,7 +14,7 @@ FSDP and DTensor are imported when a model is sharded, not with this module: the
 bring in sympy, and the driver imports this module with
 the role classes it launches but never shards anything. Until they are imported,
 nothing can be an FSDP module or a DTensor, which is how the checks below answer
-without importing them. Role processes have them preloaded (workers/fork_server.py).
+without importing them. Role processes have them preloaded (processes/fork_server.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import torch
 from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
-from roles.trajectory import PPOTargets
+from contracts.trajectory import PPOTargets
 from trainer.data_parallel import SINGLE, DataParallel, join_group
 from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
 from trainer.sharding import clip_gradients, full_weights, is_sharded, local_part, set_gradient_sync, shard_model
@@ -262,7 +262,7 @@ class UpdateRuntime:
         The sharded layout's module is imported here, not with this one: it brings in
         torch.distributed.tensor and sympy, which the driver, importing the
         role classes to launch their actors, never uses. Role processes have it
-        preloaded (workers/fork_server.py)."""
+        preloaded (processes/fork_server.py)."""
         from checkpoint.sharded_role import is_sharded_layout, load_sharded_role
 
         load = load_sharded_role if is_sharded_layout(directory) else load_trainable_role

@@ -4,7 +4,7 @@ import atexit
 import os
 import sys
 
-from flows.environment import apply_default_environment
+from cli.environment import apply_default_environment
 
 apply_default_environment()  # before Prefect is imported
 
@@ -23,7 +23,7 @@ def _exit_without_teardown() -> None:
 
 atexit.register(_exit_without_teardown)
 
-from flows.cli import main  # noqa: E402
+from cli.command import main  # noqa: E402
 
 _exit_code[0] = main()
 sys.exit(_exit_code[0])

@@ -17,7 +17,7 @@ WORKER_CPUS = 2  # logical: the tiny colocated plan puts two 1-CPU bundles on it
 def head_and_workers(workers: int = 2) -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
-    from workers.ray_session import protect_local_ray
+    from processes.ray_session import protect_local_ray
 
     protect_local_ray(os.environ)  # keeps a token already set (the session's local Ray uses it too)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -2,7 +2,7 @@
 session share. Starting a run's seven actors is most of what such a test costs
 (issue 19): a run several tests read is made once per session, and a test whose runs
 end can ask for `reused_role_processes`, so its runs build their role bodies in
-processes an earlier run of this session finished with (roles/process_pool.py).
+processes an earlier run of this session finished with (processes/process_pool.py).
 
 A fault test finds the run's actor to kill or freeze through
 `tests.integration.helpers.run_actor`, which knows the kept process serving a role.
@@ -30,7 +30,7 @@ class FinishedRun:
 @pytest.fixture(scope="session")
 def role_process_pool(ray_cluster):
     """The session's idle role processes; killed when the session ends."""
-    from roles.process_pool import RoleProcessPool
+    from processes.process_pool import RoleProcessPool
 
     pool = RoleProcessPool()
     yield pool
@@ -41,7 +41,7 @@ def role_process_pool(ray_cluster):
 def reused_role_processes(role_process_pool):
     """Runs of this test take role processes from the session's pool and give the
     live ones back when they end (a dead or hung one is killed)."""
-    from roles.process_pool import keep_role_processes
+    from processes.process_pool import keep_role_processes
 
     with keep_role_processes(role_process_pool) as pool:
         yield pool
@@ -54,7 +54,7 @@ def golden_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_
     subflows (`iterations 1-2`, `iteration 3`). Tests only read it; none may write
     into its directory."""
     from flows.training import ppo
-    from roles.process_pool import keep_role_processes
+    from processes.process_pool import keep_role_processes
 
     root = tmp_path_factory.mktemp("golden")
     overrides = short_run_overrides(root, tiny_model_dir) + [

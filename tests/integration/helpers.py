@@ -55,10 +55,10 @@ def run_dir_snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 def run_actor(run_name: str, actor: str):
     """A live run's actor by name: a named Ray actor, or the kept process serving
-    under that name when the run takes its processes from a pool (roles/process_pool.py)."""
+    under that name when the run takes its processes from a pool (processes/process_pool.py)."""
     import ray
 
-    from roles.process_pool import active_pool
+    from processes.process_pool import active_pool
 
     namespace = f"ppo-{run_name}"
     pool = active_pool()
@@ -103,7 +103,7 @@ def assert_ends_like_the_uninterrupted_run(
     exactly this: tests/integration/test_flow_matches_in_process.py); the final policy
     and critic weights are bitwise equal and so is every metrics row (timings aside)."""
     from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
+    from rundir.run_outputs import RunPaths
     from flows.training import resolve_config
 
     config = resolve_config(profile, overrides, None, straight_name)

@@ -20,11 +20,11 @@ DRIVER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, sys.argv[1])
-    from flows.environment import apply_default_environment
+    from cli.environment import apply_default_environment
     apply_default_environment()
     from packaging.specifiers import SpecifierSet
     from adapters import ray_adapter
-    from workers import ray_session
+    from processes import ray_session
 
     written_for = ray_adapter.WRITTEN_FOR
     ray_adapter.WRITTEN_FOR = SpecifierSet("<2")  # as if the installed Ray were newer than the adapter

@@ -1,4 +1,4 @@
-"""`python -m flows.cleanup RUN_NAME` removes the leftover role actors of that run only
+"""`python -m cli.cleanup RUN_NAME` removes the leftover role actors of that run only
 (issue 8: "a command removes leftovers of a named run")."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class _Leftover:
 def test_cleanup_kills_the_named_runs_actors_and_leaves_other_runs_alone(ray_cluster, capsys):
     import ray
 
-    from flows.cleanup import main
+    from cli.cleanup import main
 
     def start(role: str, run: str):
         handle = (

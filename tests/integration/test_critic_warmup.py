@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 def warmup_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     """N=2, 4 iterations, a boundary after every iteration so each state can be read."""
     from flows.training import ppo
-    from roles.process_pool import keep_role_processes
+    from processes.process_pool import keep_role_processes
 
     root = tmp_path_factory.mktemp("warmup")
     every_iteration = ["rl.max_steps=4", "rl.save_every=1", "rl.keep_optim_last=0"]

@@ -29,7 +29,7 @@ SHARD_ALIGNED = ["rl.minibatch_size=8", "rl.micro_batch_size=4"]
 
 def _start(tiny_overrides, *extra: str):
     from configs.loading import load_config
-    from roles.actors import start_role_actors
+    from processes.actors import start_role_actors
 
     config = load_config(TINY_PROFILE, tiny_overrides + SHARD_ALIGNED + list(extra))
     return config, start_role_actors(config)
@@ -47,7 +47,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
     from configs.loading import load_config
     from flows.in_process import build_roles
     from flows.runners import FlowRunner, InProcessRunner
-    from roles.actors import stop_role_actors
+    from processes.actors import stop_role_actors
 
     # One rank: the role bodies in this process (the actors compute exactly this:
     # test_flow_matches_in_process.py), so only the two-rank side starts actors.
@@ -97,7 +97,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
 
 def test_the_controller_refuses_ranks_that_disagree_on_the_step():
     from tasks.stages import check_receipts
-    from roles.trajectory import TrainReceipt
+    from contracts.trajectory import TrainReceipt
 
     batch = "iter000003-aaaaaaaaaaaaaaaa"
     check_receipts([TrainReceipt("policy", batch, 0, 4, {}), TrainReceipt("policy", batch, 1, 4, {})], batch, 3)

@@ -201,10 +201,10 @@ def test_deployment_run_completes_and_names_every_stage_of_every_iteration(stack
 
 
 def test_deployment_run_leaves_a_history_table_summary_and_curve(stack, three_iterations):
-    """Needs flows.history wired into the flow (RunHistory.start/add_iteration/finish)."""
+    """Needs views.history wired into the flow (RunHistory.start/add_iteration/finish)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.history import artifact_key
+    from views.history import artifact_key
 
     keys = [artifact_key("deploy-e2e", kind) for kind in ("iterations", "progress", "summary")]
 

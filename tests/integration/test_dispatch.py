@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.ray]
 @pytest.fixture(scope="module")
 def roles(ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     from configs.loading import load_config
-    from roles.actors import start_role_actors, stop_role_actors
-    from roles.process_pool import keep_role_processes
+    from processes.actors import start_role_actors, stop_role_actors
+    from processes.process_pool import keep_role_processes
 
     overrides = short_run_overrides(tmp_path_factory.mktemp("dispatch"), tiny_model_dir)
     config = load_config(TINY_PROFILE, overrides + ["job.name=dispatch-guard"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from configs.loading import load_config
 from flows.in_process import run_in_process
-from flows.run_outputs import RunPaths
+from rundir.run_outputs import RunPaths
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import metric_records
 

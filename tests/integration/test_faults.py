@@ -100,13 +100,13 @@ def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing
     import subprocess
     import sys
 
-    from flows.run_lock import RunLocked
+    from rundir.run_lock import RunLocked
     from flows.training import ppo
     from tests.conftest import REPO_ROOT
 
     run_dir = tmp_path / "outputs" / "busy"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from flows.run_lock import RunLock; "
+        [sys.executable, "-c", "import sys, time; from rundir.run_lock import RunLock; "
          "RunLock(sys.argv[1], 'first-run (abc)').acquire(); print('held', flush=True); time.sleep(120)", str(run_dir)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
     )

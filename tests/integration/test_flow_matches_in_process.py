@@ -12,7 +12,7 @@ from algorithm.metrics_catalogue import uncatalogued
 from checkpoint.digest import state_digest
 from checkpoint.role_state import model_tensors
 from flows.in_process import run_in_process
-from flows.run_outputs import RunPaths
+from rundir.run_outputs import RunPaths
 from flows.training import resolve_config
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings

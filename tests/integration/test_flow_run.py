@@ -54,9 +54,9 @@ def test_the_run_graph_holds_one_node_per_block_and_each_block_its_iterations_ta
         FlowRunFilterParentFlowRunId,
     )
 
-    from flows.history import artifact_key
+    from views.history import artifact_key
     from flows.recording import count_task_runs, run_flow_runs
-    from tasks.stage_names import ITERATION_TASKS
+    from contracts.stage_names import ITERATION_TASKS
 
     stages = [stage for stage in ITERATION_TASKS if stage not in ("evaluate", "commit")]
     with get_client(sync_client=True) as client:

@@ -1,4 +1,4 @@
-"""Role processes forked from one preloaded process (workers/fork_server.py, issue 19).
+"""Role processes forked from one preloaded process (processes/fork_server.py, issue 19).
 
 What a user relies on: a forked actor is an ordinary Ray worker (the raylet's
 environment, the run's settings, a failure named as before), it imports nothing
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.ray]
 
 
 def _fork_server():
-    from workers import ray_session
+    from processes import ray_session
 
     return ray_session._fork_server
 
@@ -93,7 +93,7 @@ def test_a_killed_forked_actor_fails_its_calls_and_leaves_no_process(ray_cluster
 
 def test_ending_one_forked_actor_leaves_the_others_and_the_server_alive(ray_cluster):
     """ray.kill ends a worker through its process group; a run kills some actors (a
-    trainer's ranks) while a driver keeps others (roles/process_pool.py)."""
+    trainer's ranks) while a driver keeps others (processes/process_pool.py)."""
     import ray
 
     server = _fork_server()
@@ -122,10 +122,10 @@ DRIVER = textwrap.dedent(
     """
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
-    from flows.environment import apply_default_environment
+    from cli.environment import apply_default_environment
     apply_default_environment()
     import ray
-    from workers import ray_session
+    from processes import ray_session
     ray_session.init_ray(num_cpus=1)
 
     @ray.remote(num_cpus=0)
@@ -166,7 +166,7 @@ def test_without_a_reachable_server_a_worker_starts_as_ray_starts_it(tmp_path):
     marker = tmp_path / "argv.txt"
     script = tmp_path / "default_worker.py"  # the name of Ray's worker script: a command the client forks
     script.write_text(f"import sys; open({str(marker)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
-    client = REPO_ROOT / "workers" / "fork_client.py"
+    client = REPO_ROOT / "processes" / "fork_client.py"
     env = {**os.environ, "PPO_FORK_SERVER_SOCKET": str(tmp_path / "no-such.sock")}
     done = subprocess.run([sys.executable, "-S", str(client), str(script), "--flag=1"], env=env, timeout=60)
     assert done.returncode == 0
@@ -175,7 +175,7 @@ def test_without_a_reachable_server_a_worker_starts_as_ray_starts_it(tmp_path):
 
 def test_the_launcher_runs_any_command_but_a_workers_as_plain_python(ray_cluster):
     """A local Ray starts all its Python daemons with the launcher it uses for workers
-    (workers/fork_launch.py): those must run unchanged, with site-packages, in the very
+    (processes/fork_launch.py): those must run unchanged, with site-packages, in the very
     process the raylet started, not as a fork."""
     server = _fork_server()
     process = subprocess.Popen(

@@ -33,7 +33,7 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
     """The run nobody killed, in process (the flow computes exactly this:
     tests/integration/test_flow_matches_in_process.py)."""
     from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
+    from rundir.run_outputs import RunPaths
     from flows.training import resolve_config
 
     root = tmp_path_factory.mktemp("uninterrupted")

@@ -31,8 +31,8 @@ from configs.loading import load_config
 from flows.runners import FlowRunner
 from placement.plan import plan_placement
 from placement.ray_lowering import PlacementError, lower_placement
-from roles.actors import ROLE_CLASSES, RoleHandles
-from workers.ray_session import worker_env
+from processes.actors import ROLE_CLASSES, RoleHandles
+from processes.ray_session import worker_env
 
 @ray.remote
 class Probe:

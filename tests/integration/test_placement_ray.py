@@ -22,11 +22,11 @@ SCRIPT = r"""
 import json, os, sys
 import ray
 from configs.loading import load_config
-from workers.ray_session import worker_env
+from processes.ray_session import worker_env
 from placement.plan import plan_placement
 from placement.ray_lowering import PlacementError, lower_placement, release_placement
 
-from workers.ray_session import protect_local_ray
+from processes.ray_session import protect_local_ray
 protect_local_ray(os.environ)  # the same token auth a run uses (S-SEC-1)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": worker_env()})

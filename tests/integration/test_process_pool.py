@@ -1,4 +1,4 @@
-"""Role processes kept from one run to the next (roles/process_pool.py, issue 19): the
+"""Role processes kept from one run to the next (processes/process_pool.py, issue 19): the
 next run's bodies are built afresh in them, so a kept process never carries one run's
 state into the next, and a dead or hung process is never kept."""
 
@@ -34,7 +34,7 @@ def test_a_kept_process_builds_the_next_run_afresh_and_a_dead_or_hung_one_is_not
     from configs.loading import load_config
     from flows.iteration import ppo_iteration
     from flows.runners import FlowRunner
-    from roles.actors import start_role_actors, stop_role_actors
+    from processes.actors import start_role_actors, stop_role_actors
 
     config = load_config(TINY_PROFILE, short_run_overrides(tmp_path, tiny_model_dir) + ["job.name=kept"])
     pool = reused_role_processes

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from workers.ray_session import protect_local_ray
+from processes.ray_session import protect_local_ray
 
 pytestmark = [pytest.mark.ray]
 

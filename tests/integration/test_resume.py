@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint.boundary import CheckpointError
-from flows.resume import ResumeError
+from rundir.resume import ResumeError
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.integration.helpers import (
     boundary,
@@ -52,7 +52,7 @@ def _seed(root: Path, model_dir: str, name: str, *extra: str, warmup: int = 0, r
     """A run written by the in-process runner, as the flow would write it (resuming
     the one already there with `resume`)."""
     from flows.in_process import run_in_process
-    from flows.run_outputs import RunPaths
+    from rundir.run_outputs import RunPaths
     from flows.training import resolve_config
 
     config = resolve_config(TINY_PROFILE, _overrides(root, model_dir, *extra), warmup, name)
@@ -126,7 +126,7 @@ def test_sigkill_mid_iteration_then_rerun_resumes_from_the_last_commit(straight_
 
 
 def test_newer_boundary_without_success_is_never_used(straight_runs, tiny_model_dir, tmp_path):
-    """The boundary choice is flows/resume.py's, shared by both runners: held here in
+    """The boundary choice is rundir/resume.py's, shared by both runners: held here in
     process (a flow-level resume is in the kill-point and dead-actor tests)."""
     _seed(tmp_path, tiny_model_dir, "partial", "rl.max_steps=2")
     run_dir = tmp_path / "partial"

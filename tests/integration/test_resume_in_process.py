@@ -1,5 +1,5 @@
 """Resume through the in-process runner (flows/in_process.py): the flow's own resume
-code (flows/resume.py) and iteration program on role objects, no Prefect, no Ray.
+code (rundir/resume.py) and iteration program on role objects, no Prefect, no Ray.
 These hold the resume contract (S-CKPT-8, S-CW-7..9) in seconds per case; the flow
 runs of tests/integration/test_resume.py hold it over actors."""
 
@@ -16,8 +16,8 @@ from checkpoint.boundary_files import BoundaryCorrupt
 from configs.loading import load_config
 from flows.failures import StageFailed
 from flows.in_process import run_in_process
-from flows.resume import ResumeError
-from flows.run_outputs import RunPaths
+from rundir.resume import ResumeError
+from rundir.run_outputs import RunPaths
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import boundary, metric_records, run_dir_snapshot, weights_digest, without_timings
 

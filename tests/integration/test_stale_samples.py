@@ -13,7 +13,7 @@ import pytest
 from algorithm.update_plan import UpdatePlan
 from configs.loading import load_config
 from roles.policy_role import PolicyRole, StaleSampleError
-from roles.trajectory import TrainReceipt
+from contracts.trajectory import TrainReceipt
 from tests.conftest import TINY_PROFILE, first_rank
 
 

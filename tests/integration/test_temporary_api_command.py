@@ -1,5 +1,5 @@
 """The command line's temporary Prefect API, started as the command starts it: the real
-server command over Prefect's app and the retry middleware (flows/temporary_server.py),
+server command over Prefect's app and the retry middleware (processes/temporary_server.py),
 here on the test session's database so it starts without a migration."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import os
 import urllib.request
 
-from flows.temporary_api import SERVER_ENV, _launch_api, server_command
+from processes.temporary_api import SERVER_ENV, _launch_api, server_command
 
 
 def test_the_real_temporary_api_command_serves_prefects_api_through_the_retry(prefect_api):

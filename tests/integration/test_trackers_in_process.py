@@ -10,8 +10,8 @@ import pytest
 
 from configs.loading import load_config
 from flows.in_process import run_in_process
-from flows.preflight import config_problems
-from flows.run_outputs import RunPaths
+from cli.preflight import config_problems
+from rundir.run_outputs import RunPaths
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import metric_records
 

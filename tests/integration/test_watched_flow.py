@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from flows.history import artifact_key
+from views.history import artifact_key
 from flows.in_process import run_in_process
-from flows.run_outputs import RunPaths
+from rundir.run_outputs import RunPaths
 from flows.training import resolve_config
 from tests.conftest import TINY_PROFILE
 from tests.integration.helpers import metric_records, without_timings

@@ -147,7 +147,7 @@ def resume_and_continue(rank: int, world: int, address: str, out: str, options: 
 def scored_trajectory(vocab_size: int):
     """A fixed batch of 4 sequences (prompt 5, response 4), the last rows padded, the
     same on every rank."""
-    from roles.trajectory import PromptBatch, Trajectory
+    from contracts.trajectory import PromptBatch, Trajectory
 
     generator = torch.Generator().manual_seed(2)
     prompt_ids = torch.randint(0, vocab_size, (4, 5), generator=generator)

@@ -47,7 +47,7 @@ def test_prefect_keeps_its_server_app_and_answers_a_locked_database_with_a_retry
 
     assert callable(server.create_app)
     body = prefect_adapter.locked_database_body()
-    assert isinstance(body, dict) and body  # what flows/temporary_server.py retries on
+    assert isinstance(body, dict) and body  # what processes/temporary_server.py retries on
 
 
 def test_prefects_artifact_create_still_takes_the_sync_switch():
@@ -87,7 +87,7 @@ FORKS_ONLY_SINGLE_THREADED = textwrap.dedent(
     """
     import json, os, socket, struct, sys, threading, time
     sys.path.insert(0, sys.argv[1])
-    from workers import fork_server
+    from processes import fork_server
 
     def ask(script):
         server_end, client_end = socket.socketpair()

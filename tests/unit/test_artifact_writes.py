@@ -1,4 +1,4 @@
-"""The background artifact writer (tasks/artifact_writes.py, issue 19): the history and
+"""The background artifact writer (views/artifact_writes.py, issue 19): the history and
 samples tables a user reads in the UI are sent from a thread, so they must still
 arrive complete, in order, in the right context, and newest-wins only where asked."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextvars
 import threading
 
-from tasks.artifact_writes import ArtifactWrites
+from views.artifact_writes import ArtifactWrites
 
 WHERE: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="nowhere")
 

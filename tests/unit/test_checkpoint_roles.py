@@ -13,7 +13,7 @@ from checkpoint.export import main as export_main
 from checkpoint.retention import prune_optimizer_state
 from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE, RoleCheckpointError
 from configs.loading import load_config
-from flows.resume import ResumeError, check_loop_state
+from rundir.resume import ResumeError, check_loop_state
 from placement.plan import TRAINER_ROLES
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole

@@ -271,7 +271,7 @@ def test_bad_factory_strings_fail_config_validation_naming_the_key(value, expect
 
 
 def test_validate_manifest_reports_a_bad_factory_by_key(capsys):
-    from flows.manifest import validate_manifest
+    from cli.manifest import validate_manifest
 
     code = validate_manifest(TINY_PROFILE, ["data_packer.factory=nowhere_pkg.x:y"])
     captured = capsys.readouterr()

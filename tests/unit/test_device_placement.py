@@ -13,7 +13,7 @@ import torch
 from configs.loading import load_config
 from placement.plan import DEVICE_ROLES, plan_placement
 from placement.role_placement import role_placements
-from roles.trajectory import PPOTargets
+from contracts.trajectory import PPOTargets
 from trainer.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 

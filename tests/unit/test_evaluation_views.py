@@ -6,8 +6,8 @@ no training metrics."""
 from __future__ import annotations
 
 from configs.loading import load_config
-from flows.curves import curve_points, draw_reward_curve
-from flows.history import iteration_row, summary_markdown, table_rows
+from views.curves import curve_points, draw_reward_curve
+from views.history import iteration_row, summary_markdown, table_rows
 from flows.training import progress_line, reward_rise
 from tests.conftest import TINY_PROFILE
 

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
-from flows.curves import curve_points, write_reward_curve
-from flows.history import RunHistory, artifact_key, iteration_row, summary_markdown, table_rows
-from flows.run_outputs import append_metrics
+from views.curves import curve_points, write_reward_curve
+from views.history import RunHistory, artifact_key, iteration_row, summary_markdown, table_rows
+from rundir.run_outputs import append_metrics
 
 
 def _record(iteration: int, reward: float, kl: float, warmup: bool = False, version: int | None = None) -> dict:
@@ -126,7 +126,7 @@ def test_history_artifacts_read_back_through_the_prefect_api(prefect_api, tmp_pa
 
     @flow(name="history-probe", persist_result=False)
     def probe() -> RunHistory:
-        from flows.run_outputs import read_metrics
+        from rundir.run_outputs import read_metrics
 
         history = RunHistory.start("Probe_Run", max_steps=3, earlier_records=read_metrics(metrics), start_iteration=2)
         assert [row["iteration"] for row in history.rows] == [1]
@@ -175,7 +175,7 @@ def test_history_artifacts_read_back_through_the_prefect_api(prefect_api, tmp_pa
 
 @pytest.mark.prefect
 def test_history_never_fails_the_run_when_the_api_refuses_a_write(prefect_api):
-    from tasks.artifact_writes import artifact_writes
+    from views.artifact_writes import artifact_writes
 
     history = RunHistory(run_name="gone", max_steps=2, table_id=uuid.uuid4(), progress_id=uuid.uuid4())
     history.add_iteration(_record(1, 0.1, 0.0))  # both updates target artifacts that do not exist
@@ -186,14 +186,14 @@ def test_history_never_fails_the_run_when_the_api_refuses_a_write(prefect_api):
 def test_an_iteration_sends_the_same_few_rows_at_iteration_300_as_at_iteration_3(monkeypatch):
     """S-OPS-1: the run's table is a window of the newest TABLE_WINDOW rows, so an
     update never grows with the run (before, every update re-sent every row)."""
-    from flows.history import TABLE_WINDOW
+    from views.history import TABLE_WINDOW
 
     sent: list[int] = []
     monkeypatch.setattr(RunHistory, "_update", lambda self, what, artifact_id, update: sent.append(
         len(json.loads(update.data))
     ))
-    monkeypatch.setattr("flows.history.update_progress_artifact", lambda *args, **kwargs: None)
-    from tasks.artifact_writes import artifact_writes
+    monkeypatch.setattr("views.history.update_progress_artifact", lambda *args, **kwargs: None)
+    from views.artifact_writes import artifact_writes
 
     history = RunHistory(run_name="long", max_steps=300, table_id=uuid.uuid4(), progress_id=uuid.uuid4())
     for iteration in range(1, 301):

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from configs.loading import load_config
-from flows.manifest import check_manifest, validate_manifest
+from cli.manifest import check_manifest, validate_manifest
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
@@ -68,7 +68,7 @@ def test_validation_in_a_fresh_process_never_imports_ray_or_torch(tmp_path):
     code = (
         "import sys, time\n"
         "t = time.perf_counter()\n"
-        "from flows.manifest import validate_manifest\n"
+        "from cli.manifest import validate_manifest\n"
         f"rc = validate_manifest({PUBLIC_PROFILE!r}, ['job.output_root={tmp_path}'])\n"
         "print('elapsed', time.perf_counter() - t)\n"
         "print('imported', sorted(m for m in ('ray', 'torch', 'transformers', 'prefect', 'vllm') "
@@ -83,7 +83,7 @@ def test_validation_in_a_fresh_process_never_imports_ray_or_torch(tmp_path):
 
 def test_cli_validate_manifest_exits_zero_with_bind_check_ok(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "flows.manifest", "--config", PUBLIC_PROFILE, "--", f"job.output_root={tmp_path}"],
+        [sys.executable, "-m", "cli.manifest", "--config", PUBLIC_PROFILE, "--", f"job.output_root={tmp_path}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr

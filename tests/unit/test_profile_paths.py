@@ -100,9 +100,9 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
     """`python -m flows.ppo --config FILE`: the operator's file, wherever it is, reaches
     the flow it starts in the same process; the flow body is replaced here by one that
     resolves the profile as the real one does and then stops."""
-    import flows.cli
+    import cli.command
     import flows.training
-    from flows.resume import ResumeError
+    from rundir.resume import ResumeError
 
     profile, _ = evil_profile(tmp_path / "mine")
     seen = []
@@ -113,12 +113,12 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(flows.training, "ppo", flow_body)
     # No Ray or actors in a unit test: the CLI's start-ahead of them is not what this checks.
-    monkeypatch.setattr("workers.ray_session.connect_ray", lambda config: False)
-    monkeypatch.setattr("flows.temporary_api.start_temporary_api", lambda early=None: None)
-    monkeypatch.setattr("flows.temporary_api.launch_early", lambda: None)
-    monkeypatch.setattr("roles.actors.prelaunch_role_actors", lambda config: None)
+    monkeypatch.setattr("processes.ray_session.connect_ray", lambda config: False)
+    monkeypatch.setattr("processes.temporary_api.start_temporary_api", lambda early=None: None)
+    monkeypatch.setattr("processes.temporary_api.launch_early", lambda: None)
+    monkeypatch.setattr("processes.actors.prelaunch_role_actors", lambda config: None)
     monkeypatch.chdir(tmp_path)
-    assert flows.cli.main(["--config", str(profile), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
+    assert cli.command.main(["--config", str(profile), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
     assert seen == ["tiny-cpu"]
     assert str((tmp_path / "mine").resolve()) in os.environ[PROFILE_DIRS_ENV].split(os.pathsep)
 

@@ -8,7 +8,7 @@ import torch
 
 from configs.loading import load_config
 from roles.reward_role import RewardRole
-from roles.trajectory import PromptBatch, Trajectory
+from contracts.trajectory import PromptBatch, Trajectory
 from tests.conftest import TINY_PROFILE
 
 

@@ -15,7 +15,7 @@ from data.packing import MULTIMODAL_EXTRA
 from data.packer_choice import build_packer
 from models.tiny_vlm import build_tiny_vlm
 from roles.rollout_role import merge_shards
-from roles.trajectory import PromptBatch, Trajectory
+from contracts.trajectory import PromptBatch, Trajectory
 
 PAD = 0
 
@@ -98,7 +98,7 @@ def test_shards_sampled_under_different_versions_are_refused(packer):
 
 
 def test_a_batch_that_does_not_split_evenly_is_refused_not_cut():
-    from roles.trajectory import PromptBatch
+    from contracts.trajectory import PromptBatch
 
     rows = list(range(10))
     batch = PromptBatch(1, [f"p{i}" for i in rows], [str(i) for i in rows], [{} for _ in rows], rows, ["s"] * 10)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from flows.run_lock import LOCK_NAME, RunLock, RunLocked, check_run_lock
+from rundir.run_lock import LOCK_NAME, RunLock, RunLocked, check_run_lock
 
 
 def _holder_file(run_dir, pid: int, process_start: str, host: str | None = None, heartbeat: float | None = None):

@@ -9,7 +9,7 @@ import pytest
 
 from configs.loading import ConfigError, load_config
 from roles.replay_role import ExperienceReceipt
-from tasks.samples_table import MAX_TEXT, SHOWN, publish_samples, samples_table
+from views.samples_table import MAX_TEXT, SHOWN, publish_samples, samples_table
 from tests.conftest import TINY_PROFILE
 
 
@@ -34,7 +34,7 @@ class _Published:
     have reached the UI, and what was sent."""
 
     def __init__(self, monkeypatch, in_task_run: bool) -> None:
-        import tasks.samples_table as module
+        import views.samples_table as module
 
         self.tables: list[dict] = []
         self.created = 0

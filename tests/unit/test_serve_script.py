@@ -16,11 +16,11 @@ import pytest
 
 SERVE = Path(__file__).resolve().parents[2] / "deployments" / "serve.sh"
 
-# Answers `-m flows.environment --export-tuning` with nothing; fails any other call (the
+# Answers `-m cli.environment --export-tuning` with nothing; fails any other call (the
 # port check), so serve.sh stops with "port ... in use" before starting anything.
 STUB = """#!/usr/bin/env bash
 echo "$*" >> "{calls}"
-[[ "$2" == flows.environment ]] && exit 0
+[[ "$2" == cli.environment ]] && exit 0
 exit 1
 """
 
@@ -58,7 +58,7 @@ def test_an_auth_string_must_be_user_colon_password(tmp_path):
 def test_loopback_hosts_need_no_auth_string(tmp_path, host):
     result, calls, _ = serve(tmp_path, **({"PPO_PREFECT_HOST": host} if host else {}))
     assert "not a loopback address" not in result.stderr
-    assert calls and calls[0].endswith("flows.environment --export-tuning")  # went on to its own checks
+    assert calls and calls[0].endswith("cli.environment --export-tuning")  # went on to its own checks
     assert f"port 4200 on {host or '127.0.0.1'} is in use" in result.stderr  # the stub's answer, not a server
 
 

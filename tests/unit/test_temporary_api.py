@@ -1,4 +1,4 @@
-"""The command line's temporary Prefect API (flows/temporary_api.py, issue 19): none
+"""The command line's temporary Prefect API (processes/temporary_api.py, issue 19): none
 when a standing server is configured, a failed start named, and never left behind by
 a command that was killed."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from flows.temporary_api import TemporaryApi, TemporaryApiFailed, standing_api_possible, start_temporary_api
+from processes.temporary_api import TemporaryApi, TemporaryApiFailed, standing_api_possible, start_temporary_api
 from tests.conftest import REPO_ROOT
 
 
@@ -81,7 +81,7 @@ def test_flow_runs_against_the_temporary_api_send_no_heartbeats_unless_asked(mon
     run's end waited up to a second for its heartbeat thread."""
     from prefect.settings import get_current_settings
 
-    from flows.cli import _prefect_api
+    from cli.command import _prefect_api
 
     if user_setting is None:
         monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
@@ -101,7 +101,7 @@ KILLED_PARENT = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, sys.argv[1])
-    from flows.temporary_api import _launch
+    from processes.temporary_api import _launch
     child = _launch([sys.executable, "-c", "import time; time.sleep(120)"], 9, {})
     print(child.pid, flush=True)
     time.sleep(120)

@@ -1,5 +1,5 @@
 """The temporary API's retry of requests that met a locked SQLite database
-(flows/temporary_server.py): retried in the server, body and all, only for that 503,
+(processes/temporary_server.py): retried in the server, body and all, only for that 503,
 and never for ever. The 503 is the one Prefect's own exception handler sends for a
 locked database (asked of the installed Prefect, S-DEP-2), not a copy of it."""
 
@@ -9,7 +9,7 @@ import asyncio
 import json
 
 from adapters.prefect_adapter import locked_database_body
-from flows.temporary_server import RetryLockedDatabase
+from processes.temporary_server import RetryLockedDatabase
 
 LOCKED_BODY = locked_database_body()
 

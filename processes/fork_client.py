@@ -1,10 +1,10 @@
 """The command Ray runs for each worker of a local run: asks the fork server
-(workers/fork_server.py) for a worker already holding torch and transformers, then
+(processes/fork_server.py) for a worker already holding torch and transformers, then
 lives until that worker ends and ends the same way, passing on the signals it gets.
 Without a reachable server it becomes an ordinary Python worker.
 
 A local Ray runs it in place of `python` for everything it starts in Python (see
-workers/fork_launch.py `write_launcher`), so a command that is not a worker's becomes
+processes/fork_launch.py `write_launcher`), so a command that is not a worker's becomes
 plain Python at once, unchanged.
 
 Imports only the standard library: this process starts once per actor.

@@ -1,7 +1,7 @@
 """A run's history as Prefect artifacts: what a user reads in the UI instead of a terminal.
 
 Every artifact attaches to the `ppo` flow run, although the iterations run inside its
-block subflows (tasks/run_artifacts.py), and the run's are keyed by the run name
+block subflows (views/run_artifacts.py), and the run's are keyed by the run name
 (artifact keys are global, so two runs never write into one another's history):
 
 - `ppo-<run>-iterations`: a table with one row per outer iteration (reward mean, KL,
@@ -14,13 +14,13 @@ block subflows (tasks/run_artifacts.py), and the run's are keyed by the run name
 - `ppo-<run>-progress`: iterations done out of `rl.max_steps`, as a percentage.
 - `ppo-<run>-summary`: markdown written when the run ends (iterations done, last
   committed boundary, final reward, exported model, and the reward/KL curve PNG that
-  `flows.curves` writes into the run directory), or a failure note naming the last
+  `views.curves` writes into the run directory), or a failure note naming the last
   finished iteration.
 
 History is best effort: an API hiccup while writing an artifact is logged as a
 warning and never fails training. Metrics.jsonl and the committed boundaries on
 disk are the record; these artifacts are the view. So the writes of each iteration
-go out from a background thread (tasks/artifact_writes.py) while the next iteration
+go out from a background thread (views/artifact_writes.py) while the next iteration
 runs, and `finish`/`fail` wait for them before the summary.
 """
 
@@ -44,11 +44,11 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger
 
 from adapters.prefect_adapter import create_artifact
-from flows.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
-from flows.run_outputs import RunPaths, read_metrics
-from tasks.artifact_writes import artifact_writes
-from tasks.run_artifacts import current_flow_run_id, run_flow_run_id
-from tasks.stage_names import TIMED_STAGES
+from views.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
+from rundir.run_outputs import RunPaths, read_metrics
+from views.artifact_writes import artifact_writes
+from views.run_artifacts import current_flow_run_id, run_flow_run_id
+from contracts.stage_names import TIMED_STAGES
 
 # Table column -> metrics.jsonl key. Short column names keep the UI table narrow; the
 # full metric names are documented with metrics.jsonl.

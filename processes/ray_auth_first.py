@@ -7,7 +7,7 @@ RAY_ADDRESS in the worker's environment too (docs/launch.md)."""
 import contextlib
 import os
 
-from workers.ray_session import RayAuthRefused, prepare_ray_auth
+from processes.ray_session import RayAuthRefused, prepare_ray_auth
 
 # A refused setting (RAY_AUTH_MODE=disabled) is named when the flow starts Ray, not here.
 with contextlib.suppress(RayAuthRefused):

@@ -21,7 +21,7 @@ the old one is deleted (restorable with `mlflow runs restore`).
 
 W&B and MLflow are optional extras (`pip install 'ppo-flow[wandb]'`, `[mlflow]`);
 choosing one that is not installed is refused before the run starts
-(flows/preflight.py, `tracker_problems`), naming `job.trackers`.
+(cli/preflight.py, `tracker_problems`), naming `job.trackers`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from configs.schema import PPOConfig
-from flows.run_lock import local_run_dir
-from flows.run_outputs import RunPaths, read_metrics
+from rundir.run_lock import local_run_dir
+from rundir.run_outputs import RunPaths, read_metrics
 
 REQUIRES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # tracker -> the module it needs
 

@@ -1,5 +1,5 @@
 """The command line's arguments, shared by `python -m flows.ppo` and
-`python -m flows.manifest` (which must not import the flow to start fast)."""
+`python -m cli.manifest` (which must not import the flow to start fast)."""
 
 from __future__ import annotations
 

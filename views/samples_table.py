@@ -5,8 +5,8 @@ Nobody trusts a reward curve without reading completions: the iteration's
 (prompt, completion, reward, advantage), and the run's `ppo-<run>-samples` key
 always points at the newest. Each table is a few short rows, so its cost per
 iteration stays flat. The whole batch is in the experience file the table names.
-Best effort, as the run's other history (flows/history.py): never fails training,
-and sent from the background (tasks/artifact_writes.py), so the task does not wait
+Best effort, as the run's other history (views/history.py): never fails training,
+and sent from the background (views/artifact_writes.py), so the task does not wait
 for the API to store it.
 """
 
@@ -20,8 +20,8 @@ from prefect.context import TaskRunContext
 
 from adapters.prefect_adapter import create_artifact
 from roles.replay_role import ExperienceReceipt
-from tasks.artifact_writes import artifact_writes
-from tasks.run_artifacts import run_flow_run_id
+from views.artifact_writes import artifact_writes
+from views.run_artifacts import run_flow_run_id
 
 SHOWN = ("row_id", "prompt", "completion", "reference", "reward", "advantage", "return", "policy_version")
 MAX_TEXT = 200  # characters of a prompt or completion in a cell (a picture's data URL is long)

@@ -1,4 +1,4 @@
-"""`python -m flows.cleanup RUN_NAME [--address auto]`: remove a run's leftover Ray actors.
+"""`python -m cli.cleanup RUN_NAME [--address auto]`: remove a run's leftover Ray actors.
 
 A flow that ends (or fails) kills its own role actors. Leftovers are possible on a
 standing Ray cluster (`ray start --head`, the flow joined with an address) when the
@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flows.environment import apply_default_environment
+from cli.environment import apply_default_environment
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m flows.cleanup", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m cli.cleanup", description=__doc__.splitlines()[0])
     parser.add_argument("run_name", help="the run's job.name (its Ray namespace is ppo-<run_name>)")
     parser.add_argument(
         "--address",
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     apply_default_environment()
     import ray
 
-    from roles.actors import kill_run_actors
-    from workers.ray_session import init_ray, shutdown_ray
+    from processes.actors import kill_run_actors
+    from processes.ray_session import init_ray, shutdown_ray
 
     started_here = not ray.is_initialized()
     if started_here:

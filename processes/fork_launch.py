@@ -1,4 +1,4 @@
-"""Starting and stopping the fork server (workers/fork_server.py) for a local Ray."""
+"""Starting and stopping the fork server (processes/fork_server.py) for a local Ray."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def py_executable() -> str:
 
 def write_launcher(directory: str) -> str:
     """An executable that stands in for `python` in the commands a local Ray starts
-    (workers/ray_session.py): the worker command becomes a fork, every other command
+    (processes/ray_session.py): the worker command becomes a fork, every other command
     plain Python. Ray runs a worker straight from its worker command only when the job
     has no runtime environment; with one (the runtime-env `py_executable` route) each
     worker first goes through Ray's `setup_worker.py`, an interpreter that imports Ray
@@ -74,7 +74,7 @@ def start_fork_server(env: dict[str, str]) -> ForkServer:
     watch_read, watch_write = os.pipe()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "workers.fork_server", "--socket", socket_path, "--watch-fd", str(watch_read)],
+            [sys.executable, "-m", "processes.fork_server", "--socket", socket_path, "--watch-fd", str(watch_read)],
             env=env,
             pass_fds=[watch_read],
             stdin=subprocess.DEVNULL,

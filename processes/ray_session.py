@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from adapters.ray_adapter import fork_launch_supported, stop_autoscaler_monitor, worker_python
-from workers.fork_client import SOCKET_ENV
-from workers.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
+from processes.fork_client import SOCKET_ENV
+from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
 
 if TYPE_CHECKING:
     from configs.schema import PPOConfig
@@ -58,7 +58,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, docs/launch.md).
 
     A local Ray forks its workers from a process that has imported torch,
-    transformers and the role bodies once (workers/fork_server.py), unless
+    transformers and the role bodies once (processes/fork_server.py), unless
     PPO_FORK_WORKERS=0. A driver this process starts that joins the same Ray (a test's
     command-line run) forks its workers from the same server; a cluster's workers
     start as Ray starts them."""
@@ -114,7 +114,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 @contextlib.contextmanager
 def _local_ray_environment(env_vars: dict[str, str], launcher: str | None) -> Iterator[None]:
     """While a local Ray starts: `env_vars` in the environment its daemons inherit (the
-    raylet passes its own to every worker), and `launcher` (workers/fork_launch.py) as
+    raylet passes its own to every worker), and `launcher` (processes/fork_launch.py) as
     the Python the raylet runs for its workers. The environment is put back as it was
     afterwards: this process keeps its own."""
     saved = {key: os.environ.get(key) for key in env_vars}
@@ -214,7 +214,7 @@ def require_local_ray_auth() -> None:
     if not _auth_ready(os.environ):
         raise RuntimeError(
             "Ray was imported before the run's Ray authentication settings were made: call "
-            "workers.ray_session.prepare_ray_auth(joins_cluster=False) before the first `import ray`, "
+            "processes.ray_session.prepare_ray_auth(joins_cluster=False) before the first `import ray`, "
             "or set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) yourself"
         )
 

@@ -3,8 +3,8 @@ every Ray worker of a local run from itself, so that a role process starts with 
 modules already imported (shared copy-on-write) and only its role's construction is
 left (docs/architecture.md, "How a run starts").
 
-The raylet runs `workers.fork_client` as the `python` of each worker's command (the
-launcher of workers/fork_launch.py); the client hands this server the worker's command
+The raylet runs `processes.fork_client` as the `python` of each worker's command (the
+launcher of processes/fork_launch.py); the client hands this server the worker's command
 line, environment, working directory and standard streams over a Unix socket only this
 user can open, the server forks, and the child becomes Ray's `default_worker.py` with
 exactly those. The client lives as long as the child and ends the way it ended.
@@ -26,7 +26,7 @@ import socket
 import struct
 import sys
 
-from workers.parent_death import parent_death_signal_setter
+from processes.parent_death import parent_death_signal_setter
 
 # Modules every role process imports, or imports on its first model load or call;
 # a module that is missing is skipped, not fatal. Not Ray: a worker forked from a

@@ -15,7 +15,7 @@ from typing import Any
 
 import fsspec
 
-from flows.run_outputs import read_metrics
+from rundir.run_outputs import read_metrics
 
 CURVE_FILE = "reward_curve.png"
 

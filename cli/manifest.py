@@ -34,7 +34,7 @@ from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatc
 from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
-from flows.preflight import Problem, config_problems, joins_cluster, machine_problems
+from cli.preflight import Problem, config_problems, joins_cluster, machine_problems
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
@@ -119,7 +119,7 @@ def validate_manifest(
 
 
 def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestReport, env) -> None:
-    # The same cross-field rules the run path refuses with (flows/preflight.py).
+    # The same cross-field rules the run path refuses with (cli/preflight.py).
     report.problems.extend(config_problems(config, plan))
     for problem in machine_problems(config, plan, environ=env):
         # A manifest checks a launch meant for another machine too (a 4-GPU node,
@@ -471,10 +471,10 @@ def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestRepor
 
 
 if __name__ == "__main__":
-    # `python -m flows.manifest --config FILE [-- key=value ...]`: the same check as
+    # `python -m cli.manifest --config FILE [-- key=value ...]`: the same check as
     # `python -m flows.ppo --validate-manifest`, without importing the flow module
     # (whose Prefect, Ray and torch imports cost seconds before the check starts).
-    from flows.arguments import parse_args, warmup_override
+    from cli.arguments import parse_args, warmup_override
 
-    arguments, extra = parse_args(sys.argv[1:], prog="python -m flows.manifest")
+    arguments, extra = parse_args(sys.argv[1:], prog="python -m cli.manifest")
     sys.exit(validate_manifest(arguments.config, extra + warmup_override(arguments)))

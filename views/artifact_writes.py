@@ -1,8 +1,8 @@
 """Artifact writes sent from one background thread, so that no iteration waits on the
 Prefect API for its own view.
 
-Each iteration updates three artifacts of the run's history (flows/history.py) and
-creates one samples table (tasks/samples_table.py). Sent inline, the flow waited on
+Each iteration updates three artifacts of the run's history (views/history.py) and
+creates one samples table (views/samples_table.py). Sent inline, the flow waited on
 the server for each (docs/performance.md section 4). Here they go out in submission order on one
 thread, each in the context it was submitted from (the flow run or task run it
 attaches to, the API the run talks to). Writes under one key coalesce: a write that

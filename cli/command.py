@@ -1,7 +1,7 @@
 """`python -m flows.ppo --config FILE [--validate-manifest] [--fresh | --resume-from iter_NNNNNN] [-- key=value ...]`.
 
 A launch is refused before the Prefect API or Ray start (seconds, not the half minute
-the embedded API takes) when the config cannot run here (flows/preflight.py). A run
+the embedded API takes) when the config cannot run here (cli/preflight.py). A run
 that fails ends on the failing stage's task-run name and the way to resume.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Iterator
 
 from configs.loading import ConfigError, allow_profile_dir, load_config
-from flows.arguments import parse_args, warmup_override
-from workers.ray_session import RayAuthRefused, prepare_ray_auth
+from cli.arguments import parse_args, warmup_override
+from processes.ray_session import RayAuthRefused, prepare_ray_auth
 
 EXIT_FAILED = 1  # a stage failed: resumable
 EXIT_REFUSED = 2  # config, resume point or checkpoint refused: nothing ran
@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate_manifest:
         # The manifest reports in its own every-problem format and must not import
         # Prefect or Ray (S-RUN-3).
-        from flows.manifest import validate_manifest
+        from cli.manifest import validate_manifest
 
         return validate_manifest(args.config, overrides)
-    from flows.preflight import require_runnable
-    from flows.run_lock import RunLocked, check_run_lock, local_run_dir, stale_after
+    from cli.preflight import require_runnable
+    from rundir.run_lock import RunLocked, check_run_lock, local_run_dir, stale_after
 
     try:
         config = load_config(args.config, overrides)
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RunLocked, RayAuthRefused) as error:
         return refuse([str(error)])
     from checkpoint.boundary import CheckpointError
-    from flows.resume import ResumeError
-    from flows.run_config import resolve_config
+    from rundir.resume import ResumeError
+    from rundir.run_config import resolve_config
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         check_resume_point(resolved, args)
     except (ConfigError, ResumeError, CheckpointError) as error:
         return refuse(getattr(error, "problems", None) or [str(error)])
-    from flows.temporary_api import launch_early
+    from processes.temporary_api import launch_early
 
-    early_api = launch_early()  # before this process imports Prefect (flows/temporary_api.py)
+    early_api = launch_early()  # before this process imports Prefect (processes/temporary_api.py)
     print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
           f"{config.job.output_root}/{config.job.name}", flush=True)
     return run_flow(args, overrides, resolved, early_api)
@@ -73,8 +73,8 @@ def check_resume_point(config, args) -> None:
     """A run that cannot resume (another warmup, a missing or uncommitted boundary,
     a damaged marker or pointer) is refused before the Prefect API, Ray or any actor
     starts. The flow checks again, with the boundary's files read back."""
-    from flows.resume import resume_boundary
-    from flows.run_outputs import RunPaths
+    from rundir.resume import resume_boundary
+    from rundir.run_outputs import RunPaths
 
     resume_boundary(config, RunPaths.for_config(config), resume=not args.fresh, resume_from=args.resume_from)
 
@@ -86,25 +86,25 @@ def run_flow(args, overrides: list[str], resolved, early_api=None) -> int:
     import the flow; the flow adopts the actors launched for its very config
     (`resolved`, the config the flow resolves from the same profile and overrides).
     Everything this process started is stopped before the caller prints its last line."""
-    from flows.temporary_api import TemporaryApiFailed, start_temporary_api
-    from workers.ray_session import connect_ray, shutdown_ray
+    from processes.temporary_api import TemporaryApiFailed, start_temporary_api
+    from processes.ray_session import connect_ray, shutdown_ray
 
     api = start_temporary_api(early_api)
     started_ray = False
     discard_prelaunched = None
     try:
         started = time.perf_counter()
-        with _importing_beside("roles.actors"):  # torch and the role classes, while Ray's daemons start
+        with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
             started_ray = connect_ray(resolved)
-        from roles.actors import discard_prelaunched, prelaunch_role_actors
+        from processes.actors import discard_prelaunched, prelaunch_role_actors
 
         prelaunch_role_actors(resolved)
         print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
               f"actors in {time.perf_counter() - started:.1f} s", flush=True)
         from checkpoint.boundary import CheckpointError
         from flows.failures import StageFailed
-        from flows.resume import ResumeError
-        from flows.run_lock import RunLocked
+        from rundir.resume import ResumeError
+        from rundir.run_lock import RunLocked
         from flows.training import ppo
         from placement.ray_lowering import PlacementError
 

@@ -23,7 +23,7 @@ from checkpoint.boundary import (
 from checkpoint.boundary_files import verify_marker_files
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
-from flows.run_outputs import RunPaths, append_metrics, read_metrics
+from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from roles.experience import remove_experience_after, set_aside_experience
 
 

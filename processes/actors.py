@@ -19,7 +19,7 @@ from placement.role_placement import role_placements
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
 from roles.policy_role import PolicyRole
-from roles.process_pool import active_pool
+from processes.process_pool import active_pool
 from roles.reference_role import ReferenceRole
 from roles.replay_role import ReplayRole
 from roles.reward_role import RewardRole
@@ -232,7 +232,7 @@ def kill_quietly(handle: Any) -> None:
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
     """Kill the run's actors; under a driver that keeps role processes, hand the
-    live ones back for its next run instead (roles/process_pool.py)."""
+    live ones back for its next run instead (processes/process_pool.py)."""
     for role, _ in handles.items() if handles is not None else []:
         for handle in handles.ranks(role):
             _end_actor(role, handle, keep=True)

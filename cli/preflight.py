@@ -3,7 +3,7 @@
 `python -m flows.ppo`, a deployment's flow run and `--validate-manifest` all call
 `config_problems`, so they refuse the same configs with the same `key: message`
 lines; the CLI does so before it starts the Prefect API or Ray. Checks that read
-files (data rows, model config, checkpoint pointer) stay in flows/manifest.py.
+files (data rows, model config, checkpoint pointer) stay in cli/manifest.py.
 Single-section rules (value ranges, a minibatch of whole micro-batches) are the
 schema's own validators and run wherever a config is loaded.
 
@@ -20,7 +20,7 @@ from typing import Mapping
 from configs.callables import check_callable_module
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
-from flows.trackers import missing_tracker_packages, tracker_message
+from views.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
 

@@ -8,7 +8,7 @@ process has imported the role bodies and started Ray, and only after the flow pr
 has imported Prefect's whole server package just to launch it. Its start-up is the
 longest single chain of a run's start (docs/performance.md), so the command line
 launches the same command with the same settings at once (over Prefect's app behind
-one retry middleware, flows/temporary_server.py) and points `PREFECT_API_URL` at it;
+one retry middleware, processes/temporary_server.py) and points `PREFECT_API_URL` at it;
 the flow then finds an API that is up or coming up. A run with `PREFECT_API_URL` set
 (a standing server, `make serve`) starts none. The server answers only on loopback, as Prefect's own temporary one does.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.prefect_adapter import temporary_api_supported
-from workers.parent_death import parent_death_signal_setter
+from processes.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code when the port is taken: pick another
@@ -129,10 +129,10 @@ def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Pat
 
 def server_command() -> list[str]:
     """Prefect's own server command (uvicorn on loopback), over Prefect's app wrapped by
-    flows/temporary_server.py."""
+    processes/temporary_server.py."""
     return [
         sys.executable, "-m", "uvicorn", "--app-dir", PROJECT_ROOT, "--factory",
-        "flows.temporary_server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
+        "processes.temporary_server:create_app", "--host", "127.0.0.1", "--log-level", "error", "--lifespan", "on",
     ]
 
 

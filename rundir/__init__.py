@@ -1,0 +1,1 @@
+"""A run's directory: its resolved config, lock, outputs and resume point."""
