@@ -14,11 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from configs.loading import ConfigError, allow_profile_dir, load_config
+from configs.loading import ConfigError, allow_profile_dir
 from cli.arguments import parse_args, warmup_override
 from processes.ray_session import RayAuthRefused, prepare_ray_auth
+
+if TYPE_CHECKING:
+    from flows.launch import Launch
 
 EXIT_FAILED = 1  # a stage failed: resumable
 EXIT_REFUSED = 2  # config, resume point or checkpoint refused: nothing ran
@@ -34,82 +37,64 @@ def main(argv: list[str] | None = None) -> int:
         from cli.manifest import validate_manifest
 
         return validate_manifest(args.config, overrides)
-    from cli.preflight import require_runnable
-    from rundir.run_lock import RunLocked, check_run_lock, local_run_dir, stale_after
-
-    try:
-        config = load_config(args.config, overrides)
-        require_runnable(config)
-        # Before anything imports Ray: it reads its auth settings once, at import (S-SEC-1).
-        prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
-        # S-FAULT-4: a live run of this name is refused before any service starts.
-        check_run_lock(local_run_dir(f"{config.job.output_root}/{config.job.name}"),
-                       stale_after(config.rl.stage_timeout_seconds))
-    except ConfigError as error:
-        return refuse(error.problems)
-    except (RunLocked, RayAuthRefused) as error:
-        return refuse([str(error)])
     from checkpoint.boundary import CheckpointError
+    from flows.launch import plan_launch
     from rundir.resume import ResumeError
-    from rundir.run_config import resolve_config
+    from rundir.run_lock import RunLocked, check_run_lock, local_run_dir, stale_after
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
     allow_profile_dir(Path(args.config).parent)
     try:
-        resolved = resolve_config(args.config, overrides, None, None)  # absolute paths, as the flow will have them
-        check_resume_point(resolved, args)
-    except (ConfigError, ResumeError, CheckpointError) as error:
-        return refuse(getattr(error, "problems", None) or [str(error)])
+        # The run's set-up, once: config, directory, resume point (the flow takes it as it is).
+        launch = plan_launch(args.config, overrides, None, None, resume=not args.fresh, resume_from=args.resume_from)
+        config = launch.config
+        # Before anything imports Ray: it reads its auth settings once, at import (S-SEC-1).
+        prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
+        # S-FAULT-4: a live run of this name is refused before any service starts.
+        check_run_lock(local_run_dir(launch.paths.run_dir), stale_after(config.rl.stage_timeout_seconds))
+    except ConfigError as error:
+        return refuse(error.problems)
+    except (RunLocked, RayAuthRefused, ResumeError, CheckpointError) as error:
+        return refuse([str(error)])
     from processes.temporary_api import launch_early
 
     early_api = launch_early()  # before this process imports Prefect (processes/temporary_api.py)
-    print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in "
-          f"{config.job.output_root}/{config.job.name}", flush=True)
-    return run_flow(args, overrides, resolved, early_api)
+    print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in {launch.paths.run_dir}",
+          flush=True)
+    return run_flow(args, overrides, launch, early_api)
 
 
-def check_resume_point(config, args) -> None:
-    """A run that cannot resume (another warmup, a missing or uncommitted boundary,
-    a damaged marker or pointer) is refused before the Prefect API, Ray or any actor
-    starts. The flow checks again, with the boundary's files read back."""
-    from rundir.resume import resume_boundary
-    from rundir.run_outputs import RunPaths
-
-    resume_boundary(config, RunPaths.for_config(config), resume=not args.fresh, resume_from=args.resume_from)
-
-
-def run_flow(args, overrides: list[str], resolved, early_api=None) -> int:
+def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
     """The flow, with everything it waits for started at once rather than one after
-    another: the temporary Prefect API first (the longest to come up), then
-    Ray with its fork server and the role actors, and only then does this process
-    import the flow; the flow adopts the actors launched for its very config
-    (`resolved`, the config the flow resolves from the same profile and overrides).
-    Everything this process started is stopped before the caller prints its last line."""
-    from processes.temporary_api import TemporaryApiFailed, start_temporary_api
+    another: the temporary Prefect API first (the longest to come up), then Ray with
+    its fork server and the role actors, and only then does this process import the
+    flow, which takes `launch` with the actors in it. Everything this process started
+    is stopped before the caller prints its last line."""
     from processes.ray_session import connect_ray, shutdown_ray
+    from processes.temporary_api import TemporaryApiFailed, start_temporary_api
 
     api = start_temporary_api(early_api)
     started_ray = False
-    discard_prelaunched = None
     try:
         started = time.perf_counter()
         with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
-            started_ray = connect_ray(resolved)
-        from processes.actors import discard_prelaunched, prelaunch_role_actors
+            started_ray = connect_ray(launch.config)
+        from processes.actors import launch_role_actors
 
-        prelaunch_role_actors(resolved)
+        launch.actors = launch_role_actors(launch.config)
         print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
               f"actors in {time.perf_counter() - started:.1f} s", flush=True)
         from checkpoint.boundary import CheckpointError
         from flows.failures import StageFailed
         from rundir.resume import ResumeError
         from rundir.run_lock import RunLocked
+        from flows.launch import handed_to_the_flow
         from flows.training import ppo
         from placement.ray_lowering import PlacementError
 
         try:
-            with _prefect_api(api):
+            with _prefect_api(api), handed_to_the_flow(launch):
                 summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
                               resume_from=args.resume_from)
         except ConfigError as error:
@@ -129,8 +114,11 @@ def run_flow(args, overrides: list[str], resolved, early_api=None) -> int:
         return 0
     finally:
         drain_prefect()  # on every way out, before the temporary API (if any) stops
-        if discard_prelaunched is not None:
-            discard_prelaunched()  # a flow refused before it took them
+        unadopted = launch.adopt_actors()
+        if unadopted is not None:  # a flow refused before it took them
+            from processes.actors import discard_launched
+
+            discard_launched(unadopted)
         if started_ray:
             shutdown_ray()
         if api is not None:

@@ -20,8 +20,8 @@ from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from views.history import RunHistory
 from flows.iteration import first_step, run_iterations
-from cli.preflight import require_runnable
-from rundir.resume import find_resume_point, restore_roles, start_from_scratch
+from flows.launch import Launch, handed_launch, take_launch
+from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
@@ -38,6 +38,9 @@ def _flow_run_name() -> str:
     parameters = flow_run.parameters
     if parameters.get("run_name"):
         return str(parameters["run_name"])
+    launch = handed_launch()
+    if launch is not None:
+        return launch.config.job.name
     try:
         return resolve_config(
             parameters.get("profile", DEFAULT_PROFILE), parameters.get("overrides"), None, None
@@ -75,9 +78,8 @@ def ppo(
     """
     logger = get_run_logger()
     say(f"prefect: flow run {_flow_run_label()} started")
-    config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
-    require_runnable(config)  # the CLI's own check, again for deployment runs
-    paths = RunPaths.for_config(config)
+    launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume, resume_from=resume_from)
+    config, paths = launch.config, launch.paths
     # S-FAULT-4: one writer per run directory, taken before anything is read or written.
     lock = RunLock(local_run_dir(paths.run_dir), _flow_run_label(), stale_after(config.rl.stage_timeout_seconds))
     lock.acquire()
@@ -87,7 +89,7 @@ def ppo(
         attempt = crash_resumes(auto_resume_attempts)
         while True:
             try:
-                return _train(config, paths, lock, resume or attempt > 0, resume_from if attempt == 0 else None)
+                return _train(launch, lock, first_attempt=attempt == 0)
             except StageFailed as error:
                 if attempt >= auto_resume_attempts:
                     raise
@@ -155,9 +157,13 @@ def _flow_run_label() -> str:
     return f"{flow_run.name} ({flow_run.id})" if flow_run.id else "-"
 
 
-def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resume_from: str | None) -> dict[str, Any]:
+def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]:
     logger = get_run_logger()
-    resume_point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
+    config, paths = launch.config, launch.paths
+    if first_attempt:  # the launch's resume point, its files now read back under the lock
+        resume_point = verify_resume_point(launch.resume_point)
+    else:  # an automatic resume: from whatever the failed attempt last committed
+        resume_point = find_resume_point(config, paths, resume=True)
     paths.ensure()
     if resume_point is None:
         start_from_scratch(paths)
@@ -172,7 +178,7 @@ def _train(config: PPOConfig, paths: RunPaths, lock: RunLock, resume: bool, resu
     history = None
     trackers = None
     try:
-        roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds))
+        roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds), launch.adopt_actors())
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")

@@ -82,22 +82,11 @@ class LaunchedActors:
     launched_at: float
 
 
-_prelaunched: dict[str, LaunchedActors] = {}  # namespace -> actors the CLI launched while the Prefect API starts
-
-
-def prelaunch_role_actors(config: PPOConfig) -> None:
-    """Launch the run's actors now, for `start_role_actors` to adopt: the CLI calls
-    this before the flow starts, so the actors' imports and model loads overlap the
-    Prefect API's start-up instead of following it."""
-    _prelaunched[ray_namespace(config)] = launch_role_actors(config)
-
-
-def discard_prelaunched() -> None:
+def discard_launched(launched: LaunchedActors) -> None:
     """Actors launched for a flow that never took them (it was refused): kill them."""
-    while _prelaunched:
-        _kill_groups(_prelaunched.popitem()[1].groups)
-        while _live_placements:
-            release_placement(_live_placements.pop())
+    _kill_groups(launched.groups)
+    while _live_placements:
+        release_placement(_live_placements.pop())
 
 
 def actor_label(role: str, rank: int, ranks: int) -> str:
@@ -105,15 +94,14 @@ def actor_label(role: str, rank: int, ranks: int) -> str:
     return role if ranks == 1 else f"{role} rank {rank}"
 
 
-def start_role_actors(config: PPOConfig, ready_timeout_s: float | None = None) -> RoleHandles:
+def start_role_actors(
+    config: PPOConfig, ready_timeout_s: float | None = None, launched: LaunchedActors | None = None
+) -> RoleHandles:
     """Every role actor (every rank of a data-parallel trainer), each waited for until
-    it has loaded its model; then each trainer's process group. Adopts the actors the
-    CLI launched for this very config, else launches them. An actor that fails to
-    start, or is not ready within `ready_timeout_s`, fails the start-up naming its role."""
-    launched = _prelaunched.pop(ray_namespace(config), None)
-    if launched is not None and launched.config != config:
-        _kill_groups(launched.groups)  # launched for another config: of no use here
-        launched = None
+    it has loaded its model; then each trainer's process group. Starts the actors
+    `launched` ahead for this run (flows/launch.py), else launches them. An actor that
+    fails to start, or is not ready within `ready_timeout_s`, fails the start-up naming
+    its role."""
     launched = launched or launch_role_actors(config)
     groups = launched.groups
     try:

@@ -54,7 +54,12 @@ def find_resume_point(
     """Decide where this flow run starts: the latest committed boundary, or the one
     named by `resume_from` (S-FAULT-3). Reads only; writes nothing, so a refusal
     (a corrupt file included) leaves the run directory exactly as it was."""
-    point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
+    return verify_resume_point(resume_boundary(config, paths, resume=resume, resume_from=resume_from))
+
+
+def verify_resume_point(point: ResumePoint | None) -> ResumePoint | None:
+    """The boundary's files read back against the digests its marker records
+    (S-FAULT-3): a damaged file is refused naming it. Returns `point`."""
     if point is not None and not verify_marker_files(point.boundary, point.marker):
         _logger().warning(
             f"{point.boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"

@@ -116,7 +116,7 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr("processes.ray_session.connect_ray", lambda config: False)
     monkeypatch.setattr("processes.temporary_api.start_temporary_api", lambda early=None: None)
     monkeypatch.setattr("processes.temporary_api.launch_early", lambda: None)
-    monkeypatch.setattr("processes.actors.prelaunch_role_actors", lambda config: None)
+    monkeypatch.setattr("processes.actors.launch_role_actors", lambda config: None)
     monkeypatch.chdir(tmp_path)
     assert cli.command.main(["--config", str(profile), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
     assert seen == ["tiny-cpu"]
@@ -127,3 +127,41 @@ def test_allow_profile_dir_adds_each_directory_once(tmp_path, monkeypatch):
     allow_profile_dir(tmp_path)
     allow_profile_dir(tmp_path / ".")
     assert os.environ[PROFILE_DIRS_ENV] == str(tmp_path.resolve())
+
+
+def test_one_launch_loads_the_profile_once_and_checks_the_resume_point_once(tmp_path, monkeypatch):
+    """The command line builds the run's set-up once (flows/launch.py) and the flow it
+    calls takes it as handed: one profile load and one resume check per launch, and
+    the flow sees the very config and resume point the command line checked."""
+    import cli.command
+    import configs.loading
+    import flows.launch
+    import flows.training
+    from rundir.resume import ResumeError
+
+    loads, resume_checks, taken = [], [], []
+    real_load_profile, real_resume_boundary = configs.loading.load_profile, flows.launch.resume_boundary
+
+    def counted_load_profile(*args, **kwargs):
+        loads.append(args[0])
+        return real_load_profile(*args, **kwargs)
+
+    def counted_resume_boundary(*args, **kwargs):
+        resume_checks.append(kwargs)
+        return real_resume_boundary(*args, **kwargs)
+
+    def flow_body(profile, overrides, resume, resume_from=None):  # the flow's own set-up, then a stop
+        taken.append(flows.training.take_launch(profile, overrides, None, None, resume=resume,
+                                                resume_from=resume_from))
+        raise ResumeError("stopped by the test")
+
+    monkeypatch.setattr(configs.loading, "load_profile", counted_load_profile)
+    monkeypatch.setattr(flows.launch, "resume_boundary", counted_resume_boundary)
+    monkeypatch.setattr(flows.training, "ppo", flow_body)
+    monkeypatch.setattr("processes.ray_session.connect_ray", lambda config: False)
+    monkeypatch.setattr("processes.temporary_api.start_temporary_api", lambda early=None: None)
+    monkeypatch.setattr("processes.temporary_api.launch_early", lambda: None)
+    monkeypatch.setattr("processes.actors.launch_role_actors", lambda config: None)
+    assert cli.command.main(["--config", str(TINY_PROFILE), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
+    assert len(loads) == 1 and len(resume_checks) == 1
+    assert taken[0].config.job.output_root == str(tmp_path / "out") and taken[0].resume_point is None

@@ -1,0 +1,75 @@
+"""A run's set-up, decided once: the resolved config, its directory, where it resumes
+from, and the role actors launched ahead of the flow. The command line builds it
+before any service starts and hands it to the `ppo` flow it calls; a flow run nobody
+handed one (a deployment's) builds its own the same way."""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+from cli.preflight import require_runnable
+from configs.schema import PPOConfig
+from rundir.resume import ResumePoint, resume_boundary
+from rundir.run_config import resolve_config
+from rundir.run_outputs import RunPaths
+
+if TYPE_CHECKING:
+    from processes.actors import LaunchedActors
+
+
+@dataclass
+class Launch:
+    config: PPOConfig  # resolved once: profile, overrides, the flow's own parameters; absolute paths
+    paths: RunPaths
+    resume: bool
+    resume_from: str | None
+    resume_point: ResumePoint | None  # checked (pointer, marker, warmup) before anything started
+    actors: LaunchedActors | None = None  # launched while the services came up; the flow adopts them
+
+    def adopt_actors(self) -> LaunchedActors | None:
+        """The launched actors, now the caller's to start or kill: taken once."""
+        actors, self.actors = self.actors, None
+        return actors
+
+
+def plan_launch(
+    profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, run_name: str | None,
+    *, resume: bool, resume_from: str | None,
+) -> Launch:
+    """Everything a run can be refused for before it starts anything: a config it cannot
+    run here, a resume point it cannot use."""
+    config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
+    require_runnable(config)
+    paths = RunPaths.for_config(config)
+    point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
+    return Launch(config, paths, resume, resume_from, point)
+
+
+_handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)
+
+
+@contextlib.contextmanager
+def handed_to_the_flow(launch: Launch) -> Iterator[None]:
+    """The `ppo` flow called inside takes `launch` instead of planning its own."""
+    token = _handed.set(launch)
+    try:
+        yield
+    finally:
+        _handed.reset(token)
+
+
+def handed_launch() -> Launch | None:
+    return _handed.get()
+
+
+def take_launch(
+    profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, run_name: str | None,
+    *, resume: bool, resume_from: str | None,
+) -> Launch:
+    """The set-up the command line handed over, else (a deployment) this flow run's own."""
+    return handed_launch() or plan_launch(
+        profile, overrides, critic_warmup_iterations, run_name, resume=resume, resume_from=resume_from
+    )
