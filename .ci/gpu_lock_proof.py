@@ -1,0 +1,148 @@
+"""The CPU profile on requirements-gpu.lock's versions (S-DEP-1); `make test-gpu-lock-versions`.
+
+Run with the python of the environment under test (the Makefile's GPU_LOCK_VENV: torch
+2.13.0+cpu, everything else constrained to the GPU lock). From the repository root:
+
+1. checks that torch is a CPU build and that every installed package the GPU lock also
+   pins has the GPU lock's version (torch itself excepted);
+2. `python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2
+   job.name=gpu-lock-proof job.output_root=OUT` must end at policy_version 2;
+3. the same with rl.max_steps=3 must resume from the boundary of iteration 2 and end
+   at policy_version 3;
+4. then (with --record) writes the record: what ran, when, and the environment's full
+   `name==version` list. tests/unit/test_locks.py fails when requirements-gpu.lock pins
+   another version of a package in that list, so a lock that moves needs this rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata as md
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / ".ci"))
+from gpu_lock_constraints import canonical  # noqa: E402
+
+TOOLS = ("pip", "setuptools", "wheel")  # the venv's own packaging tools: not checked, not recorded
+KEY = ("prefect", "ray", "transformers", "fastapi", "starlette", "uvicorn", "pydantic", "tokenizers")
+JOB = "gpu-lock-proof"
+
+
+def lock_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==", 1)
+            pins[canonical(name)] = version
+    return pins
+
+
+def installed() -> dict[str, tuple[str, str]]:
+    out = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out[canonical(name)] = (name, dist.version)
+    return out
+
+
+def last(text: str, pattern: str) -> str:
+    return next((ln.strip() for ln in reversed(text.splitlines()) if re.search(pattern, ln)), "")
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_flow(steps: int, output_root: Path, prefect_home: Path) -> tuple[str, float]:
+    cmd = [sys.executable, "-m", "flows.ppo", "--config", "configs/ppo_tiny_cpu.py", "--",
+           f"rl.max_steps={steps}", f"job.name={JOB}", f"job.output_root={output_root}"]
+    print("gpu_lock_proof: $", " ".join(["python"] + cmd[1:]), flush=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # Its own Prefect home: a database that Prefect 3.9 (the CPU lock) has migrated stops
+    # Prefect 3.7's server at start-up: "Can't locate revision identified by '27d8f4e1a6c9'".
+    env["PREFECT_HOME"] = str(prefect_home)
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    took = time.monotonic() - started
+    text = proc.stdout + proc.stderr
+    print(text, flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"gpu_lock_proof: FAILED: rl.max_steps={steps} exited {proc.returncode}")
+    return text, took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", help="write the record here on success (docs/gpu-lock-proof.txt)")
+    parser.add_argument("--output-root", default="/tmp/gpu-lock-proof")
+    args = parser.parse_args()
+
+    pins = lock_pins(ROOT / "requirements-gpu.lock")
+    have = installed()
+    import torch
+
+    if torch.version.cuda is not None or not torch.__version__.startswith("2.13.0"):
+        raise SystemExit(f"gpu_lock_proof: torch {torch.__version__} (CUDA {torch.version.cuda}): "
+                         "this check wants the CPU build of torch 2.13.0")
+    wrong = [f"{name} {version} (GPU lock: {pins[key]})" for key, (name, version) in sorted(have.items())
+             if key in pins and key != "torch" and key not in TOOLS and pins[key] != version]
+    missing = [k for k in KEY if k not in have]
+    if wrong or missing:
+        raise SystemExit(f"gpu_lock_proof: environment differs from requirements-gpu.lock: {wrong}; missing {missing}")
+    print("gpu_lock_proof: torch", torch.__version__, "|",
+          ", ".join(f"{k} {have[k][1]}" for k in KEY), flush=True)
+
+    output_root = Path(args.output_root)
+    shutil.rmtree(output_root / JOB, ignore_errors=True)
+    prefect_home = output_root / "prefect-home"
+    shutil.rmtree(prefect_home, ignore_errors=True)
+    prefect_home.mkdir(parents=True)
+    load_before = load()
+    first, t1 = run_flow(2, output_root, prefect_home)
+    if f"done: run {JOB} at policy_version 2" not in first:
+        raise SystemExit("gpu_lock_proof: FAILED: the first run did not end at policy_version 2")
+    second, t2 = run_flow(3, output_root, prefect_home)
+    resumed = re.search(r"^.*resume: from \S*iter_000002.*$", second, re.M)
+    if not resumed or f"done: run {JOB} at policy_version 3" not in second or not re.search(r"iter\s+3/3", second):
+        raise SystemExit("gpu_lock_proof: FAILED: the second run did not resume from iteration 2 and reach iteration 3")
+    load_after = load()
+    print(f"gpu_lock_proof: passed: 2 iterations in {t1:.1f} s, resumed to 3 in {t2:.1f} s "
+          f"(load average {load_before} -> {load_after})")
+
+    if args.record:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        header = [
+            "# The CPU profile ran on requirements-gpu.lock's versions (S-DEP-1). Written by",
+            "# `make test-gpu-lock-versions` (.ci/gpu_lock_proof.py) after both runs below passed, in an",
+            "# environment with torch 2.13.0+cpu and every other package constrained to the GPU lock.",
+            "# tests/unit/test_locks.py fails when requirements-gpu.lock pins another version of any",
+            "# package listed below (torch excepted): rerun `make test-gpu-lock-versions` and commit this file.",
+            f"# when: {stamp}; {os.cpu_count()} cores; load average {load_before} before, {load_after} after",
+            f"# run 1: python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2 job.name={JOB}"
+            f" job.output_root={output_root} (PREFECT_HOME={prefect_home}): exit 0 in {t1:.1f} s",
+            f"#   {last(first, r'^iter +2/2')}",
+            f"#   {last(first, r'^done: run')}",
+            f"# run 2: the same with rl.max_steps=3: exit 0 in {t2:.1f} s",
+            f"#   {resumed.group(0).strip()}",
+            f"#   {last(second, r'^iter +3/3')}",
+            f"#   {last(second, r'^done: run')}",
+            "# the environment:",
+        ]
+        lines = [f"{name}=={version}" for _, (name, version) in sorted(have.items())
+                 if _ not in TOOLS]
+        Path(args.record).write_text("\n".join(header + lines) + "\n")
+        print(f"gpu_lock_proof: wrote {args.record}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Resolve requirements-gpu.lock (S-DEP-1): the GPU install, pinned.
+
+`make lock` (or `make lock-gpu`) runs this. It asks pip to resolve, without installing
+anything, `vllm` as pinned by pyproject.toml's `gpu` extra together with every entry of
+[project].dependencies, against PyPI only, on Linux x86_64 / CPython 3.11:
+
+    pip install --dry-run --ignore-installed --report R.json --index-url https://pypi.org/simple \
+        vllm==0.32.0 torch==2.13.0 'transformers>=...' ...
+
+and writes every package of the report as `name==version`. PyPI only, with this machine's
+pip configuration switched off (PIP_CONFIG_FILE=/dev/null, no find-links, no extra index,
+no constraint file): the local find-links hold torch 2.13.0+cpu, which satisfies
+`torch==2.13.0` and would win over PyPI's CUDA build. On PyPI, torch 2.13.0 for
+manylinux x86_64 is the CUDA build; its nvidia-*/cuda-* runtime wheels and triton come
+in as its dependencies, with the exact versions its metadata pins.
+
+Usage: python .ci/lock_gpu.py [--out requirements-gpu.lock] [--index-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPI = "https://pypi.org/simple"
+
+
+def requirements(pyproject: Path) -> list[str]:
+    project = tomllib.loads(pyproject.read_text())["project"]
+    gpu = project["optional-dependencies"]["gpu"]
+    return list(gpu) + list(project["dependencies"])
+
+
+def isolated_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no configuration file at all
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    for key in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT"):  # transport settings only
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "requirements-gpu.lock"))
+    parser.add_argument("--index-url", default=PYPI)
+    args = parser.parse_args()
+
+    if sys.version_info[:2] != (3, 11) or sys.platform != "linux" or platform.machine() != "x86_64":
+        print(f"lock_gpu: needs CPython 3.11 on Linux x86_64 (the GPU target); this is Python "
+              f"{platform.python_version()} on {sys.platform} {platform.machine()}", file=sys.stderr)
+        return 2
+
+    reqs = requirements(ROOT / "pyproject.toml")
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report_path), "--index-url", args.index_url, *reqs]
+        print("lock_gpu: resolving (about 1-3 min):", " ".join(cmd[3:]), flush=True)
+        subprocess.run(cmd, check=True, env=isolated_env())
+        report = json.loads(report_path.read_text())
+
+    pins: dict[str, str] = {}
+    for item in report["install"]:
+        meta = item["metadata"]
+        pins[meta["name"]] = meta["version"]
+        url = item["download_info"]["url"]
+        if not url.endswith(".whl"):
+            print(f"lock_gpu: warning: {meta['name']} {meta['version']} resolved to a source "
+                  f"distribution ({url})", file=sys.stderr)
+    by_lower = {name.lower(): version for name, version in pins.items()}
+    torch = by_lower.get("torch", "")
+    if "+" in torch or not any(n.startswith("nvidia-") for n in by_lower):
+        print(f"lock_gpu: torch resolved to {torch!r} without the CUDA runtime wheels: not "
+              "PyPI's CUDA build", file=sys.stderr)
+        return 1
+
+    pip_version = report.get("pip_version", "?")
+    header = [
+        "# Exact versions for the GPU install (make setup-gpu), resolved for Linux x86_64 /",
+        "# CPython 3.11 against PyPI: vllm (pyproject.toml's `gpu` extra) together with every",
+        "# entry of [project].dependencies, by",
+        f"#   pip {pip_version} install --dry-run --ignore-installed --report ... \\",
+        f"#       --index-url {args.index_url} {' '.join(reqs[:2])} ...",
+        "# with no pip configuration (no find-links, no constraint file). torch==2.13.0 here is",
+        "# PyPI's CUDA build; the nvidia-*, cuda-* and triton lines are its pinned runtime.",
+        "# vLLM 0.32 caps fastapi below 0.137, so this lock has Prefect 3.7.x where the CPU lock",
+        "# (requirements.lock) has Prefect 3.9; the CPU profile's proof on these versions:",
+        "# docs/gpu-lock-proof.txt (make test-gpu-lock-versions).",
+        "# Regenerate: make lock (writes requirements.lock and this file; .ci/lock_gpu.py)",
+    ]
+    lines = [f"{name}=={pins[name]}" for name in sorted(pins, key=str.lower)]
+    Path(args.out).write_text("\n".join(header + lines) + "\n")
+    print(f"lock_gpu: wrote {args.out}: {len(lines)} pins; torch {torch}, vllm {by_lower.get('vllm')}, "
+          f"prefect {by_lower.get('prefect')}, ray {by_lower.get('ray')}, "
+          f"transformers {by_lower.get('transformers')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
