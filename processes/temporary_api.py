@@ -35,7 +35,7 @@ from adapters.prefect_adapter import temporary_api_supported
 from processes.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-PORT_IN_USE_EXIT = 3  # uvicorn's exit code when the port is taken: pick another
+PORT_IN_USE_EXIT = 3  # uvicorn's exit code for a failed start: a taken port (pick another) or a broken app
 
 
 class TemporaryApiFailed(RuntimeError):
@@ -58,7 +58,8 @@ class TemporaryApi:
         in time is a TemporaryApiFailed naming which."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() == PORT_IN_USE_EXIT:
+            if self.process.poll() == PORT_IN_USE_EXIT and port_taken(self.port):
+                # Another process took the port between our probe and the server's bind.
                 self.port = free_loopback_port()
                 self.process = _launch(self.command, self.port, self.env)
                 continue
@@ -173,6 +174,15 @@ def _launch(command: list[str], port: int, env: dict[str, str]) -> subprocess.Po
         [*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL,
         preexec_fn=parent_death_signal_setter(signal.SIGTERM),
     )
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def free_loopback_port() -> int:

@@ -68,6 +68,20 @@ def test_a_server_that_exits_while_starting_is_named():
         api.wait_until_up(timeout_s=30)
 
 
+def test_a_server_whose_app_fails_to_start_is_named_at_once_not_relaunched_until_the_timeout():
+    """uvicorn exits 3 for any failed start; only a port some other process holds is
+    worth another launch on another port."""
+    from processes.temporary_api import free_loopback_port
+
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    process = subprocess.Popen(failing)
+    api = TemporaryApi(process, port=free_loopback_port(), command=failing, env={})
+    started = time.monotonic()
+    with pytest.raises(TemporaryApiFailed, match="exited with code 3"):
+        api.wait_until_up(timeout_s=30)
+    assert time.monotonic() - started < 10
+
+
 class _UpAlready:
     api_url = "http://127.0.0.1:9/api"
 
