@@ -5,6 +5,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
+# Every top-level package but the tests and benchmarks.
+PRODUCTION_DIRS = $(filter-out tests/ bench/,$(dir $(wildcard */__init__.py)))
 
 .PHONY: setup setup-gpu run lint test test-slow test-vllm test-gpu-lock-versions test-gpu-env lock lock-cpu lock-gpu \
 	clean-runs serve stop bench bench-learning bench-overhead bench-arith
@@ -25,6 +27,8 @@ run: setup
 # ruff, configured in pyproject.toml [tool.ruff]; `make test` runs it first, and so does CI.
 lint: setup
 	$(VENV)/bin/ruff check .
+	@# History belongs in commits and docs, not in code.
+	@! grep -rnE '[Ii]ssue [0-9]+' --include='*.py' $(PRODUCTION_DIRS) || (echo "lint: an issue number in production code (above)"; false)
 
 test: setup lint
 	$(VPY) -m pytest -q --durations=15
