@@ -13,7 +13,6 @@ docs/launch.md ("Weights (S-SCALE-3)").
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import weakref
 
@@ -73,7 +72,6 @@ def main() -> None:
 
     from roles.rollout.hf_engine import HFEngine
 
-    os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     init_ray(num_cpus=2)
     publisher = ray.remote(Publisher).remote()
     engine = HFEngine.__new__(HFEngine)  # the engine's load path, around a model built here

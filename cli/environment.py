@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import sys
 
+from processes.ray_session import RAY_DEFAULTS
+
 DEFAULTS = {
     # A fresh embedded-API database can take longer to start on a small machine than
     # Prefect's default timeout allows (DESIGN.md, "Facts measured").
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # No internet: analytics would log an error on every start.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
     # The Prefect server records each task-run state event in its own SQLite
     # transaction by default, server CPU taken from the cores the actors train on.
@@ -23,9 +24,7 @@ DEFAULTS = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "20",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
-    # Tensors between actors through Ray's numpy path: no torch pickling on every
-    # trajectory hop. They arrive read-only; every stage builds new tensors.
-    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    **RAY_DEFAULTS,
 }
 
 CLI_DEFAULTS = {

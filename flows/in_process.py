@@ -57,7 +57,7 @@ class InProcessRoles:
 
 
 def build_roles(config: PPOConfig) -> InProcessRoles:
-    """Every role in this process, constructed in `processes.actors.ROLE_CLASSES` order
+    """Every role in this process, constructed in `roles.bodies.ROLE_CLASSES` order
     (the tiny model is built on first use, as in the flow). Each device role gets
     rank 0's placement from the same `role_placements` the actors are started with."""
     placements = role_placements(plan_placement(config))

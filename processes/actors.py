@@ -16,24 +16,8 @@ from configs.schema import PPOConfig
 from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
-from roles.critic_role import CriticRole
-from roles.data_role import DataRole
-from roles.policy_role import PolicyRole
 from processes.process_pool import active_pool
-from roles.reference_role import ReferenceRole
-from roles.replay_role import ReplayRole
-from roles.reward_role import RewardRole
-from roles.rollout_role import RolloutRole
-
-ROLE_CLASSES: dict[str, type] = {
-    "data": DataRole,
-    "rollout": RolloutRole,
-    "reward": RewardRole,
-    "replay": ReplayRole,
-    "reference": ReferenceRole,
-    "critic": CriticRole,
-    "policy": PolicyRole,
-}
+from roles.bodies import ROLE_CLASSES
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,7 @@ PRELOAD = (
     "transformers.modeling_layers",
     "transformers.processing_utils",
     "transformers.tokenization_python",
-    "roles.data_role",
-    "roles.reward_role",
-    "roles.replay_role",
-    "roles.reference_role",
-    "roles.critic_role",
-    "roles.policy_role",
-    "roles.rollout_role",
+    "roles.bodies",  # every role body (the one list of them)
     "roles.rollout.hf_engine",
     # Imported when a role first shards, saves or loads (trainer/sharding.py,
     # trainer/update_runtime.py), not with the role bodies.

@@ -31,6 +31,15 @@ LOCAL_RAY_DEFAULTS = {
     "RAY_prestart_worker_first_driver": "0",
 }
 
+# Ray's settings for every process of a run, each a default a user's own setting wins over
+# (cli/environment.py applies them from the start of the command, this module when Ray starts).
+RAY_DEFAULTS = {
+    "RAY_USAGE_STATS_ENABLED": "0",  # no internet
+    # Tensors between actors through Ray's numpy path: no torch pickling on every
+    # trajectory hop. They arrive read-only; every stage builds new tensors.
+    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+}
+
 SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose workers the server at SOCKET_ENV forks
 _fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
 
@@ -44,7 +53,9 @@ def worker_env() -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         # docs/performance.md; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
-        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get(
+            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", RAY_DEFAULTS["RAY_ENABLE_ZERO_COPY_TORCH_TENSORS"]
+        ),
     }
 
 
@@ -80,8 +91,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     socket_path = _fork_socket(address)
     if socket_path is not None:
         env_vars[SOCKET_ENV] = socket_path
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
+    for key, value in RAY_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     options: dict[str, Any] = {
         "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",
         "ignore_reinit_error": True,
