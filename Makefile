@@ -36,8 +36,8 @@ test: setup lint
 test-slow: setup
 	$(VPY) -m pytest -q -m slow --durations=15
 
-# pyproject.toml's [project].dependencies without torch, for an install line.
-PROJECT_DEPS = $$($(PYTHON) -c "import tomllib;print(' '.join(d for d in tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'] if not d.startswith('torch')))")
+# pyproject.toml's [project].dependencies and its `dev` extra (the tests) without torch, for an install line.
+PROJECT_DEPS = $$($(PYTHON) -c "import tomllib;p=tomllib.load(open('pyproject.toml','rb'))['project'];print(' '.join(d for d in p['dependencies']+p['optional-dependencies']['dev'] if not d.startswith('torch')))")
 
 # The GPU install (S-DEP-1): every package pinned by requirements-gpu.lock (torch 2.13.0,
 # PyPI's CUDA build, with its nvidia-*/cuda-* runtime and triton; vllm 0.32.0; Prefect
@@ -141,7 +141,7 @@ lock: lock-cpu lock-gpu
 lock-cpu:
 	rm -rf /tmp/ppo-lock-venv && $(PYTHON) -m venv /tmp/ppo-lock-venv
 	/tmp/ppo-lock-venv/bin/pip install --quiet "torch==2.13.0" $(PROJECT_DEPS)
-	(echo "# Exact versions for the default (CPU) install, resolved on Python 3.11 from pyproject.toml."; echo "# torch 2.13.0 is the CPU build on these machines and the version vLLM 0.32 pins."; echo "# Regenerate: make lock"; /tmp/ppo-lock-venv/bin/pip freeze | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/') > requirements.lock
+	(echo "# Exact versions for the default (CPU) install and its dev extra (tests, lint), resolved on Python 3.11 from pyproject.toml."; echo "# torch 2.13.0 is the CPU build on these machines and the version vLLM 0.32 pins."; echo "# Regenerate: make lock"; /tmp/ppo-lock-venv/bin/pip freeze | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/') > requirements.lock
 
 lock-gpu:
 	$(PYTHON) .ci/lock_gpu.py --out $(GPU_LOCK)

@@ -2,7 +2,7 @@
 
 `make lock` (or `make lock-gpu`) runs this. It asks pip to resolve, without installing
 anything, `vllm` as pinned by pyproject.toml's `gpu` extra together with every entry of
-[project].dependencies, against PyPI only, on Linux x86_64 / CPython 3.11:
+[project].dependencies and the `dev` extra (make test-gpu-env runs the suite), against PyPI only, on Linux x86_64 / CPython 3.11:
 
     pip install --dry-run --ignore-installed --report R.json --index-url https://pypi.org/simple \
         vllm==0.32.0 torch==2.13.0 'transformers>=...' ...
@@ -35,8 +35,8 @@ PYPI = "https://pypi.org/simple"
 
 def requirements(pyproject: Path) -> list[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
-    gpu = project["optional-dependencies"]["gpu"]
-    return list(gpu) + list(project["dependencies"])
+    extras = project["optional-dependencies"]
+    return list(extras["gpu"]) + list(extras["dev"]) + list(project["dependencies"])  # dev: test-gpu-env runs the suite
 
 
 def isolated_env() -> dict[str, str]:
@@ -88,7 +88,7 @@ def main() -> int:
     header = [
         "# Exact versions for the GPU install (make setup-gpu), resolved for Linux x86_64 /",
         "# CPython 3.11 against PyPI: vllm (pyproject.toml's `gpu` extra) together with every",
-        "# entry of [project].dependencies, by",
+        "# entry of [project].dependencies and the dev extra, by",
         f"#   pip {pip_version} install --dry-run --ignore-installed --report ... \\",
         f"#       --index-url {args.index_url} {' '.join(reqs[:2])} ...",
         "# with no pip configuration (no find-links, no constraint file). torch==2.13.0 here is",

@@ -51,7 +51,7 @@ def project() -> dict:
 
 
 def direct(extra: str | None = None) -> dict[str, Requirement]:
-    reqs = [Requirement(d) for d in project()["dependencies"]]
+    reqs = [Requirement(d) for d in project()["dependencies"] + project()["optional-dependencies"]["dev"]]
     if extra:
         reqs += [Requirement(d) for d in project()["optional-dependencies"][extra]]
     return {canonicalize_name(r.name): r for r in reqs}
