@@ -2,7 +2,8 @@
 
 `make lock` (or `make lock-gpu`) runs this. It asks pip to resolve, without installing
 anything, `vllm` as pinned by pyproject.toml's `gpu` extra together with every entry of
-[project].dependencies and the `dev` extra (make test-gpu-env runs the suite), against PyPI only, on Linux x86_64 / CPython 3.11:
+[project].dependencies and the `dev` extra (make test-gpu-env runs the suite), against
+PyPI only, on Linux x86_64 / CPython 3.11:
 
     pip install --dry-run --ignore-installed --report R.json --index-url https://pypi.org/simple \
         vllm==0.32.0 torch==2.13.0 'transformers>=...' ...
