@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from flows.failures import naming_failures
 from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
-from tasks.faults import fault_point
 
 Result = TypeVar("Result")
 
@@ -119,7 +118,6 @@ class FlowRunner:
                 result = stage_task.fn(iteration, *args)
         self.seconds[stage_task.name] = time.perf_counter() - started
         self._upstream = [result]
-        fault_point(iteration, f"after_{stage_task.name}")
         return result
 
     def concurrent_stages(self, label: str, iteration: int, *stages: tuple[Any, tuple[Any, ...]]) -> list[Any]:
@@ -139,7 +137,6 @@ class FlowRunner:
                 with naming_failures(task.name, iteration, self.explain):
                     results.append(wait())
         self.seconds[label] = time.perf_counter() - started
-        fault_point(iteration, f"after_{label}")
         return results
 
     def get(self, pending: Any) -> Any:

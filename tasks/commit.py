@@ -12,7 +12,6 @@ from checkpoint.boundary import MARKER_NAME, CommittedBoundary, update_latest, w
 from checkpoint.boundary_files import boundary_files
 from checkpoint.retention import prune_optimizer_state
 from placement.plan import TRAINER_ROLES
-from tasks.faults import fault_point
 from tasks.stages import STAGE_TASK, resolve, stage_logger
 
 
@@ -43,10 +42,8 @@ def commit(
     role_steps = {role: int(reports[role]["optimizer_step"]) for role in TRAINER_ROLES}
     if record is not None:
         write_metrics_row(boundary, record)
-    fault_point(iteration, "before_marker")
     files = boundary_files(boundary, skip=(MARKER_NAME,))
     write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state, files=files)
-    fault_point(iteration, "after_marker")
     update_latest(checkpoints_root, iteration)
     committed = CommittedBoundary(
         iteration=iteration, path=boundary, role_steps=role_steps, policy_version=policy_version

@@ -3,9 +3,9 @@ item 3, S-FAULT-2): the run ends with the uninterrupted run's weights and train/
 metrics, one metrics row per iteration, and `latest_checkpoint.txt` never names a
 boundary without `_SUCCESS`.
 
-The killed run is the documented command in its own process (SIGKILLed by the test
-fault hook, tasks/faults.py); it joins this session's Prefect API and Ray cluster, so
-each case costs its iterations, not a server start. Two points run in the default
+The killed run is the documented command in its own process, SIGKILLed by the fault
+that tests/integration/faulty_ppo.py injects; it joins this session's Prefect API and
+Ray cluster, so each case costs its iterations, not a server start. Two points run in the default
 suite (mid-iteration, and between the pointer and the metrics row); the other eight under -m slow.
 """
 
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tasks.faults import COMMIT_POINTS, FAULT_POINTS
+from tests.integration.faulty_ppo import COMMIT_POINTS, FAULT_POINTS
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.integration.helpers import boundary, metric_records, weights_digest, without_timings
 
@@ -75,7 +75,7 @@ def test_killed_at_a_point_then_rerun_ends_like_the_uninterrupted_run(
         "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
     }
     killed = subprocess.run(
-        [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides],
+        [sys.executable, "-m", "tests.integration.faulty_ppo", "--config", TINY_PROFILE, "--", *overrides],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert killed.returncode == -9, killed.stderr[-3000:]

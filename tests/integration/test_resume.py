@@ -96,7 +96,7 @@ def test_stop_and_rerun_is_bitwise_the_uninterrupted_run(straight_runs, tiny_mod
 def test_sigkill_mid_iteration_then_rerun_resumes_from_the_last_commit(straight_runs, tiny_model_dir, tmp_path):
     """The flow process dies without cleanup inside iteration 3 (after training, before
     the weight sync); boundary 2 is the last commit. Re-running finishes bitwise equal."""
-    command = [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--",
+    command = [sys.executable, "-m", "tests.integration.faulty_ppo", "--config", TINY_PROFILE, "--",
                *_overrides(tmp_path, tiny_model_dir, "rl.max_steps=4", "job.name=crashed")]
     env = dict(os.environ, PPO_TEST_FAULT="kill:3:after_train")
     log = tmp_path / "killed-run.log"
