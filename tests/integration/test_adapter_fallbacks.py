@@ -53,6 +53,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a Ray of its own (about 10 s); the contract tests in tests/unit/test_adapters.py run by default
 def test_rays_public_paths_start_run_and_stop_a_local_ray():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     done = subprocess.run([sys.executable, "-c", DRIVER, str(REPO_ROOT)], capture_output=True, text=True,
