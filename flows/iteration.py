@@ -114,7 +114,6 @@ def ppo_iteration(
     rl = config.rl
     run.start_iteration()
     plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
-    actor_warmup = is_critic_warmup(iteration, rl.critic_warmup_iterations)
     policy_ranks, critic_ranks = roles.ranks("policy"), roles.ranks("critic")
 
     # Queue: generate, score, reference, values, targets, updates, weight sync, park.
@@ -137,16 +136,10 @@ def ppo_iteration(
         experience = run.call(roles.replay.keep_experience, trajectory, targets, paths.experience)
     installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
     critic_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in critic_ranks]
-    policy_receipts, loaded, new_version, follows = [], [], None, []
-    if not actor_warmup:  # S-CW-2/5: during warmup nothing touches the actor, no weights move
-        policy_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in policy_ranks]
-        # Takes every rank's receipt: a failed update publishes nothing (S-FLOW-6).
-        # Every rank takes part in gathering the full weights from its shards
-        # (S-SCALE-3); rank 0 hands them to the engines.
-        published = [run.call(rank.publish_weights, *policy_receipts, returns=2) for rank in policy_ranks]
-        weights, new_version = published[0]
-        loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.ranks("rollout")]
-        follows = [version for _, version in published[1:]]
+    # S-CW-2/5, decided once: during warmup nothing touches the actor and no weights move.
+    actor = None if is_critic_warmup(iteration, rl.critic_warmup_iterations) else queue_actor_update(
+        run, roles, plan, batch_id
+    )
     # The policy's last call: park on the host so the next rollout has the GPU (S-RUN-4).
     parks = [run.call(rank.park) for rank in policy_ranks]
 
@@ -161,15 +154,22 @@ def ppo_iteration(
         artifact_key(config.job.name, "samples"), [s for _, s in prepared[1:]],
     )
     record |= prepare_metrics
-    trainers = [(stages.train_critic, (critic_receipts, agreed_batch, parks if actor_warmup else []))]
-    if not actor_warmup:
-        trainers.insert(0, (stages.train_policy, (policy_receipts, agreed_batch)))
-    for metrics in run.concurrent_stages(TRAIN, iteration, *trainers):
-        record |= metrics
-    if not actor_warmup:
-        policy_version, synced = run.stage(stages.weight_sync, iteration, loaded, new_version, follows, parks)
+    if actor is None:  # the park is waited for with the critic, the iteration's last task
+        (critic_metrics,) = run.concurrent_stages(
+            TRAIN, iteration, (stages.train_critic, (critic_receipts, agreed_batch, parks))
+        )
+        record |= critic_metrics
+    else:
+        for metrics in run.concurrent_stages(
+            TRAIN, iteration, (stages.train_policy, (actor.receipts, agreed_batch)),
+            (stages.train_critic, (critic_receipts, agreed_batch, [])),
+        ):
+            record |= metrics
+        policy_version, synced = run.stage(
+            stages.weight_sync, iteration, actor.loaded, actor.new_version, actor.follows, parks
+        )
         record |= synced
-    record["train/actor_warmup"] = 1.0 if actor_warmup else 0.0
+    record["train/actor_warmup"] = 1.0 if actor is None else 0.0
     record["train/policy_version"] = float(policy_version)
     if evaluates_at(config, iteration):
         # After weight_sync (every policy rank parked, the engines hold the new
@@ -180,6 +180,29 @@ def ppo_iteration(
     committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record)
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     return IterationResult(record, policy_version, committed)
+
+
+@dataclass
+class ActorUpdate:
+    """The actor's part of one iteration, queued: every policy rank's update, and the
+    new weights published and loaded into every rollout engine (S-FLOW-6)."""
+
+    receipts: list[Any]
+    loaded: list[Any]
+    new_version: Any
+    follows: list[Any]  # the other policy ranks' (equal) clocks
+
+
+def queue_actor_update(run: Runner, roles: Roles, plan: UpdatePlan, batch_id: Any) -> ActorUpdate:
+    policy_ranks = roles.ranks("policy")
+    receipts = [run.call(rank.train_batch, plan, batch_id) for rank in policy_ranks]
+    # Takes every rank's receipt: a failed update publishes nothing (S-FLOW-6). Every
+    # rank takes part in gathering the full weights from its shards (S-SCALE-3); rank 0
+    # hands them to the engines.
+    published = [run.call(rank.publish_weights, *receipts, returns=2) for rank in policy_ranks]
+    weights, new_version = published[0]
+    loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.ranks("rollout")]
+    return ActorUpdate(receipts, loaded, new_version, [version for _, version in published[1:]])
 
 
 def evaluates_at(config: PPOConfig, iteration: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -19,6 +19,17 @@ from placement.role_placement import role_placements
 from processes.process_pool import active_pool
 from roles.bodies import ROLE_CLASSES
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from roles.critic_role import CriticRole
+    from roles.data_role import DataRole
+    from roles.policy_role import PolicyRole
+    from roles.reference_role import ReferenceRole
+    from roles.replay_role import ReplayRole
+    from roles.reward_role import RewardRole
+    from roles.rollout_role import RolloutRole
+
 
 @dataclass(frozen=True)
 class RoleHandles:
@@ -26,14 +37,14 @@ class RoleHandles:
     only rank of most roles; a data-parallel trainer's other ranks and the rollout's
     other engines are in `peers`."""
 
-    data: Any
-    rollout: Any
-    reward: Any
-    replay: Any
-    reference: Any
-    critic: Any
-    policy: Any
-    peers: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    data: ActorHandle[DataRole]
+    rollout: ActorHandle[RolloutRole]
+    reward: ActorHandle[RewardRole]
+    replay: ActorHandle[ReplayRole]
+    reference: ActorHandle[ReferenceRole]
+    critic: ActorHandle[CriticRole]
+    policy: ActorHandle[PolicyRole]
+    peers: dict[str, tuple[ActorHandle, ...]] = field(default_factory=dict)
     ready_seconds: dict[str, float] = field(default_factory=dict)  # actor label -> seconds from launch to ready
 
     def items(self) -> list[tuple[str, Any]]:
