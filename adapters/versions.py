@@ -10,6 +10,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 
+@functools.cache
 def installed_version(distribution: str) -> Version | None:
     try:
         return Version(version(distribution))

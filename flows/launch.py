@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 class Launch:
     config: PPOConfig  # resolved once: profile, overrides, the flow's own parameters; absolute paths
     paths: RunPaths
-    resume: bool
-    resume_from: str | None
     resume_point: ResumePoint | None  # checked (pointer, marker, warmup) before anything started
     actors: LaunchedActors | None = None  # launched while the services came up; the flow adopts them
 
@@ -45,7 +43,7 @@ def plan_launch(
     require_runnable(config)
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
-    return Launch(config, paths, resume, resume_from, point)
+    return Launch(config, paths, point)
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)
