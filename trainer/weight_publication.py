@@ -5,8 +5,10 @@ The policy's ranks gather the full weights from their shards one bucket at a tim
 into the object store as soon as it is gathered and drops it, so it never holds more
 than its shard and one bucket; what it returns is a `WeightPublication`, a small
 manifest of bucket references and the names each bucket carries. Every rollout engine
-fetches the buckets one after the other and copies each into its model before taking
-the next. In process (tests, the in-process runner) the buckets are the dicts
+fetches the buckets one after the other: the HF engine copies each into its model
+before taking the next; a vLLM engine's workers hold the version's buckets on the host
+until the last arrives and then install them at once (roles/rollout/vllm_engine.py).
+In process (tests, the in-process runner) the buckets are the dicts
 themselves and nothing is copied.
 
 The manifest lets a receiver refuse a publication before touching its model: a
