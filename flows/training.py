@@ -78,7 +78,10 @@ def ppo(
     """
     logger = get_run_logger()
     say(f"prefect: flow run {_flow_run_label()} started")
-    launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume, resume_from=resume_from)
+    # A run the automation rescheduled after a crash resumes, whatever it was started with.
+    attempt = crash_resumes(auto_resume_attempts)
+    launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume or attempt > 0,
+                         resume_from=resume_from if attempt == 0 else None)
     config, paths = launch.config, launch.paths
     # S-FAULT-4: one writer per run directory, taken before anything is read or written.
     lock = RunLock(local_run_dir(paths.run_dir), _flow_run_label(), stale_after(config.rl.stage_timeout_seconds))
@@ -86,7 +89,6 @@ def ppo(
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
     try:
-        attempt = crash_resumes(auto_resume_attempts)
         while True:
             try:
                 return _train(launch, lock, first_attempt=attempt == 0)

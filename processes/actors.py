@@ -72,7 +72,6 @@ class LaunchedActors:
     """Role actors created but not yet awaited: their processes import and load
     their models while the caller does something else."""
 
-    config: PPOConfig
     groups: dict[str, list[Any]]
     launched_at: float
 
@@ -137,7 +136,7 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
             _launch_actor(role, rank, len(arguments), cls, args, lowered.actor_options(role, rank), namespace)
             for rank, args in enumerate(arguments)
         ]
-    return LaunchedActors(config, groups, launched_at)
+    return LaunchedActors(groups, launched_at)
 
 
 def _launch_actor(
