@@ -1,19 +1,9 @@
 """Image and video payloads of content parts, opened for a DataPacker.
 
-Why here and not in the projection: the projection hands the row on untouched
-(S-DATA-2); only a packer that shows pictures to a model needs the pixels, and it
-is the one place that knows the row's position (`PromptBatch.sources`) when
-opening them fails. Every error therefore names the row, the key path inside it
-and the path or handle that could not be read.
-
-Accepted payloads, under the part's own key (`image`, `video`), its `*_url` key
-(a string or `{"url": ...}`), `url` or `path`:
-- an image: a local path, a `file://` URL, base64 data (`data:image/png;base64,...`
-  or bare base64), an `http(s)://` URL (fetched by transformers; not exercised on
-  the offline CPU machines), or a PIL image from a dataset factory;
-- a video: a list of frames (each any image payload above), or a video file
-  (path or `file://` URL) decoded with PyAV. `fps` (optional; null means unset) is
-  how many of the given frames make one second, or the rate a file is sampled at.
+Here and not in the projection, which hands the row on untouched: only a packer that
+shows pictures to a model needs the pixels, and it knows the row's position when opening
+them fails, so every error names the row, the key path and the path that could not be
+read. docs/howto/custom-datapacker.md lists the payload forms accepted.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The DataPacker seam: projected prompts in, model inputs out (S-RUN-6).
 
-Only the packer knows how a model family turns prompts into tensors (chat
-template, pixels, video frames); roles and the flow never look inside a prompt.
-The packer receives the projected prompts exactly as the row held them (S-DATA-2)
-and returns `PackedPrompts`; what a vision-language model needs beyond token ids
-travels as `MultimodalInputs` inside the trajectory (`Trajectory.extras`), by
-reference, to every later forward pass (reference, critic, policy).
+Only the packer knows how a model family turns prompts into tensors; roles and the
+flow never look inside a prompt. What a vision-language model needs beyond token ids
+travels as `MultimodalInputs` in `Trajectory.extras`, by reference, to every later
+forward pass (docs/howto/custom-datapacker.md).
 
 Notation: b = batch, p = padded prompt length, s = full sequence length (p + r).
 """
@@ -28,11 +26,9 @@ class MultimodalInputs:
     """Model inputs beyond token ids, kept per sample so any subset of rows (a
     minibatch, a micro-batch) gets exactly its own pixels.
 
-    Why per sample: a Qwen-VL batch concatenates every image's patches into one
-    (patches, d) tensor, so a row's pixels are found only by summing patch counts
-    over the rows before it. Keeping one dict per sample makes selection a plain
-    index and concatenation happen only at the forward call, in row order (the
-    order the model matches placeholders and grids in).
+    Why per sample: a batch concatenates every image's patches into one tensor, so a
+    row's pixels would be found only by summing the rows before it; per sample,
+    selection is a plain index and concatenation happens at the forward, in row order.
 
     token_types: (b, p) int64, one value per prompt token (Qwen-VL's
         `mm_token_type_ids`: 0 text, 1 image, 2 video), aligned with the
@@ -43,10 +39,8 @@ class MultimodalInputs:
         `video_grid_thw` (videos_i, 3), `second_per_grid_ts` (videos_i,).
         A text-only sample has an empty dict.
     never_generate: token ids outside the policy's action space (a VLM's vision
-        placeholders): the engine never samples them and every log-prob is taken
-        with them masked, so sampling, reference and trainer share one
-        distribution. A sampled `<|image_pad|>` would also make scoring look for
-        pixels that are not there.
+        placeholders), masked in sampling and in every log-prob, so all roles
+        share one distribution.
     token_types_key: the forward keyword the token types go under.
     """
 

@@ -1,18 +1,9 @@
 """Pick the prompt (and the reference answer) out of a row, checking its shape.
 
-Why a projection and not a conversion: both prompt shapes of S-DATA-2 (a
-plain string, or a conversation whose contents may be strings or lists of
-multimodal parts) go to the DataPacker untouched, so this module only
-*validates* and hands back the very object the row holds. It never copies,
-fills or normalises.
-
-Why the null checks (S-DATA-5): a columnar reader (Arrow, ``datasets``) gives
-every content part the union of all parts' keys and fills the missing ones with
-null, so a text part grows ``image: null`` and an image part grows
-``text: null``. The DataPacker would then see an image where there was none.
-That signature is refused here whatever reader produced the row. A null under
-a part's own optional setting (``fps``, ``max_pixels``...) is not a payload
-and is left for the DataPacker to interpret.
+A projection, not a conversion: the prompt goes to the DataPacker as the very object
+the row holds, never copied, filled or normalised (S-DATA-2). The null checks refuse
+the trace a columnar reader leaves (S-DATA-5). docs/data.md "The prompt projection"
+gives the accepted shapes and why.
 """
 
 from __future__ import annotations

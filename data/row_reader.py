@@ -1,29 +1,9 @@
-"""The project's own reader for local (or fsspec) files of JSON rows.
+"""The project's own reader for local (or fsspec) files of JSON rows (S-DATA-3).
 
-Why not ``datasets``/pandas (S-DATA-3): a columnar reader unifies every row to
-one schema, so a key that appears in one row is null-filled into all others
-(images appear where there were none) and a column that mixes string and list
-content is refused outright. Prompts must reach the DataPacker exactly as
-written, so rows are decoded one by one here, each as the plain ``dict`` the
-JSON text spells.
-
-Accepted layouts (S-DATA-3), detected from the content, never the file name:
-
-* one JSON object per line (JSONL);
-* any whitespace-separated stream of JSON objects (a pretty-printed object
-  spanning many lines is one row);
-* one top-level JSON array of objects (the first non-blank character is ``[``);
-* any of these gzip-compressed (magic bytes ``1f 8b``).
-
-bz2, xz, zstd and zip files are recognised by their magic bytes and refused
-with a message that names the format.
-
-Positions (S-DATA-4): ``row`` counts rows from 0 (the index the data role's
-cursor uses); ``line`` and ``column`` count from 1, the way editors show them.
-A line ends at ``\\n`` (so ``\\r\\n`` files number lines as expected); a column
-counts Unicode characters, not bytes. Errors are raised in file order: the
-file is decoded from UTF-8 chunk by chunk, so an invalid byte is reported only
-when parsing reaches it and never hides an earlier bad row.
+Each row is decoded alone, as the plain ``dict`` its JSON text spells: a columnar
+reader (``datasets``, pandas) would null-fill one row's keys into every other and
+refuse a column that mixes strings and lists. docs/data.md "The row reader" gives the
+layouts accepted, how rows, lines and columns are counted (S-DATA-4) and the refusals.
 """
 
 from __future__ import annotations
@@ -333,16 +313,12 @@ _SHORT_TAIL = 12
 
 
 def _maybe_truncated(buf: str, exc: json.JSONDecodeError) -> bool:
-    """Could ``exc`` vanish if more text were appended to ``buf``?
+    """Could ``exc`` vanish if more text were appended to ``buf``? (True: read more.)
 
-    True means "read more and retry"; False means the error is real whatever
-    follows. Answering True for a real error only costs one more chunk (after
-    which the tail is long and the answer is False), but answering False for a
-    value cut by a chunk boundary would refuse a valid file, so unknown shapes
-    near the end count as truncated. The known shapes were checked against
-    every prefix of many random JSON documents (tests/unit/test_row_reader.py).
-    Precision matters near an invalid UTF-8 byte: a real syntax error just
-    before it must be reported, not the byte (S-DATA-4).
+    Unknown shapes near the end count as truncated: a wrong True costs one more
+    chunk, a wrong False refuses a valid file. Precision still matters near an
+    invalid UTF-8 byte: a real syntax error just before it must be reported, not
+    the byte (S-DATA-4).
     """
     if exc.msg.startswith("Unterminated string"):
         return True  # the scanner ran off the end of the buffer inside a string

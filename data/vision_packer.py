@@ -1,14 +1,8 @@
 """The Qwen2.5-VL DataPacker: conversations with images and videos to token ids,
 pixel patches and grid sizes (S-RUN-6).
 
-Why not `AutoProcessor`: transformers' Qwen2.5-VL processor cannot be built
-without torchvision (its video half is torchvision-only), and no CPU build of
-torchvision matching torch 2.13 is available to this project. So the packer uses
-the processor's parts directly: the tokenizer and its chat template, the image
-processor (`AutoImageProcessor`, which has a Pillow backend), and for videos its
-own frame patching with Pillow and numpy, laid out exactly as transformers'
-`Qwen2VLVideoProcessor.patchify` lays them out. The placeholder expansion is the
-processor's rule: one `<|image_pad|>` per merged patch.
+Built from the processor's parts, not `AutoProcessor`, which cannot be built without
+torchvision (docs/howto/custom-datapacker.md, "The Qwen2.5-VL packer in detail").
 
 Notation: b = batch, p = padded prompt length; T = temporal patch size, P =
 patch size, m = spatial merge size, C = channels.

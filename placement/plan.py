@@ -1,33 +1,8 @@
-"""Device groups, and how they are lowered onto Ray resources (S-RUN-4, S-RUN-5).
+"""Device groups: which roles share which GPUs, and how many ranks each runs (S-RUN-4, S-RUN-5).
 
-Two steps, kept apart on purpose:
-
-* `plan_placement(config)` is pure: it turns `grid.*` into device groups (which roles
-  share which GPUs) without importing Ray, so `--validate-manifest` can check a
-  4-GPU launch on a laptop (S-RUN-3) with the very code that will place it.
-* `placement.ray_lowering.lower_placement(plan)` asks Ray for the resources: one
-  placement group of GPU bundles per device group when the plan uses GPUs, nothing
-  at all on CPU (every role is then a plain `num_cpus=0` actor, measured to work on
-  2 cores).
-
-Colocated (`grid.gpu_placement=colocated`): policy and rollout share the "actor"
-group; each takes an equal fraction of every GPU bundle, so Ray puts both on the
-same device. The trainer parks its state on the host while the rollout generates and
-the engine sleeps while the trainer updates, unless `rl.colocated_offload=false`.
-Reference and critic each own a group. Disaggregated: four groups.
-
-In a GPU run, the reference and critic groups may declare 0 GPUs: they then run on
-the host (a one-GPU workstation); policy and rollout always need a GPU.
-
-Ranks: a group of G GPUs has G bundles, one per data-parallel rank (vLLM tensor
-parallelism takes `grid.rollout_tensor_parallel_size` bundles per engine). Each
-trainer (policy, critic) gets one actor per rank, joined in one process group
-(trainer/data_parallel.py); on the host, `grid.cpu_trainer_ranks` sets how many. The
-rollout gets one actor per engine, each generating a shard of every batch
-(`grid.cpu_rollout_engines` on the host); colocated, engine i shares bundle i with
-policy rank i. The frozen reference gets one rank per GPU of its group
-(`grid.cpu_reference_ranks` on the host), its model sharded over them like a
-trainer's, without gradients or optimizer state.
+Pure on purpose (no Ray, no torch): `--validate-manifest` checks a GPU launch on a
+laptop with the very plan that will place it (S-RUN-3); `placement.ray_lowering` then
+asks Ray for the resources. docs/architecture.md "Where roles run" describes the groups.
 """
 
 from __future__ import annotations

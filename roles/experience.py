@@ -1,15 +1,9 @@
 """Experience files: the samples behind each iteration's numbers (S-OPS-3).
 
-The replay role writes one gzip-compressed JSON-lines file per iteration,
-`<run>/experience/iter_NNNNNN.jsonl.gz`, one object per sample. Every column has one
-type in every row (a conversation prompt is written as its JSON text), so
-`datasets.load_dataset("json", data_files=...)` reads the files as one table.
-Files are written whole under a temporary name and renamed, so a reader (or a
-resume) never sees half a file. Storage goes through fsspec like the rest of a run.
-
-Resume treats these files as it treats metrics rows: a plain resume removes the
-files after its boundary (the iterations run again and write them anew), going back
-to an earlier boundary moves them aside into `experience/after_iter_NNNNNN.<time>/`.
+One gzip-compressed JSON-lines file per iteration, `<run>/experience/iter_NNNNNN.jsonl.gz`,
+each column of one type so `datasets` reads the files as one table, written whole and
+renamed. Resume removes or sets them aside as it does metrics rows (docs/architecture.md,
+"What a user sees").
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Data parallelism for a trainable role: R actors (ranks) of one role, one process
-group, each rank computing on its shard of every minibatch (S-FLOW-5) with its model
-sharded by FSDP2 (trainer/sharding.py, S-SCALE-1).
-
-What is left here is what FSDP2 does not do: joining the group (each rank is its
-own Ray actor process, so the default group of torch.distributed is the role's
-group; NCCL between GPUs, gloo on the host), giving every rank rank 0's initial
-weights before sharding (a value head initialised differently on another rank would
-otherwise be stitched together from two draws), and summing the loss diagnostics
-over the ranks so a receipt describes the whole minibatch schedule.
+"""Data parallelism for a trainable role: R ranks (actors) in one process group, each
+computing on its shard of every minibatch (S-FLOW-5), the model sharded by
+trainer/sharding.py. Here is what FSDP2 does not do: joining the group (each rank is
+its own process, so the default group is the role's; NCCL between GPUs, gloo on the
+host), rank 0's initial weights for every rank, and diagnostics summed over the ranks.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Moving a trainer's whole state between its GPU and page-locked host buffers
 (S-RUN-4: the colocated policy parks on the host while the rollout generates).
 
-Why not `Module.to("cpu")`: it copies into freshly allocated pageable memory, which
-the driver must stage through a pinned bounce buffer, and allocates that memory anew
-at every park. Here each tensor has one pinned host buffer, allocated at the first
-park and reused at every later one, and all copies are queued without waiting,
-then synchronised once. `bench/park_bench.py` measures both ways.
-
-The tensors change device by assigning `.data`, so every `Parameter` object stays
-the one the optimizer holds (the same guarantee `UpdateRuntime.place` checks on the
-`Module.to` path). The cost is host memory: a second copy of the weights and the
-optimizer state stays pinned for the life of the actor.
+Not `Module.to("cpu")`, which allocates pageable memory at every park that the driver
+stages through a pinned bounce buffer: here each tensor keeps one pinned buffer, reused,
+and all copies are queued then synchronised once. Assigning `.data` keeps every
+`Parameter` the one the optimizer holds; the price is a pinned host copy of the state.
 """
 
 from __future__ import annotations

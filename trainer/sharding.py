@@ -1,20 +1,10 @@
 """FSDP2 for a role's ranks (S-SCALE-1): parameters, gradients and optimizer state
-sharded over a one-dimensional DeviceMesh of the role's process group.
+sharded over the role's DeviceMesh, so each rank holds 1/N of them.
 
-Why FSDP2 (`fully_shard`) rather than the hand-written all-reduce this replaced: each
-rank then holds 1/N of the weights, gradients and AdamW moments instead of a full
-replica, and the reduce-scatter/all-gather are torch's, tested by more people than
-ours. What FSDP2 does not do stays in trainer/data_parallel.py: joining the group,
-rank 0's initial weights, and the loss diagnostics summed over the ranks.
-
-One rank is not sharded: a mesh of one would add DTensor wrappers and no saving, and
-the unsharded path is what the bitwise resume tests pin (S-CKPT-8).
-
-FSDP and DTensor are imported when a model is sharded, not with this module: they
-bring in sympy, and the driver imports this module with
-the role classes it launches but never shards anything. Until they are imported,
-nothing can be an FSDP module or a DTensor, which is how the checks below answer
-without importing them. Role processes have them preloaded (processes/fork_server.py).
+A role of one rank is not sharded: a mesh of one saves nothing, and the unsharded path
+is the one the bitwise resume tests pin. FSDP and DTensor are imported only when a
+model is sharded (they bring in sympy, and the driver imports this module without
+sharding anything), so until then the checks below answer from `sys.modules`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """One policy version's weights as a stream of bounded buckets (S-SCALE-3, S-FLOW-6).
 
-The policy's ranks gather the full weights from their shards one bucket at a time
-(`trainer.sharding.full_weight_buckets`). Inside a Ray actor, rank 0 puts each bucket
-into the object store as soon as it is gathered and drops it, so it never holds more
-than its shard and one bucket; what it returns is a `WeightPublication`, a small
-manifest of bucket references and the names each bucket carries. Every rollout engine
-fetches the buckets one after the other: the HF engine copies each into its model
-before taking the next; a vLLM engine's workers hold the version's buckets on the host
-until the last arrives and then install them at once (roles/rollout/vllm_engine.py).
-In process (tests, the in-process runner) the buckets are the dicts
-themselves and nothing is copied.
-
-The manifest lets a receiver refuse a publication before touching its model: a
-weight it would never get, one it would get twice, or one it does not have.
+Rank 0 puts each gathered bucket into the object store and drops it, so it holds its
+shard and one bucket; it returns a small manifest of bucket references and the names
+each carries, which lets a receiver refuse a publication (a weight missing, twice, or
+unknown) before touching its model. In process the buckets are the dicts themselves.
+docs/architecture.md "Data flow" follows a version to the engines.
 """
 
 from __future__ import annotations

