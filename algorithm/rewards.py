@@ -1,14 +1,10 @@
 """PPO's rewards: resolving `rl.reward.terminal`, scoring on PPO's scale, process shaping.
 
-The reward role and config validation call this module; the rules themselves live in
-`algorithm.reward_rules`. Run it to try a rule on one completion:
-
-    python -m algorithm.rewards gsm8k --reference 72 "... so she has #### 72"
+The rules themselves live in `algorithm.reward_rules`. torch is imported inside
+`process_reward` only: config validation and the try-it CLI score strings
+(`python -m algorithm.rewards gsm8k --reference 72 "... #### 72"`) and skip its import.
 
 Notation for tensor shapes: b = sequences in the batch, r = response length (padded).
-
-torch is imported inside `process_reward` only: config validation and the CLI score
-strings, and should not pay torch's import (seconds) for it.
 """
 
 from __future__ import annotations
@@ -75,15 +71,9 @@ def _callable_matcher(path: str) -> TerminalMatcher:
 def resolve_terminal(terminal: str, terminal_callable: str | None = None) -> TerminalMatcher | None:
     """The matcher for `rl.reward.terminal` / `rl.reward.terminal_callable`, or None.
 
-    None means no terminal reward (terminal "none" without a callable). A callable
-    overrides PPO's own matchers (`arithmetic_exact_match`, `none`) but is refused
-    beside a shared rule (S-REW-4): the run would otherwise silently score with only
-    one of the two the user asked for.
-
-    Raises:
-        RewardConfigError: unknown rule name (lists the accepted ones), callable given
-            with a shared rule (names both keys), or a callable path that does not
-            import or resolve (names the path).
+    None means no terminal reward. A callable overrides PPO's own matchers but is
+    refused beside a shared rule (S-REW-4): the run would otherwise silently score with
+    only one of the two the user asked for. Raises RewardConfigError naming the key.
     """
     if terminal not in RULE_NAMES:
         raise RewardConfigError(
@@ -156,14 +146,10 @@ def terminal_reward(
 ) -> float:
     """The sequence's terminal reward on PPO's scale (S-REW-3).
 
-    True is `correct_reward`, False is `incorrect_reward`, and a partial score s from
-    a terminal_callable lands at incorrect + s·(correct − incorrect), so rewards stay
-    on one scale whatever the rule. No matcher (terminal "none") contributes 0.0, not
-    `incorrect_reward`: there is no terminal term at all.
-
-    Raises:
-        ValueError: the matcher needs a reference and ctx has none, or a callable
-            returned something other than a bool or a float in [0, 1].
+    A partial score s from a terminal_callable lands at incorrect + s·(correct − incorrect),
+    so rewards stay on one scale whatever the rule. No matcher contributes 0.0, not
+    `incorrect_reward`: there is no terminal term at all. ValueError for a missing
+    reference or a callable's answer outside a bool or [0, 1].
     """
     score = terminal_score(matcher, ctx)
     return on_ppo_scale(score, correct_reward=correct_reward, incorrect_reward=incorrect_reward)
@@ -175,25 +161,13 @@ def terminal_reward(
 def process_reward(kind: str, response_mask: torch.Tensor, *, coef: float = DEFAULT_PROCESS_COEF) -> torch.Tensor:
     """S-REW-5: the per-token shaping term, added beside the terminal reward.
 
-    "linear" is a ramp that grows over the response and sums to `coef` per sequence:
+    "linear": process[i, t] = coef · 2·k_t / (L_i·(L_i + 1)) on the k-th of sequence i's
+    L_i response tokens, 0 on padding; it sums to `coef` whatever the length, so it
+    cannot be farmed by rambling, and ramps toward the end, where the terminal reward
+    lands (docs/rewards.md). Example: L = 3, coef = 0.06 -> [0.01, 0.02, 0.03].
 
-        process[i, t] = coef · 2·k_t / (L_i·(L_i + 1))   on response tokens, 0 on padding
-
-    where k_t = 1, 2, …, L_i numbers sequence i's response tokens in order and L_i is
-    its count of response tokens (so Σ_t process[i, t] = coef for every L_i ≥ 1; a
-    sequence with no response tokens gets all zeros). Normalising by the triangular
-    number keeps the term length-independent, so it cannot be farmed by rambling;
-    the ramp puts most of its mass near the end, where the terminal reward lands.
-    Example: L = 3, coef = 0.06 -> [0.01, 0.02, 0.03].
-
-    Args:
-        kind: `rl.reward.process`, one of PROCESS_KINDS.
-        response_mask: (b, r) 1 on response tokens, 0 on padding (bool or numeric;
-            gaps are allowed, k counts only the real tokens).
-        coef: total shaping per sequence; may be negative (a penalty).
-
-    Returns:
-        (b, r) float tensor (the mask's dtype if floating, else float32).
+    response_mask: (b, r), nonzero on response tokens (gaps allowed). `coef` may be
+    negative (a penalty). Returns (b, r), the mask's dtype if floating, else float32.
     """
     import torch  # see the module docstring: the string-only paths skip torch
 

@@ -179,14 +179,10 @@ def read_latest_name(checkpoints_root: str) -> str | None:
 def clear_for_commit(checkpoints_root: str, iteration: int) -> bool:
     """Empty the folder a commit is about to write, before any role saves into it.
 
-    It exists when a commit of this iteration crashed before its marker, or when a run
-    went back (`--resume-from`) and now commits over a boundary of the abandoned
-    branch. Saving over such a folder in place would leave, until the new marker, an
-    old `_SUCCESS` vouching for a mix of old and new files; a staging folder renamed
-    into place would need a second, non-atomic rename over the old one. So the old
-    marker goes first (from then on the folder is invisible to resume, S-CKPT-2),
-    then the folder, and the saves write into an empty one. A boundary the pointer
-    names is never cleared: it is the resume point."""
+    It exists after a commit that crashed before its marker, or over the abandoned branch
+    of a `--resume-from`. Saving over it in place would leave an old `_SUCCESS` vouching
+    for a mix of files, so the old marker goes first (the folder is then invisible to
+    resume, S-CKPT-2), then the folder. The boundary the pointer names is refused."""
     boundary = boundary_path(checkpoints_root, iteration)
     fs, path = fsspec.core.url_to_fs(boundary)
     if not fs.exists(path):

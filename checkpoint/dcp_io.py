@@ -1,13 +1,9 @@
-"""torch.distributed.checkpoint (DCP) reads and writes without unpickling code.
+"""torch.distributed.checkpoint (DCP) reads and writes without unpickling code (S-SEC-2).
 
-DCP writes one `.distcp` file per rank and a `.metadata` file beside them, and reloads
-them at any rank count (S-SCALE-2). Two of its read paths unpickle, which S-SEC-2
-forbids for a boundary that others may write to: `.metadata` is read with
-`pickle.load`, and a non-tensor value is read with `torch.load(weights_only=False)`.
-So `.metadata` goes through an unpickler that builds only DCP's own metadata classes
-and the torch types they hold (Python's documented way to restrict globals), and a
-non-tensor value is refused: the state dicts saved here hold tensors only. Tensor
-payloads are read by DCP itself with `torch.load(weights_only=True)`.
+DCP unpickles its `.metadata` and any non-tensor value. Here `.metadata` goes through an
+unpickler that builds only DCP's metadata classes and the torch types they hold, and a
+non-tensor value is refused (the state dicts saved here hold tensors only); tensors are
+read by DCP itself with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations

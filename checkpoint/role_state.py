@@ -1,13 +1,9 @@
 """Saving and restoring one trainable role: model weights (safetensors), optimizer,
 scheduler, trainer state and RNG, through fsspec paths.
 
-A save is only *done* once it has been re-read and found equal to the state in
-memory; the commit protocol relies on that before it writes `_SUCCESS` (S-CKPT-2).
-
-Files hold host tensors whatever device the role trains on, so a boundary written on
-a GPU node loads on a laptop; a load copies into the live objects, which keeps each
-tensor on the device its parameter lives on (a parked trainer restores on the host
-and goes back to its GPU with the rest of its state, S-RUN-4).
+A save is only *done* once re-read and found equal to the state in memory (S-CKPT-2).
+Files hold host tensors, so a boundary written on a GPU node loads on a laptop; a load
+copies into the live objects, keeping each tensor on its parameter's device.
 """
 
 from __future__ import annotations
@@ -138,12 +134,10 @@ def optimizer_state_for_save(model: torch.nn.Module, optimizer: torch.optim.Opti
     """The optimizer state to write, keyed by parameter name (torch.distributed.checkpoint's
     format, which also covers sharded models), and whether the optimizer is pristine.
 
-    `get_optimizer_state_dict` materialises a never-stepped optimizer by running a
-    zero-gradient step at lr 0: AdamW's per-parameter `step` becomes 1 and its moments
-    appear. Saving during critic warmup must not change the actor at all (S-CW-7), so
-    for a pristine optimizer that materialisation is rolled back here (per-parameter
-    state cleared, any group-level `step` a fused optimizer may add removed) and an
-    empty state is saved instead.
+    `get_optimizer_state_dict` materialises a never-stepped optimizer (a zero-gradient
+    step at lr 0: AdamW's `step` becomes 1, its moments appear). Saving in critic warmup
+    must not change the actor (S-CW-7), so for a pristine optimizer that is rolled back
+    and an empty state saved.
     """
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 

@@ -1,18 +1,9 @@
 """Saving and restoring a trainable role whose ranks hold FSDP2 shards (S-SCALE-2).
 
-Layout of such a role folder (one rank's files beside every other rank's):
-
-    model/.metadata, model/__<rank>_0.distcp          weights, DCP
-    optimizer/.metadata, optimizer/__<rank>_0.distcp  AdamW moments and steps, DCP
-    optimizer_param_groups.json                        learning rate and the other group settings
-    config.json, scheduler.pt, rng.pt, trainer_state.json (rank 0)
-
-Every rank writes its own shards (a DCP save is a collective) and re-reads them
-before its save counts as done: the commit writes `_SUCCESS` only after every rank's
-report has come back (S-CKPT-2). A load reshards to whatever ranks load it: a two-rank
-boundary loads into one unsharded model, and a one-rank boundary (the single-file
-layout of checkpoint/role_state.py) loads into sharded ranks through the full-state
-path of `set_model_state_dict` (in `load_trainable_role`).
+Every rank writes its own DCP shards and re-reads them before its save counts, so the
+commit's `_SUCCESS` vouches for every rank's files. A load reshards to whatever ranks
+load it, the single-file one-rank layout included. docs/checkpoints.md "Layout" shows
+the files.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """`--validate-manifest`: check a whole run before anything is allocated (S-RUN-3).
 
-Why a separate pass rather than "start and see": the public profile is launched on
-a 4-GPU node whose hours cost money, so every mistake that can be found from the
-config, the data and the model's config file is found here, on a laptop, and all
-of them at once (a list of problems, each starting with its dotted key path), not
-one per launch.
-
-What it never does: start or join Ray, import Ray, load model weights, download
-anything. It reads the profile, the data file (every row, through the same row
-reader and prompt projection the data role uses), row 0 of a dataset factory, a
-local model's `config.json`, and the run's checkpoint pointer.
-
-Checks, in order: placement vs. declared devices (placement/plan.py, the same
-plan that places the actors; S-RUN-4, S-RUN-5), model config vs. model-parallel
-factors, reward rule vs. data (S-REW-2, S-REW-4), data readable and projectable
-(S-DATA-3..5), checkpoint storage (S-CKPT-7), and options that contradict each
-other.
+A GPU node's hours cost money, so every mistake the config, the data and the model's
+config file can show is found here, on a laptop, all at once (each problem starting
+with its dotted key), not one per launch. It never starts or imports Ray, loads weights
+or downloads; docs/launch.md section 1 lists the checks.
 """
 
 from __future__ import annotations

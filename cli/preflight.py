@@ -1,12 +1,8 @@
 """The config-only checks every launch path makes, in one place (S-RUN-3).
 
-`python -m flows.ppo`, a deployment's flow run and `--validate-manifest` all call
-`config_problems`, so they refuse the same configs with the same `key: message`
-lines; the CLI does so before it starts the Prefect API or Ray. Checks that read
-files (data rows, model config, checkpoint pointer) stay in cli/manifest.py.
-Single-section rules (value ranges, a minibatch of whole micro-batches) are the
-schema's own validators and run wherever a config is loaded.
-
+The CLI, a deployment's flow run and `--validate-manifest` all call `config_problems`,
+so they refuse the same configs with the same `key: message` lines. Checks that read
+files stay in cli/manifest.py; single-section rules are the schema's own validators.
 Nothing here imports Prefect, Ray or torch.
 """
 

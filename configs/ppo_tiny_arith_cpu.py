@@ -1,12 +1,9 @@
 """CPU profile: PPO post-trains a tiny model that already half-knows addition.
 
-The realistic shape of post-training on a laptop: the tiny Qwen3 model is born with
-a short supervised pass over two-digit sums (`model.tiny.pretrain_*`, about a minute,
-cached in the model folder), then PPO with the default `arithmetic_exact_match` reward
-raises its exact-match accuracy. Prompts come from the training side of a fixed
-split; `python -m bench.arith_eval --run` measures greedy accuracy on the held-out
-side before and after (docs/performance.md quotes the figures), and the run's own
-`evaluate[iter=N]` task measures the same during training (`val/exact_match`).
+The realistic shape of post-training on a laptop: the tiny Qwen3 model is born with a
+short supervised pass over two-digit sums (`model.tiny.pretrain_*`, cached in the model
+folder), then PPO raises its exact-match accuracy. `val/exact_match` tracks the held-out
+sums; `python -m bench.arith_eval --run` measures them before and after (docs/performance.md).
 """
 
 from configs.schema import (
@@ -37,12 +34,9 @@ CONFIG = PPOConfig(
         ),
     ),
     rl=RLConfig(
-        # Held-out greedy exact match before and after PPO with these settings, per
-        # seed, after 20 and 60 iterations: docs/performance.md section 2. A large
-        # batch and a cool rollout temperature keep the one-sample-per-prompt signal
-        # above its noise; a fine-tuning learning rate with warmup keeps Adam's first
-        # steps from wrecking what pre-training taught (1e-3 collapsed it within one
-        # iteration).
+        # A large batch and a cool rollout temperature keep the one-sample-per-prompt
+        # signal above its noise; a fine-tuning learning rate with warmup keeps Adam's
+        # first steps from wrecking what pre-training taught (docs/performance.md section 2).
         max_steps=60,
         stage_timeout_seconds=300,  # a CPU stage takes seconds; five minutes means stuck
         batch_size=512,

@@ -1,12 +1,9 @@
 """CPU profile for vision-language PPO: a tiny Qwen2.5-VL built locally, copying a
 digit from prompts that mix text-only, image and video rows (S-RUN-6).
 
-It shows the multimodal path end to end on a laptop with no download: the
-DataPacker turns images and frames into patches, the rollout generates with them,
-and reference, critic and policy score and train on the very same pixels.
-Rewards are computed on the generated text. Point it at your own file with
-`-- rl.data.path=rows.jsonl` (image parts: paths, file:// URLs or base64; video
-parts: lists of frames or a video file, `fps` optional).
+The multimodal path end to end with no download: every role scores and trains on the
+pixels the rollout generated from. Point it at your own file with `-- rl.data.path=rows.jsonl`
+(payload forms: docs/howto/custom-datapacker.md).
 """
 
 from configs.schema import (

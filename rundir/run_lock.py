@@ -1,16 +1,9 @@
 """One writer per run directory (S-FAULT-4).
 
-Two launches of one `job.name` under one output root would both write its metrics
-and its boundaries, so a boundary could hold one run's policy and the other's
-critic. A run therefore holds `<run_dir>/RUN_LOCK` (JSON: host, pid, the process's
-start time, flow run, heartbeat) for as long as it writes. A second launch is refused
-while the holder lives; a lock left by a run that died (a killed process, a lost
-node) is taken over, so rerunning after a crash (or pressing Retry) just works:
-
-- same host: the holder is alive if its pid exists with the same start time (a pid
-  reused by another process does not count);
-- another host (a shared output root): the holder is alive while its heartbeat,
-  renewed every iteration, is younger than `stale_after_s`.
+Two launches of one `job.name` would both write its boundaries, so one could hold one
+run's policy and the other's critic. A run holds `<run_dir>/RUN_LOCK` while it writes;
+a second launch is refused while the holder lives, and a dead holder's lock is taken
+over, so a rerun after a crash just works (docs/architecture.md, "One writer per run").
 """
 
 from __future__ import annotations
@@ -68,6 +61,8 @@ def _process_start(pid: int) -> str | None:
 
 
 def _alive(holder: LockHolder, stale_after_s: float) -> bool:
+    """Same host: its pid with the same start time (a reused pid does not count).
+    Another host (a shared output root): a heartbeat younger than `stale_after_s`."""
     if holder.host == socket.gethostname():
         return _process_start(holder.pid) == holder.process_start
     return time.time() - holder.heartbeat_at < stale_after_s

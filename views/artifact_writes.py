@@ -1,17 +1,10 @@
 """Artifact writes sent from one background thread, so that no iteration waits on the
 Prefect API for its own view.
 
-Each iteration updates three artifacts of the run's history (views/history.py) and
-creates one samples table (views/samples_table.py). Sent inline, the flow waited on
-the server for each (docs/performance.md section 4). Here they go out in submission order on one
-thread, each in the context it was submitted from (the flow run or task run it
-attaches to, the API the run talks to). Writes under one key coalesce: a write that
-has not started yet is replaced by a newer one under the same key, which is right for
-updates that each carry a whole table or a whole progress value and wrong for
-anything else (a creation always gets its own key).
-
-Best effort, as the history itself: a failed write is the writer's to log; `flush`
-is where a flow run waits for what it has submitted, before it ends.
+Writes go out in submission order, each in the context it was submitted from; a write
+under a key replaces a not-yet-started one under the same key (docs/architecture.md,
+"What a user sees"). Best effort: a failed write is logged, and `flush` is where a flow
+run waits for what it submitted.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class CurvePoints:
     reward_mean: list[float | None]
     kl: list[float | None]
     actor_warmup: list[bool]
-    val_reward_mean: list[float | None] | None = None  # held-out evaluation (S-OPS-2), where it ran
+    val_reward_mean: list[float | None] | None = None  # held-out evaluation, where it ran
 
 
 def latest_per_iteration(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,13 +1,8 @@
 """A few samples of each iteration as a table artifact in the Prefect UI (S-OPS-3).
 
-Nobody trusts a reward curve without reading completions: the iteration's
-`prepare_batch[iter=N]` task run shows the first `job.experience.table_rows` samples
-(prompt, completion, reward, advantage), and the run's `ppo-<run>-samples` key
-always points at the newest. Each table is a few short rows, so its cost per
-iteration stays flat. The whole batch is in the experience file the table names.
-Best effort, as the run's other history (views/history.py): never fails training,
-and sent from the background (views/artifact_writes.py), so the task does not wait
-for the API to store it.
+Nobody trusts a reward curve without reading completions. A few short rows per
+iteration keep the cost flat; the whole batch is in the experience file the table
+names. Best effort and sent from the background, as the run's other history.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The trackers people already use, fed from the same records as metrics.jsonl (S-OPS-3).
 
-`job.trackers` names them: `tensorboard` (the default: event files under
-`<run>/tensorboard/`, so `tensorboard --logdir <output_root>` shows every run),
-`wandb` (offline, under `<run>/wandb/`, synced later with `wandb sync`) and `mlflow`
-(a local SQLite store, `<run>/mlflow.db`). Every numeric key of a metrics.jsonl row
-is one scalar, stepped by the row's `iteration`; critic-warmup iterations carry
-`train/actor_warmup` = 1.0, which marks them on every tracker.
-
-A resumed run continues the same curves, each step drawn once with the values
-metrics.jsonl keeps (S-OPS-3). TensorBoard is told the first step this process
-writes (`purge_step`), so the steps a killed attempt wrote after its last boundary
-are hidden. W&B offline cannot resume a run: every attempt writes a new offline run,
-and `wandb sync` of one id replaces what an earlier sync uploaded (wandb/wandb#3841).
-So each attempt's offline run is made whole: the committed metrics.jsonl rows are
-logged into it first, and earlier attempts' offline runs are moved to
-`<run>/wandb/earlier_attempts/`. MLflow (a SQLite store, `<run>/mlflow.db`: MLflow 3
-refuses the file store) has no way to drop a logged point: when a killed attempt
-logged steps that are now replayed, a fresh MLflow run gets the committed rows and
-the old one is deleted (restorable with `mlflow runs restore`).
-
-W&B and MLflow are optional extras (`pip install 'ppo-flow[wandb]'`, `[mlflow]`);
-choosing one that is not installed is refused before the run starts
-(cli/preflight.py, `tracker_problems`), naming `job.trackers`.
+Every numeric key of a metrics.jsonl row is one scalar stepped by its `iteration`. A
+resumed run draws each step once with the values metrics.jsonl keeps, which each tracker
+needs its own way to honour (TensorBoard's `purge_step`, a whole W&B offline run per
+attempt, a fresh MLflow run); docs/prefect-ui.md "TensorBoard, W&B, MLflow" explains why.
 """
 
 from __future__ import annotations
