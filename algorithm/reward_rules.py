@@ -1,18 +1,10 @@
 """The terminal reward rules as pure string functions, and the registry naming them.
 
-Every rule answers one question about one completion: is it correct? (S-REW-1). The
-answer is a bool; turning it into a number on PPO's scale is `rewards.terminal_reward`'s
-job (S-REW-3), so a rule never needs to know `correct_reward`.
-
-The rules never execute model text. The countdown rule parses its equation with the
-small recursive-descent parser below over a whitelist of tokens (integers,
-`+ - * /`, parentheses); nothing reaches `eval`, and every failure is "not correct",
-never an exception.
-
-This module holds the shared types (`RewardContext`, `TerminalMatcher`) rather than
-`rewards.py` because `python -m algorithm.rewards` runs that module as `__main__`: a
-user's `terminal_callable` that imports these classes must see the same ones the CLI
-builds.
+A rule answers one question, is this completion correct? (S-REW-1), as a bool;
+`rewards.terminal_reward` puts it on PPO's scale. Rules never execute model text: the
+countdown rule's equation goes through the parser below, and any failure is "not correct".
+The shared types live here, not in `rewards.py`, because `python -m algorithm.rewards`
+runs that module as `__main__`: a user's callable must see the classes the CLI builds.
 """
 
 from __future__ import annotations
