@@ -64,21 +64,21 @@ $(GPU_VENV)/.installed: $(GPU_LOCK)
 
 # Opt-in: the whole GPU lock (CUDA torch, vllm, nvidia-*) in its own environment outside
 # the repository, and the default suite in it. Without a CUDA GPU, vLLM's CUDA build
-# cannot start an engine, so tests/integration/test_vllm_rollout.py (importorskip
+# cannot start an engine, so tests/services/test_vllm_rollout.py (importorskip
 # vllm) is left out there; `make test-vllm` covers the engine on vLLM's CPU build.
 GPU_ENV_VENV ?= /tmp/ppo-gpu-env-venv
 
 test-gpu-env:
 	$(MAKE) setup-gpu GPU_VENV=$(GPU_ENV_VENV)
 	$(GPU_ENV_VENV)/bin/python -m pytest -q --durations=15 $$($(GPU_ENV_VENV)/bin/python -c \
-		"import torch; print('' if torch.cuda.is_available() else '--ignore=tests/integration/test_vllm_rollout.py')")
+		"import torch; print('' if torch.cuda.is_available() else '--ignore=tests/services/test_vllm_rollout.py')")
 
 # Opt-in (S-DEP-1): the CPU profile on the GPU lock's versions. An environment outside the
 # repository with torch 2.13.0+cpu (as `make setup` gets it) and every other package at
 # the GPU lock's version (the lock as constraints, without its torch/nvidia/cuda/triton/
 # vllm lines: .ci/gpu_lock_constraints.py). Two iterations, then a resume to iteration 3
 # (.ci/gpu_lock_proof.py); on success it rewrites docs/gpu-lock-proof.txt, the record
-# tests/unit/test_locks.py compares with requirements-gpu.lock.
+# tests/pure/test_locks.py compares with requirements-gpu.lock.
 GPU_LOCK_VENV ?= /tmp/ppo-gpu-lock-versions-venv
 
 $(GPU_LOCK_VENV)/.installed: $(GPU_LOCK) pyproject.toml
@@ -110,7 +110,7 @@ $(VLLM_STAMP): pyproject.toml $(GPU_LOCK)
 	@touch $@
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm_rollout.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/services/test_vllm_rollout.py
 
 # The local Prefect stack for the deployments ppo/public-4gpu and ppo/tiny-cpu:
 # server on 127.0.0.1 (PPO_PREFECT_PORT, default 4200; elsewhere only with PREFECT_SERVER_API_AUTH_STRING), work pool, both deployments,

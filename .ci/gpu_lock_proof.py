@@ -10,7 +10,7 @@ Run with the python of the environment under test (the Makefile's GPU_LOCK_VENV:
 3. the same with rl.max_steps=3 must resume from the boundary of iteration 2 and end
    at policy_version 3;
 4. then (with --record) writes the record: what ran, when, and the environment's full
-   `name==version` list. tests/unit/test_locks.py fails when requirements-gpu.lock pins
+   `name==version` list. tests/pure/test_locks.py fails when requirements-gpu.lock pins
    another version of a package in that list, so a lock that moves needs this rerun.
 """
 
@@ -124,7 +124,7 @@ def main() -> int:
             "# The CPU profile ran on requirements-gpu.lock's versions (S-DEP-1). Written by",
             "# `make test-gpu-lock-versions` (.ci/gpu_lock_proof.py) after both runs below passed, in an",
             "# environment with torch 2.13.0+cpu and every other package constrained to the GPU lock.",
-            "# tests/unit/test_locks.py fails when requirements-gpu.lock pins another version of any",
+            "# tests/pure/test_locks.py fails when requirements-gpu.lock pins another version of any",
             "# package listed below (torch excepted): rerun `make test-gpu-lock-versions` and commit this file.",
             f"# when: {stamp}; {os.cpu_count()} cores; load average {load_before} before, {load_after} after",
             f"# run 1: python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2 job.name={JOB}"

@@ -84,7 +84,7 @@ def short_run_overrides(output_root, model_dir: str) -> list[str]:
         "rl.micro_batch_size=8",
         "rl.epochs=1",
         # Evaluation (S-OPS-2) writes an extra iteration-0 row; tests of it turn it on
-        # (tests/integration/test_evaluation_in_process.py).
+        # (tests/in_process/test_evaluation_in_process.py).
         "rl.validation=null",
     ]
 

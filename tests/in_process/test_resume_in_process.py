@@ -1,0 +1,203 @@
+"""Resume through the in-process runner (flows/in_process.py): the flow's own resume
+code (rundir/resume.py) and iteration program on role objects, no Prefect, no Ray.
+These hold the resume contract (S-CKPT-8, S-CW-7..9) in seconds per case; the flow
+runs of tests/services/test_resume.py hold it over actors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fsspec
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from checkpoint.boundary_files import BoundaryCorrupt
+from configs.loading import load_config
+from flows.failures import StageFailed
+from flows.in_process import run_in_process
+from rundir.resume import ResumeError
+from rundir.run_outputs import RunPaths
+from tests.conftest import TINY_PROFILE
+from tests.support.helpers import boundary, metric_records, run_dir_snapshot, weights_digest, without_timings
+
+
+def _config(root: Path, model_dir: str, name: str, *extra: str):
+    return load_config(TINY_PROFILE, [
+        f"job.output_root={root}", f"model.path={model_dir}", f"job.name={name}", "rl.batch_size=16",
+        "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1", "rl.save_every=2", "rl.validation=null",
+        *extra,
+    ])
+
+
+def _run(
+    root: Path, model_dir: str, name: str, *extra: str, resume: bool = True, resume_from: str | None = None
+) -> Path:
+    config = _config(root, model_dir, name, *extra)
+    run_in_process(config, paths=RunPaths.for_config(config), resume=resume, resume_from=resume_from)
+    return root / name
+
+
+def _digests(run_dir: Path, iteration: int) -> tuple[str, str]:
+    return tuple(weights_digest(boundary(run_dir, iteration) / role) for role in ("policy", "critic"))
+
+
+@pytest.mark.parametrize("warmup, stop_after", [(0, 2), (2, 1), (2, 3)])
+def test_stop_and_rerun_in_process_is_bitwise_the_uninterrupted_run(tiny_model_dir, tmp_path, warmup, stop_after):
+    common = (f"rl.critic_warmup_iterations={warmup}",)
+    straight = _run(tmp_path, tiny_model_dir, "straight", "rl.max_steps=4", *common)
+    _run(tmp_path, tiny_model_dir, "resumed", f"rl.max_steps={stop_after}", *common)
+    resumed = _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=4", *common)
+    assert _digests(resumed, 4) == _digests(straight, 4)  # S-CKPT-8, through warmup too (S-CW-9)
+    got = [without_timings(r) for r in metric_records(resumed)]
+    assert [r["iteration"] for r in got] == [1, 2, 3, 4]  # rows after the boundary were replayed once
+    assert got == [without_timings(r) for r in metric_records(straight)]
+
+
+def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(tiny_model_dir, tmp_path):
+    run_dir = _run(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=2", "rl.critic_warmup_iterations=2")
+    before = run_dir_snapshot(run_dir)
+    with pytest.raises(ResumeError, match=r"rl.critic_warmup_iterations=2 .*configured with 3"):
+        _run(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=4", "rl.critic_warmup_iterations=3")
+    assert run_dir_snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused"])
+def test_saving_during_warmup_never_changes_the_actor(tiny_model_dir, tmp_path, optimizer):
+    """S-CW-7: saves at warmup iterations 1 and 2 vs none: the actor after its first
+    real update (iteration 3) is bitwise the same."""
+    common = ("rl.max_steps=3", f"rl.optimizer.name={optimizer}", "rl.critic_warmup_iterations=2")
+    saving = _run(tmp_path, tiny_model_dir, "saving", *common, "rl.save_every=1")
+    silent = _run(tmp_path, tiny_model_dir, "silent", *common, "rl.save_every=0")
+    assert boundary(saving, 1).exists() and not boundary(silent, 1).exists()
+    assert weights_digest(boundary(saving, 3) / "policy") == weights_digest(boundary(silent, 3) / "policy")
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _change_one_byte(path: Path) -> None:
+    payload = bytearray(path.read_bytes())
+    payload[-1] ^= 0x01  # same size: only the digest can tell
+    path.write_bytes(bytes(payload))
+
+
+@pytest.mark.parametrize("relative, damage, message", [
+    ("policy/model.safetensors", _truncate, r"is \d+ bytes, its _SUCCESS records \d+"),
+    ("policy/model.safetensors", _change_one_byte, "does not match the sha256"),
+    ("critic/optimizer.pt", Path.unlink, "is missing"),
+])
+def test_a_damaged_file_in_the_latest_boundary_is_refused_naming_it_and_writing_nothing(
+    tiny_model_dir, tmp_path, relative, damage, message
+):
+    """S-FAULT-3: before any role loads, not `SafetensorError: incomplete metadata`
+    from inside PolicyRole.load()."""
+    run_dir = _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=2")
+    damage(boundary(run_dir, 2) / relative)
+    before = run_dir_snapshot(run_dir)
+    with pytest.raises(BoundaryCorrupt, match=rf"iter_000002: {relative} {message}"):
+        _run(tmp_path, tiny_model_dir, "damaged", "rl.max_steps=4")
+    assert run_dir_snapshot(run_dir) == before
+
+
+def test_resume_from_an_earlier_boundary_ends_as_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    """Iterations 5..6 first ran with another kl_coef (the branch to abandon); going
+    back to iter_000004 (and stopping there) moves the pointer back and sets the
+    abandoned rows aside; the rerun replays 5..6 as the straight run did and commits
+    iter_000006 over the old one."""
+    common = ("rl.max_steps=6", "rl.keep_optim_last=2")
+    straight = _run(tmp_path, tiny_model_dir, "straight", *common)
+    _run(tmp_path, tiny_model_dir, "back", "rl.max_steps=4", "rl.keep_optim_last=2")
+    run_dir = _run(tmp_path, tiny_model_dir, "back", *common, "rl.kl_coef=0.5")
+    abandoned = metric_records(run_dir)[4:]
+    assert _digests(run_dir, 6) != _digests(straight, 6)  # the branch really differs
+    old_marker = (boundary(run_dir, 6) / "_SUCCESS").read_bytes()
+    # Stopped right after going back: the pointer follows, the old iter_000006 is untouched.
+    _run(tmp_path, tiny_model_dir, "back", "rl.max_steps=4", "rl.keep_optim_last=2", resume_from="iter_000004")
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text() == "iter_000004\n"
+    assert (boundary(run_dir, 6) / "_SUCCESS").read_bytes() == old_marker
+    _run(tmp_path, tiny_model_dir, "back", *common)  # a plain rerun continues the new branch
+    assert _digests(run_dir, 6) == _digests(straight, 6)  # S-CKPT-8 through a go-back
+    got = [without_timings(r) for r in metric_records(run_dir)]
+    assert [r["iteration"] for r in got] == [1, 2, 3, 4, 5, 6]  # each iteration once
+    assert got == [without_timings(r) for r in metric_records(straight)]
+    (aside,) = run_dir.glob("metrics.after_iter_000004.*.jsonl")
+    assert [json.loads(line) for line in aside.read_text().splitlines()] == abandoned
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text() == "iter_000006\n"
+
+
+def test_resume_from_a_boundary_that_was_never_committed_is_refused_listing_the_committed(tiny_model_dir, tmp_path):
+    run_dir = _run(tmp_path, tiny_model_dir, "named", "rl.max_steps=4", "rl.keep_optim_last=0")
+    (run_dir / "checkpoints" / "iter_000005").mkdir()  # a folder without _SUCCESS
+    before = run_dir_snapshot(run_dir)
+    for name in ("iter_000003", "iter_000005"):
+        refused = rf"resume_from='{name}': .* committed boundaries: iter_000002, iter_000004"
+        with pytest.raises(ResumeError, match=refused):
+            _run(tmp_path, tiny_model_dir, "named", "rl.max_steps=6", resume_from=name)
+    with pytest.raises(ResumeError, match="cannot be combined with a fresh start"):
+        _run(tmp_path, tiny_model_dir, "named", "rl.max_steps=6", resume=False, resume_from="iter_000002")
+    assert run_dir_snapshot(run_dir) == before
+
+
+def test_resume_from_a_boundary_whose_optimizer_retention_removed_is_refused_naming_retention(tiny_model_dir, tmp_path):
+    run_dir = _run(tmp_path, tiny_model_dir, "pruned", "rl.max_steps=4")  # keep_optim_last unset: newest only
+    before = run_dir_snapshot(run_dir)
+    with pytest.raises(BoundaryCorrupt, match=r"iter_000002: critic/optimizer.pt was removed by retention"):
+        _run(tmp_path, tiny_model_dir, "pruned", "rl.max_steps=6", resume_from="iter_000002")
+    assert run_dir_snapshot(run_dir) == before
+
+
+class _FailingFileSystem(LocalFileSystem):
+    """The local disk, except that writing one file raises after `limit` bytes, like a
+    disk that fills up or a mount that goes away mid-save."""
+
+    protocol = "failafter"
+    target = "iter_000004/policy/model.safetensors"
+    limit = 100
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("failafter://") if isinstance(path, str) else path)
+
+    def _open(self, path, mode="rb", **kwargs):
+        handle = super()._open(path, mode, **kwargs)
+        if "w" in mode and str(path).endswith(self.target):
+            write, written = handle.write, [0]
+
+            def failing_write(data):
+                written[0] += len(data)
+                if written[0] > self.limit:
+                    raise OSError(28, "No space left on device")
+                return write(data)
+
+            handle.write = failing_write
+        return handle
+
+
+def test_a_save_failing_part_way_fails_the_commit_naming_role_and_path_and_keeps_the_previous_boundary(
+    tiny_model_dir, tmp_path
+):
+    """S-FAULT-1, S-CKPT-2: no _SUCCESS, the pointer unchanged, iter_000002 resumable."""
+    fsspec.register_implementation("failafter", _FailingFileSystem, clobber=True)
+    straight = _run(tmp_path / "straight", tiny_model_dir, "run", "rl.max_steps=4")
+    config = _config(tmp_path, tiny_model_dir, "run", "rl.max_steps=4", f"job.output_root=failafter://{tmp_path}")
+    named = r"commit\[iter=4\] failed: RoleSaveFailed: policy: writing \S+/iter_000004/policy/model.safetensors failed"
+    with pytest.raises(StageFailed, match=named):
+        run_in_process(config, paths=RunPaths.for_config(config), resume=True)
+    run_dir = tmp_path / "run"
+    assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text() == "iter_000002\n"
+    assert not (boundary(run_dir, 4) / "_SUCCESS").exists()
+    _run(tmp_path, tiny_model_dir, "run", "rl.max_steps=4")  # resumes from iter_000002
+    assert _digests(run_dir, 4) == _digests(straight, 4)
+
+
+def test_rows_of_an_attempt_killed_before_its_first_commit_are_not_repeated(tiny_model_dir, tmp_path):
+    """S-FAULT-2: a run killed in iteration 2 before any commit left row 1; the rerun
+    starts from scratch and metrics.jsonl holds each iteration once."""
+    straight = _run(tmp_path, tiny_model_dir, "straight", "rl.max_steps=2")
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
+    (killed_dir / "metrics.jsonl").write_text((straight / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    _run(tmp_path, tiny_model_dir, "killed", "rl.max_steps=2")
+    assert [r["iteration"] for r in metric_records(killed_dir)] == [1, 2]

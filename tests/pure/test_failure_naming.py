@@ -1,0 +1,66 @@
+"""How `FlowRunner.explain` words a fault on a multi-node cluster (S-FAULT-1): the role,
+and the node with what it held when the cluster lists that node as gone. The cluster
+is faked here (the node map the runner asks for at start-up, and the cluster's node
+list); tests/services/test_multinode.py (-m slow) loses a real node."""
+
+from __future__ import annotations
+
+import pytest
+from ray.exceptions import ActorUnavailableError, ObjectLostError
+
+import flows.runners as runners
+from tasks.stages import StageTimeout
+
+POLICY_ID, REFERENCE_ID = "aa" * 16, "bb" * 16
+NODE_A, NODE_B = "1" * 56, "2" * 56
+
+
+class Roles:
+    def items(self):
+        return [("policy", object()), ("reference", object())]
+
+    def ranks(self, role):
+        return [dict(self.items())[role]]
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    monkeypatch.setattr(runners, "actor_whereabouts", lambda actors: {
+        "policy": (POLICY_ID, NODE_A), "reference": (REFERENCE_ID, NODE_B)})
+    monkeypatch.setattr(runners, "node_addresses", lambda: {NODE_A: ("10.0.0.5", True), NODE_B: ("10.0.0.6", False)})
+    monkeypatch.setattr("processes.actors.kill_quietly", lambda handle: None)
+    return runners.FlowRunner(Roles())
+
+
+def test_an_actor_on_a_lost_node_is_named_with_the_node_and_what_it_held(runner):
+    error = ActorUnavailableError("Connection refused", bytes.fromhex(REFERENCE_ID))
+    assert runner.explain(error) == (
+        "the reference actor on node 22222222 (10.0.0.6) is gone: node 22222222 (10.0.0.6) left the Ray cluster "
+        f"(it held reference): The actor {REFERENCE_ID} is unavailable: Connection refused. The task may or may not "
+        "have been executed on the actor."
+    )
+
+
+def test_an_actor_on_a_live_node_is_named_without_blaming_the_node(runner):
+    message = runner.explain(ActorUnavailableError("Connection refused", bytes.fromhex(POLICY_ID)))
+    assert message.startswith("the policy actor on node 11111111 (10.0.0.5) is gone: The actor ")
+
+
+def test_an_input_lost_with_its_node_names_the_node(runner):
+    message = runner.explain(ObjectLostError("cc" * 28, None, ""))
+    assert message.startswith("node 22222222 (10.0.0.6) left the Ray cluster (it held reference): Failed to retrieve")
+
+
+def test_a_stage_timeout_on_a_cluster_names_the_node_the_stuck_actor_ran_on(runner):
+    class Late:
+        def task_id(self):
+            return self
+
+        def actor_id(self):
+            return bytes.fromhex(POLICY_ID)  # `.hex()` as Ray's ActorID has
+
+    message = runner.explain(StageTimeout([Late()], 20.0))
+    assert message == (
+        "no result from the policy actor within 20 s (rl.stage_timeout_seconds=20); killed it so it holds no device; "
+        "it ran on node 11111111 (10.0.0.5)"
+    )

@@ -1,0 +1,68 @@
+"""Runs that several integration tests read, and the role processes that runs of this
+session share. Starting a run's seven actors is most of what such a test costs
+(issue 19): a run several tests read is made once per session, and a test whose runs
+end can ask for `reused_role_processes`, so its runs build their role bodies in
+processes an earlier run of this session finished with (processes/process_pool.py).
+
+A fault test finds the run's actor to kill or freeze through
+`tests.support.helpers.run_actor`, which knows the kept process serving a role.
+Tests that need a fresh process for what they check (a cleanup by Ray name, start-up
+itself) or that run the command line in a subprocess keep fresh, named actors: they
+do not ask for the fixture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_PROFILE, short_run_overrides
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    run_dir: Path
+    overrides: list[str]
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def role_process_pool(ray_cluster):
+    """The session's idle role processes; killed when the session ends."""
+    from processes.process_pool import RoleProcessPool
+
+    pool = RoleProcessPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def reused_role_processes(role_process_pool):
+    """Runs of this test take role processes from the session's pool and give the
+    live ones back when they end (a dead or hung one is killed)."""
+    from processes.process_pool import keep_role_processes
+
+    with keep_role_processes(role_process_pool) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session")
+def golden_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory) -> FinishedRun:
+    """Three iterations through the `ppo` flow (real Prefect, real Ray actors), no
+    warmup, committing at iteration 2 (the cadence) and 3 (the end), in two block
+    subflows (`iterations 1-2`, `iteration 3`). Tests only read it; none may write
+    into its directory."""
+    from flows.training import ppo
+    from processes.process_pool import keep_role_processes
+
+    root = tmp_path_factory.mktemp("golden")
+    overrides = short_run_overrides(root, tiny_model_dir) + [
+        "rl.max_steps=3", "rl.save_every=2", "job.name=golden",
+        "job.iterations_per_block=2",
+        # The weights reach the engine in many buckets through the object store (S-SCALE-3).
+        "rl.rollout.weight_sync_bucket_mib=0.05",
+    ]
+    with keep_role_processes(role_process_pool):
+        summary = ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=0)
+    return FinishedRun(root / "golden", overrides, summary)

@@ -1,0 +1,83 @@
+"""The public paths the adapters fall back to (S-DEP-2), run for real: a Ray outside
+the range the Ray adapter was written for starts its workers unforked and still runs
+actors; a failing monitor kill leaves the rest of the shutdown to run; a Prefect
+outside its adapter's range still gets its artifacts created."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.ray]
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[1])
+    from cli.environment import apply_default_environment
+    apply_default_environment()
+    from packaging.specifiers import SpecifierSet
+    from adapters import ray_adapter
+    from processes import ray_session
+
+    written_for = ray_adapter.WRITTEN_FOR
+    ray_adapter.WRITTEN_FOR = SpecifierSet("<2")  # as if the installed Ray were newer than the adapter
+    ray_session.init_ray(num_cpus=1)
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def pid(self):
+            return os.getpid()
+
+    probe = Probe.remote()
+    print("unforked workers run", ray_session._fork_server is None and ray.get(probe.pid.remote(), timeout=120) > 0)
+
+    # Back in range, with the monitor's kill failing: the rest of the shutdown still runs.
+    ray_adapter.WRITTEN_FOR = written_for
+    from ray._private import node
+
+    def broken_kill(self, check_alive=True):
+        raise RuntimeError("monitor kill broke")
+
+    node.Node.kill_monitor = broken_kill
+    ray_session.shutdown_ray()
+    print("shut down", not ray.is_initialized(), flush=True)
+    """
+)
+
+
+@pytest.mark.slow  # a Ray of its own (about 10 s); the contract tests in tests/in_process/test_adapters.py run by default
+def test_rays_public_paths_start_run_and_stop_a_local_ray():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(REPO_ROOT)], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["unforked workers run True", "shut down True"], done.stderr[-3000:]
+    assert "forking workers from the fork server was written for ray<2; workers start as Ray starts them" in (
+        done.stderr)
+    assert "could not stop the autoscaler monitor first: RuntimeError: monitor kill broke" in done.stderr
+
+
+def test_an_artifact_is_created_through_prefects_public_path_too(prefect_api, monkeypatch):
+    from packaging.specifiers import SpecifierSet
+    from prefect import flow
+    from prefect.artifacts import Artifact, MarkdownArtifact
+
+    from adapters import prefect_adapter
+
+    @flow
+    def make_artifacts() -> None:
+        prefect_adapter.create_artifact(MarkdownArtifact(markdown="inside", key="adapter-in-range"))
+        monkeypatch.setattr(prefect_adapter, "WRITTEN_FOR", SpecifierSet("<1"))
+        prefect_adapter.create_artifact(MarkdownArtifact(markdown="public", key="adapter-public-path"))
+
+    make_artifacts()
+    assert Artifact.get("adapter-in-range").data == "inside"
+    assert Artifact.get("adapter-public-path").data == "public"
