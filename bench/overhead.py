@@ -316,7 +316,7 @@ def probe_unit_costs(profile: str, samples: int = 40) -> dict[str, float]:
 
     from flows.in_process import build_roles
     from configs.loading import load_config
-    from tasks.stages import STAGE_TASK
+    from tasks.prefect_tasks import STAGE_TASK
 
     config = load_config(profile, [])
     roles = build_roles(config)

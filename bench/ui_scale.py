@@ -97,8 +97,7 @@ def run_flow(iterations: int, block: int, model_dir: str, out: str) -> None:
     from configs.loading import load_config
     from views.history import RunHistory
     from flows.in_process import build_roles
-    from flows.iteration import run_iterations
-    from flows.runners import FlowRunner
+    from flows.flow_runner import FlowIterationLoop, FlowRunner
     from views.run_artifacts import current_flow_run_id
 
     run_name = f"ui-scale-{iterations}"
@@ -120,7 +119,7 @@ def run_flow(iterations: int, block: int, model_dir: str, out: str) -> None:
             history.add_iteration(row)
             history_seconds.append(time.perf_counter() - started)
 
-        run_iterations(FlowRunner(), roles, config, 1, iterations, 0, None, record)
+        FlowIterationLoop(FlowRunner(), roles, config, None, record).run_iterations(1, iterations, 0)
         return str(current_flow_run_id())
 
     started = time.perf_counter()

@@ -2,8 +2,8 @@
 
 One flow run holding every stage task of a long run outgrows the server's graph
 (blank past 10,000 nodes, S-OPS-1), so the `ppo` flow runs its iterations as one
-subflow run per block of `job.iterations_per_block`: the run's graph holds one node
-per block, each block's graph its iterations' stage tasks (docs/prefect-ui.md).
+subflow run per block of `job.iterations_per_block` (flows/flow_runner.py): the run's
+graph holds one node per block, each block's graph its iterations' stage tasks.
 
 Blocks are aligned to multiples of the block size (`iterations 1-50`, `51-100`), so a
 block's name means the same iterations in every attempt of a run; a run that resumes
@@ -11,12 +11,6 @@ mid-block starts its first block at the resume iteration (`iterations 37-50`).
 """
 
 from __future__ import annotations
-
-from typing import Any, Callable, TypeVar
-
-from prefect import flow
-
-Result = TypeVar("Result")
 
 BLOCK_FLOW = "ppo-iterations"
 
@@ -37,23 +31,3 @@ def iteration_blocks(start: int, last: int, size: int) -> list[tuple[int, int]]:
 
 def block_name(first: int, last: int) -> str:
     return f"iteration {first}" if first == last else f"iterations {first}-{last}"
-
-
-def _block_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    return block_name(int(flow_run.parameters["first"]), int(flow_run.parameters["last"]))
-
-
-@flow(name=BLOCK_FLOW, flow_run_name=_block_run_name, persist_result=False, log_prints=False, validate_parameters=False)
-def iteration_block(first: int, last: int, body: Callable[[], Any]) -> Any:
-    """Iterations `first..last` of the calling `ppo` flow run, as its child flow run.
-    `body` runs them (flows/iteration.py); it is a parameter only so the subflow can
-    call it, and the API stores it as a placeholder."""
-    return body()
-
-
-def run_block(first: int, last: int, body: Callable[[], Result]) -> Result:
-    """`body` inside the block's subflow run. A failure inside it fails the block's
-    run and reaches the caller as the very exception `body` raised."""
-    return iteration_block(first, last, body)

@@ -1,7 +1,7 @@
 """The PPO iteration on role objects in this process: no Prefect, no Ray.
 
 The same iteration program as the flow (flows/iteration.py) under the in-process
-runner (flows/runners.py), so there is no second copy of the loop to keep in step.
+runner (flows/in_process_runner.py), so there is no second copy of the loop to keep in step.
 Why it exists: it is the baseline the orchestration is measured against
 (`bench.overhead`), a fast way to run a learning curve (`bench.learning`, the learning
 test), and the other half of an equivalence check: the flow must give the same
@@ -20,11 +20,11 @@ from typing import Any, Callable
 from configs.schema import PPOConfig
 from placement.plan import plan_placement
 from placement.role_placement import role_placements
-from flows.iteration import first_step, run_iterations
+from flows.iteration import IterationLoop, first_step
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch
 from rundir.run_lock import RunLock, local_run_dir
 from rundir.run_outputs import RunPaths, append_metrics
-from flows.runners import InProcessRunner
+from flows.in_process_runner import InProcessRunner
 from views.trackers import Trackers, open_trackers
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
@@ -116,7 +116,7 @@ def run_in_process(
     policy_version = roles.policy.policy_version
     last = config.rl.max_steps if max_steps is None else max_steps
     if paths is None:
-        run_iterations(runner, roles, config, start, last, policy_version, None, keep)
+        IterationLoop(runner, roles, config, None, keep).run_iterations(start, last, policy_version)
         return records, roles
     with RunLock(local_run_dir(paths.run_dir), "in-process"):  # one writer per run directory, as the flow
         point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
@@ -128,7 +128,7 @@ def run_in_process(
             start_from_scratch(paths)
         trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (views/trackers.py)
         try:
-            run_iterations(runner, roles, config, start, last, policy_version, paths, keep)
+            IterationLoop(runner, roles, config, paths, keep).run_iterations(start, last, policy_version)
         finally:
             trackers.close()
     return records, roles

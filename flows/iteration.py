@@ -1,5 +1,6 @@
-"""One PPO iteration (S-FLOW-1), written once and run two ways (flows/runners.py):
-over Ray actors with one Prefect task per stage, or in process on plain role objects.
+"""One PPO iteration (S-FLOW-1), written once and run two ways: over Ray actors with
+one Prefect task per stage (flows/flow_runner.py), or in process on plain role objects
+(flows/in_process_runner.py).
 
 `ppo_iteration` first queues every role call of the iteration in stage order (each
 call takes the previous stage's output, so the bulk moves role to role and never
@@ -11,31 +12,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, Protocol
 
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
-from flows.blocks import iteration_blocks
-from views.history import artifact_key
-from rundir.run_outputs import RunPaths
-from tasks import commit as commit_tasks
-from tasks import stages
-from placement.plan import TRAINER_ROLES
+from contracts.artifact_keys import artifact_key
 from contracts.stage_names import TRAIN, time_key
+from flows.blocks import iteration_blocks
+from placement.plan import TRAINER_ROLES
+from rundir.run_outputs import RunPaths
+from tasks import commit as commit_stage
+from tasks import stages
 
 
 class Runner(Protocol):
     seconds: dict[str, float]
 
     def start_iteration(self) -> None: ...
-    def block(self, first: int, last: int, body: Callable[[], Any], last_block: bool = False) -> Any: ...
-    def wait_recorded(self) -> None: ...
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any: ...
-    def stage(self, stage_task: Any, iteration: int, *args: Any) -> Any: ...
-    def concurrent_stages(self, label: str, iteration: int, *stages: tuple[Any, tuple[Any, ...]]) -> list[Any]: ...
+    def stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any: ...
+    def concurrent_stages(
+        self, label: str, iteration: int, *stages: tuple[Callable[..., Any], tuple[Any, ...]]
+    ) -> list[Any]: ...
     def get(self, pending: Any) -> Any: ...
 
 
@@ -55,57 +55,48 @@ class IterationResult:
     committed: CommittedBoundary | None
 
 
-def run_iterations(
-    run: Runner,
-    roles: Roles,
-    config: PPOConfig,
-    start: int,
-    last: int,
-    policy_version: int,
-    paths: RunPaths | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[int, CommittedBoundary | None]:
-    """Iterations `start..last`; each record goes to `on_record` as soon as it is
-    complete. Returns the policy_version reached and the last boundary committed."""
-    last_commit = None
-    if start == 1 and evaluates_at(config, 0):
-        # The starting policy's row, iteration 0: every later evaluation compares with it.
-        run.start_iteration()
-        record = {"iteration": 0, **evaluate(run, roles, 0, policy_version)}
-        record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
-        if on_record is not None:
-            on_record(record)
-    for first, block_last in iteration_blocks(start, last, config.job.iterations_per_block):
-        # S-OPS-1: one subflow run per block keeps every graph of a long run readable.
-        policy_version, committed = run.block(
-            first, block_last,
-            partial(iterate_block, run, roles, config, first, block_last, policy_version, paths, on_record),
-            last_block=block_last == last,
-        )
-        last_commit = committed or last_commit
-    return policy_version, last_commit
+@dataclass
+class IterationLoop:
+    """What every iteration of one run shares: the runner, the roles, the config, the
+    run's folders (None writes nothing) and who receives each finished metrics row.
+    The flow runs each block as a subflow run (flows/flow_runner.py FlowIterationLoop)."""
 
+    run: Runner
+    roles: Roles
+    config: PPOConfig
+    paths: RunPaths | None = None
+    on_record: Callable[[dict[str, Any]], None] | None = None
 
-def iterate_block(
-    run: Runner,
-    roles: Roles,
-    config: PPOConfig,
-    first: int,
-    last: int,
-    policy_version: int,
-    paths: RunPaths | None,
-    on_record: Callable[[dict[str, Any]], None] | None,
-) -> tuple[int, CommittedBoundary | None]:
-    """The iterations of one block, `first..last`; as `run_iterations` returns."""
-    last_commit = None
-    for iteration in range(first, last + 1):
-        started = time.perf_counter()
-        result = ppo_iteration(run, roles, config, iteration, policy_version, paths)
-        result.record["time/iteration_seconds"] = time.perf_counter() - started
-        policy_version, last_commit = result.policy_version, result.committed or last_commit
-        if on_record is not None:
-            on_record(result.record)
-    return policy_version, last_commit
+    def run_iterations(self, start: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
+        """Iterations `start..last`, block by block; each record goes to `on_record` as
+        soon as it is complete. Returns the policy_version reached and the last
+        boundary committed."""
+        last_commit = None
+        if start == 1 and evaluates_at(self.config, 0):
+            # The starting policy's row, iteration 0: every later evaluation compares with it.
+            self.run.start_iteration()
+            record = {"iteration": 0, **evaluate(self.run, self.roles, 0, policy_version)}
+            record |= {time_key(stage): seconds for stage, seconds in self.run.seconds.items()}
+            self._emit(record)
+        for first, block_last in iteration_blocks(start, last, self.config.job.iterations_per_block):
+            policy_version, committed = self.block(first, block_last, policy_version)
+            last_commit = committed or last_commit
+        return policy_version, last_commit
+
+    def block(self, first: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
+        """The iterations `first..last` of one block; as `run_iterations` returns."""
+        last_commit = None
+        for iteration in range(first, last + 1):
+            started = time.perf_counter()
+            result = ppo_iteration(self.run, self.roles, self.config, iteration, policy_version, self.paths)
+            result.record["time/iteration_seconds"] = time.perf_counter() - started
+            policy_version, last_commit = result.policy_version, result.committed or last_commit
+            self._emit(result.record)
+        return policy_version, last_commit
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.on_record is not None:
+            self.on_record(record)
 
 
 def ppo_iteration(
@@ -150,8 +141,8 @@ def ppo_iteration(
     record |= run.stage(stages.reference_score, iteration, reference_summary, [s for _, s in references[1:]])
     record |= run.stage(stages.critic_predict, iteration, critic_summary, [s for _, s in predictions[1:]])
     agreed_batch, prepare_metrics = run.stage(
-        stages.prepare_batch, iteration, prepare_summary, installs, experience,
-        artifact_key(config.job.name, "samples"), [s for _, s in prepared[1:]],
+        stages.prepare_batch, iteration, prepare_summary, installs, [s for _, s in prepared[1:]], experience,
+        artifact_key(config.job.name, "samples"),
     )
     record |= prepare_metrics
     if actor is None:  # the park is waited for with the critic, the iteration's last task
@@ -271,13 +262,13 @@ def save_on_cadence(
         saves["data"] = run.call(roles.data.save, f"{boundary}/data")
         loop_state = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4, S-CW-9
         return run.stage(
-            commit_tasks.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
+            commit_stage.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
             config.rl.keep_optim_last, record,
         )
     if kind == "model":
         folder = f"{paths.artifacts}/{boundary_name(iteration)}"
         saves = rank_saves(run, roles, folder, "model")
-        run.stage(commit_tasks.save_artifact, iteration, saves, folder)
+        run.stage(commit_stage.save_artifact, iteration, saves, folder)
     return None
 
 

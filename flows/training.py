@@ -19,17 +19,17 @@ from prefect.client.schemas.objects import StateType
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from views.history import RunHistory
-from flows.iteration import first_step, run_iterations
+from flows.iteration import first_step
 from flows.launch import Launch, handed_launch, take_launch
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
-from flows.runners import FlowRunner
+from flows.flow_runner import FlowIterationLoop, FlowRunner
 from views.trackers import open_trackers
 from placement.nodes import describe_layout
 from processes.actors import RoleHandles, start_role_actors, startup_timeout, stop_role_actors
-from tasks import commit as commit_tasks
+from tasks.prefect_tasks import export
 from processes.ray_session import connect_ray, shutdown_ray
 
 def _flow_run_name() -> str:
@@ -212,16 +212,15 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             print(line, flush=True)
             logger.info(line)
 
-        policy_version, last_commit = run_iterations(
-            runner, roles, config, start, config.rl.max_steps, policy_version, paths, record_iteration
-        )
+        loop = FlowIterationLoop(runner, roles, config, paths, record_iteration)
+        policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
         exported = None
         if last_commit is not None and last_commit.iteration == config.rl.max_steps:
-            exported = commit_tasks.export(config.rl.max_steps, last_commit.path, paths.final_model, roles.policy)
+            exported = export(config.rl.max_steps, last_commit.path, paths.final_model, roles.policy)
         summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
         history.finish(summary)
-        runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block)
+        runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block_ran)
         return summary
     except Exception as error:
         if history is not None:

@@ -7,8 +7,9 @@ in-process (tests, the overhead benchmark) or as an actor.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import ray
 
@@ -16,7 +17,6 @@ from configs.schema import PPOConfig
 from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
-from processes.process_pool import active_pool
 from roles.bodies import ROLE_CLASSES
 
 if TYPE_CHECKING:
@@ -139,18 +139,54 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
     return LaunchedActors(groups, launched_at)
 
 
+class ActorSource(Protocol):
+    """Where a run's role actors come from and where they go when the run ends. The
+    default starts a fresh named actor per role and rank and kills it afterwards; a test
+    session that runs many short runs installs one that reuses processes
+    (`actors_from`)."""
+
+    def launch(
+        self, role: str, cls: type, args: tuple[Any, ...], options: dict[str, Any], name: str, namespace: str,
+        joins_a_group: bool,
+    ) -> Any: ...
+
+    def end(self, role: str, handle: Any, keep: bool) -> None: ...
+
+
+class FreshActors:
+    def launch(
+        self, role: str, cls: type, args: tuple[Any, ...], options: dict[str, Any], name: str, namespace: str,
+        joins_a_group: bool,
+    ) -> Any:
+        return ray.remote(cls).options(name=name, namespace=namespace, max_restarts=0, **options).remote(*args)
+
+    def end(self, role: str, handle: Any, keep: bool) -> None:
+        kill_quietly(handle)
+
+
+_source: ActorSource = FreshActors()
+
+
+@contextmanager
+def actors_from(source: ActorSource) -> Iterator[ActorSource]:
+    """Runs started inside take their role actors from `source` and hand them back to it."""
+    global _source
+    previous, _source = _source, source
+    try:
+        yield source
+    finally:
+        _source = previous
+
+
+def actor_source() -> ActorSource:
+    return _source
+
+
 def _launch_actor(
     role: str, rank: int, ranks: int, cls: type, args: tuple[Any, ...], options: dict[str, Any], namespace: str
 ) -> Any:
-    pool = active_pool()
     joins_a_group = role in SHARDED_ROLES and ranks > 1
-    if pool is not None and pool.can_hold(options, joins_a_group):  # a driver that keeps processes (process_pool.py)
-        return pool.launch(role, cls, args, options, serves=(namespace, actor_name(role, rank)))
-    return (
-        ray.remote(cls)
-        .options(name=actor_name(role, rank), namespace=namespace, max_restarts=0, **options)
-        .remote(*args)
-    )
+    return _source.launch(role, cls, args, options, actor_name(role, rank), namespace, joins_a_group)
 
 
 class ActorStartupError(RuntimeError):
@@ -197,12 +233,8 @@ def _kill_groups(groups: dict[str, list[Any]]) -> None:
 
 
 def _end_actor(role: str, handle: Any, keep: bool) -> None:
-    """Kill a run's actor, or hand a kept process back to the pool it came from."""
-    pool = active_pool()
-    if pool is not None and pool.owns(handle):
-        pool.release(role, handle, keep)
-    else:
-        kill_quietly(handle)
+    """Kill a run's actor, or hand it back to the source that keeps processes."""
+    _source.end(role, handle, keep)
 
 
 def kill_quietly(handle: Any) -> None:
@@ -213,8 +245,8 @@ def kill_quietly(handle: Any) -> None:
 
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
-    """Kill the run's actors; under a driver that keeps role processes, hand the
-    live ones back for its next run instead (processes/process_pool.py)."""
+    """Kill the run's actors, or hand the live ones back to an `ActorSource` that
+    keeps processes for the next run."""
     for role, _ in handles.items() if handles is not None else []:
         for handle in handles.ranks(role):
             _end_actor(role, handle, keep=True)

@@ -129,7 +129,7 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
 
 def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunPaths) -> int:
     """Load every role from the boundary into the (possibly fresh) actors or role
-    objects (`run` is a runner of flows/runners.py), verify the counters the marker
+    objects (`run` is a runner of flows/iteration.py), verify the counters the marker
     vouches for, and hand the rollout the restored weights. Returns the restored
     policy_version."""
     boundary = point.boundary

@@ -1,18 +1,7 @@
-"""The Prefect tasks of one PPO iteration (S-FLOW-1): one plain task per stage.
-
-The iteration's actor calls are queued up front (flows/iteration.py); each task here
-waits for its own stage's calls, checks what the stage promised, logs its metrics
-(prints inside actors never reach the UI) and completes when the stage completes.
-The UI therefore shows one task run per stage with its true end time, an actor's
-error fails the task of the stage that raised it, and Prefect's own bookkeeping
-overlaps the next stage's compute (docs/performance.md).
-
-A task's arguments are Ray object references when the flow runs it, or the values
-themselves when the in-process runner calls its `.fn` (flows/runners.py): `resolve`
-waits for the first kind and passes the second through, so each body is written once.
-
-No task caches or persists results: resume reads committed boundaries, not Prefect
-results, and a cached task would claim a stage ran when it did not.
+"""What each stage of one PPO iteration checks and reports (S-FLOW-1), with no Prefect
+and no Ray: the in-process runner calls these functions as they are, and the flow runs
+each as the body of its Prefect task (tasks/prefect_tasks.py), which first waits for
+the actor calls in its arguments. A body therefore always receives plain values.
 """
 
 from __future__ import annotations
@@ -21,60 +10,19 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Sequence
 
-import ray
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
-
 from contracts.trajectory import TrainReceipt
-from views.samples_table import publish_samples
 
-STAGE_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
-
-
-stage_timeout: ContextVar[float | None] = ContextVar("stage_timeout", default=None)
-"""Seconds a stage may wait for its actor calls (`rl.stage_timeout_seconds`), set by
-the flow's runner. A blocking `ray.get` cannot be interrupted by Prefect's own task
-timeout, so the wait itself is bounded (S-FAULT-1)."""
-
-
-class StageTimeout(TimeoutError):
-    """A stage's actor calls did not finish in time; `late` are the references still
-    outstanding, in queue order: the first is the stuck call, the others may only be
-    waiting for its output."""
-
-    def __init__(self, late: list[ray.ObjectRef], seconds: float):
-        self.late = late
-        self.seconds = seconds
-        super().__init__(f"{len(late)} actor call(s) did not finish within {seconds:g} s (rl.stage_timeout_seconds)")
-
-
-def resolve(pending: Sequence[Any]) -> list[Any]:
-    """The values behind `pending`, in order, fetched in one `ray.get`: object
-    references are waited for (at most `stage_timeout` seconds), plain values
-    (in-process runs) pass through."""
-    refs = [item for item in pending if isinstance(item, ray.ObjectRef)]
-    timeout = stage_timeout.get()
-    if refs and timeout is not None:
-        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        if late:
-            outstanding = set(late)
-            raise StageTimeout([ref for ref in refs if ref in outstanding], timeout)
-    fetched = iter(ray.get(refs)) if refs else iter(())
-    return [next(fetched) if isinstance(item, ray.ObjectRef) else item for item in pending]
-
-
-def stage_logger() -> logging.Logger | logging.LoggerAdapter:
-    try:
-        return get_run_logger()
-    except MissingContextError:  # the in-process runner: no task run to log into
-        return logging.getLogger("ppo.stages")
+stage_log: ContextVar[logging.Logger | logging.LoggerAdapter] = ContextVar(
+    "stage_log", default=logging.getLogger("ppo.stages")
+)
+"""Where a stage's metrics line goes: the task run's logger when Prefect runs the stage
+(prints inside actors never reach the UI), a plain logger in process."""
 
 
 def log_metrics(metrics: dict[str, Any]) -> None:
     if metrics:
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items()))
-        stage_logger().info(shown)
+        stage_log.get().info(shown)
 
 
 def numeric_metrics(*summaries: dict[str, Any]) -> dict[str, float]:
@@ -85,59 +33,47 @@ def numeric_metrics(*summaries: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in merged.items() if isinstance(v, (int, float))}
 
 
-@task(name="rollout", task_run_name="rollout[iter={iteration}]", **STAGE_TASK)
-def rollout(iteration: int, data_summary: Any, rollout_summary: Any) -> dict[str, float]:
+def rollout(iteration: int, data_summary: dict, rollout_summary: dict) -> dict[str, float]:
     """Done when the data cursor handed out the batch and the engines generated it.
-    The data call is folded in here: as a task of its own it would cost ten times
-    its compute in Prefect bookkeeping."""
-    return numeric_metrics(*resolve([data_summary, rollout_summary]))
+    The data call is folded in here: a task of its own would cost far more in Prefect
+    bookkeeping than its compute."""
+    return numeric_metrics(data_summary, rollout_summary)
 
 
-@task(name="reward", task_run_name="reward[iter={iteration}]", **STAGE_TASK)
-def reward(iteration: int, reward_summary: Any, replay_summary: Any) -> dict[str, float]:
+def reward(iteration: int, reward_summary: dict, replay_summary: dict) -> dict[str, float]:
     """Done when every completion is scored and the replay buffer has named the batch."""
-    return numeric_metrics(*resolve([reward_summary, replay_summary]))
+    return numeric_metrics(reward_summary, replay_summary)
 
 
-@task(name="reference_score", task_run_name="reference_score[iter={iteration}]", **STAGE_TASK)
-def reference_score(iteration: int, summary: Any, peers: Sequence[Any] = ()) -> dict[str, float]:
+def reference_score(iteration: int, summary: dict, peers: Sequence[Any] = ()) -> dict[str, float]:
     """Done when every reference rank has scored (a sharded forward is a collective)."""
-    metrics, *_ = resolve([summary, *peers])
-    return numeric_metrics(metrics)
+    return numeric_metrics(summary)
 
 
-@task(name="critic_predict", task_run_name="critic_predict[iter={iteration}]", **STAGE_TASK)
-def critic_predict(iteration: int, summary: Any, peers: Sequence[Any] = ()) -> dict[str, float]:
-    """Done when every critic rank has run the forward (a sharded one is a collective):
-    a failure on any rank fails this stage, not a later one."""
-    metrics, *_ = resolve([summary, *peers])
-    return numeric_metrics(metrics)
+def critic_predict(iteration: int, summary: dict, peers: Sequence[Any] = ()) -> dict[str, float]:
+    """Done when every critic rank has run the forward: a failure on any rank fails
+    this stage, not a later one."""
+    return numeric_metrics(summary)
 
 
-@task(name="prepare_batch", task_run_name="prepare_batch[iter={iteration}]", **STAGE_TASK)
 def prepare_batch(
     iteration: int,
-    summary: Any,
-    installs: Sequence[Any],
+    summary: dict,
+    installs: Sequence[dict],
+    peers: Sequence[Any] = (),
     experience: Any = None,
     samples_key: str | None = None,
-    peers: Sequence[Any] = (),
 ) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen, every trainer rank holds them (and every
-    other policy rank has run the same forward, `peers`, S-SCALE-1) and the replay
-    role has written the iteration's experience file (S-OPS-3), a few of whose samples
-    this task run shows as a table. Returns the batch id all ranks agree on, which
-    their receipts must quote (S-FLOW-5)."""
-    metrics, *installed = resolve([summary, *installs])
-    resolve(list(peers))
-    if experience is not None:
-        publish_samples(resolve([experience])[0], samples_key)
-    batch_ids = {held["batch_id"] for held in installed}
-    if len(batch_ids) != 1:
+    """Done when the targets are frozen, every trainer rank holds them (and every other
+    policy rank ran the same forward, `peers`) and the iteration's experience file is
+    written. The flow's task also shows a few of its samples under `samples_key`.
+    Returns the batch id all ranks agree on, which their receipts must quote."""
+    batch_ids = {held["batch_id"] for held in installs}
+    if len(batch_ids) != 1:  # S-FLOW-5
         raise RuntimeError(
             f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)} (S-FLOW-5)"
         )
-    return batch_ids.pop(), numeric_metrics(metrics)
+    return batch_ids.pop(), numeric_metrics(summary)
 
 
 def check_receipts(receipts: Sequence[TrainReceipt], batch_id: str, iteration: int) -> None:
@@ -157,26 +93,24 @@ def check_receipts(receipts: Sequence[TrainReceipt], batch_id: str, iteration: i
         )
 
 
-def _trained(iteration: int, receipts: Sequence[Any], batch_id: str) -> dict[str, float]:
+def _trained(iteration: int, receipts: Sequence[TrainReceipt], batch_id: str) -> dict[str, float]:
     """Rank 0's metrics, which (summed over all ranks' shards) describe the whole update."""
-    resolved: list[TrainReceipt] = resolve(receipts)
-    check_receipts(resolved, batch_id, iteration)
-    log_metrics(resolved[0].metrics)
-    return dict(resolved[0].metrics)
+    check_receipts(receipts, batch_id, iteration)
+    log_metrics(receipts[0].metrics)
+    return dict(receipts[0].metrics)
 
 
-@task(name="train_policy", task_run_name="train_policy[iter={iteration}]", **STAGE_TASK)
-def train_policy(iteration: int, receipts: Sequence[Any], batch_id: str) -> dict[str, float]:
+def train_policy(iteration: int, receipts: Sequence[TrainReceipt], batch_id: str) -> dict[str, float]:
     return _trained(iteration, receipts, batch_id)
 
 
-@task(name="train_critic", task_run_name="train_critic[iter={iteration}]", **STAGE_TASK)
-def train_critic(iteration: int, receipts: Sequence[Any], batch_id: str, parks: Sequence[Any] = ()) -> dict[str, float]:
+def train_critic(
+    iteration: int, receipts: Sequence[TrainReceipt], batch_id: str, parks: Sequence[dict] = ()
+) -> dict[str, float]:
     """During critic warmup the policy's only call is its park, so this, the
     iteration's last task, also waits for it: the next rollout must find the shared
     GPU free (S-RUN-4)."""
-    metrics = _trained(iteration, receipts, batch_id)
-    return {**metrics, **park_metrics(resolve(parks))}
+    return {**_trained(iteration, receipts, batch_id), **park_metrics(parks)}
 
 
 def park_metrics(parked: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -184,24 +118,18 @@ def park_metrics(parked: Sequence[dict[str, float]]) -> dict[str, float]:
     return dict(parked[0]) if parked else {}
 
 
-@task(name="weight_sync", task_run_name="weight_sync[iter={iteration}]", **STAGE_TASK)
 def weight_sync(
-    iteration: int, loaded: Sequence[Any], policy_version: Any, follows: Sequence[Any], parks: Sequence[Any]
+    iteration: int, loaded: Sequence[dict], policy_version: int, follows: Sequence[int], parks: Sequence[dict]
 ) -> tuple[int, dict[str, float]]:
-    """The policy's new weights went to every rollout engine actor to actor through
-    the object store, never through this process (S-FLOW-6). Done once every engine
-    and every policy rank holds the new version and every policy rank has parked."""
-    results = resolve([*loaded, policy_version, *follows, *parks])
-    version = results[len(loaded)]
-    parked = results[len(loaded) + 1 + len(follows):]
-    metrics = {**results[0], **park_metrics(parked)}  # engine 0's load metrics
+    """Done once every engine and every policy rank holds the new version and every
+    policy rank has parked. The weights went actor to actor, never through the
+    controller (S-FLOW-6)."""
+    metrics = {**loaded[0], **park_metrics(parks)}  # engine 0's load metrics
     log_metrics(metrics)
-    return int(version), metrics
+    return int(policy_version), metrics
 
 
-@task(name="evaluate", task_run_name="evaluate[iter={iteration}]", **STAGE_TASK)
-def evaluate(iteration: int, generate_summary: Any, scores: Any) -> dict[str, float]:
+def evaluate(iteration: int, generate_summary: dict, scores: dict) -> dict[str, float]:
     """Held-out evaluation of the policy after this iteration's update (iteration 0:
-    the starting policy), generated on the rollout engine and scored with the run's
-    reward; its `val/*` metrics join the iteration's record (S-OPS-2)."""
-    return numeric_metrics(*resolve([generate_summary, scores]))
+    the starting policy); its `val/*` metrics join the iteration's record (S-OPS-2)."""
+    return numeric_metrics(generate_summary, scores)

@@ -1,33 +1,14 @@
 """A run's history as Prefect artifacts: what a user reads in the UI instead of a terminal.
 
-Every artifact attaches to the `ppo` flow run, although the iterations run inside its
-block subflows (views/run_artifacts.py), and the run's are keyed by the run name
-(artifact keys are global, so two runs never write into one another's history):
-
-- `ppo-<run>-iterations`: a table with one row per outer iteration (reward mean, KL,
-  losses, policy_version, actor_warmup, seconds per stage), the newest `TABLE_WINDOW`
-  iterations. It is created once per flow run and then updated in place, so each
-  iteration sends the same few rows however long the run is (S-OPS-1). A resumed
-  run starts its table from the iterations already in metrics.jsonl.
-- a table per block subflow run, no key, on the block's run page: that block's
-  iterations, updated in place as they finish. Together the blocks hold every row.
-- `ppo-<run>-progress`: iterations done out of `rl.max_steps`, as a percentage.
-- `ppo-<run>-summary`: markdown written when the run ends (iterations done, last
-  committed boundary, final reward, exported model, and the reward/KL curve PNG that
-  `views.curves` writes into the run directory), or a failure note naming the last
-  finished iteration.
-
-History is best effort: an API hiccup while writing an artifact is logged as a
-warning and never fails training. Metrics.jsonl and the committed boundaries on
-disk are the record; these artifacts are the view. So the writes of each iteration
-go out from a background thread (views/artifact_writes.py) while the next iteration
-runs, and `finish`/`fail` wait for them before the summary.
+Keys carry the run name (artifact keys are global) and every artifact attaches to the
+`ppo` flow run, not to the block that wrote it. Updated in place, so an iteration costs
+the same however long the run. Best effort: metrics.jsonl and the boundaries are the
+record, so a failed write is a warning. docs/prefect-ui.md "Read a run" lists them.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 import re
@@ -48,6 +29,7 @@ from views.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
 from rundir.run_outputs import RunPaths, read_metrics
 from views.artifact_writes import artifact_writes
 from views.run_artifacts import current_flow_run_id, run_flow_run_id
+from contracts.artifact_keys import artifact_key
 from contracts.stage_names import TIMED_STAGES
 
 # Table column -> metrics.jsonl key. Short column names keep the UI table narrow; the
@@ -58,7 +40,7 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy_loss", "train/policy_loss"),
     ("value_loss", "train/value_loss"),
 )
-# Held-out evaluation (S-OPS-2): columns only in rows of iterations that evaluated
+# Held-out evaluation: columns only in rows of iterations that evaluated
 # (table_rows gives the other rows empty cells).
 VALIDATION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("val_reward_mean", "val/reward_mean"),
@@ -71,16 +53,6 @@ INLINE_CURVE_MAX_BYTES = 300_000
 # same amount however long the run (S-OPS-1); block tables hold the rest.
 TABLE_WINDOW = 100
 _TIME_KEY = re.compile(r"^time/(?P<stage>.+)_seconds$")
-
-
-def artifact_key(run_name: str, kind: str) -> str:
-    """`ppo-<run>-<kind>` in the alphabet Prefect accepts for keys (lowercase letters,
-    digits, dashes). A name that had to change gets a short hash of the original, so
-    `My_Run` and `my-run` never share (and overwrite) one history."""
-    slug = re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-") or "run"
-    if slug != run_name:
-        slug = f"{slug}-{hashlib.sha1(run_name.encode()).hexdigest()[:6]}"
-    return f"ppo-{slug}-{kind}"
 
 
 def _rounded(value: Any) -> Any:

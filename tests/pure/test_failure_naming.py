@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from ray.exceptions import ActorUnavailableError, ObjectLostError
 
-import flows.runners as runners
-from tasks.stages import StageTimeout
+import flows.flow_runner as runners
+from tasks.prefect_tasks import StageTimeout
 
 POLICY_ID, REFERENCE_ID = "aa" * 16, "bb" * 16
 NODE_A, NODE_B = "1" * 56, "2" * 56

@@ -1,8 +1,10 @@
-"""Runs that several integration tests read, and the role processes that runs of this
-session share. Starting a run's seven actors is most of what such a test costs
-(issue 19): a run several tests read is made once per session, and a test whose runs
-end can ask for `reused_role_processes`, so its runs build their role bodies in
-processes an earlier run of this session finished with (processes/process_pool.py).
+"""What the services tests start: the session's Prefect API and local Ray, each started
+at most once and only when a test asks for it (Prefect's API takes 19-25 s to start on
+these machines, Ray about 10 s); runs that several tests read; and the role processes
+that runs of this session share. Starting a run's seven actors is most of what such a
+test costs (issue 19): a run several tests read is made once per session, and a test
+whose runs end can ask for `reused_role_processes`, so its runs build their role bodies
+in processes an earlier run of this session finished with (tests/support/process_pool.py).
 
 A fault test finds the run's actor to kill or freeze through
 `tests.support.helpers.run_actor`, which knows the kept process serving a role.
@@ -20,6 +22,23 @@ import pytest
 from tests.conftest import TINY_PROFILE, short_run_overrides
 
 
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    from processes.ray_session import init_ray, shutdown_ray
+
+    init_ray(num_cpus=2)
+    yield
+    shutdown_ray()
+
+
 @dataclass(frozen=True)
 class FinishedRun:
     run_dir: Path
@@ -30,7 +49,7 @@ class FinishedRun:
 @pytest.fixture(scope="session")
 def role_process_pool(ray_cluster):
     """The session's idle role processes; killed when the session ends."""
-    from processes.process_pool import RoleProcessPool
+    from tests.support.process_pool import RoleProcessPool
 
     pool = RoleProcessPool()
     yield pool
@@ -41,7 +60,7 @@ def role_process_pool(ray_cluster):
 def reused_role_processes(role_process_pool):
     """Runs of this test take role processes from the session's pool and give the
     live ones back when they end (a dead or hung one is killed)."""
-    from processes.process_pool import keep_role_processes
+    from tests.support.process_pool import keep_role_processes
 
     with keep_role_processes(role_process_pool) as pool:
         yield pool
@@ -54,7 +73,7 @@ def golden_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_
     subflows (`iterations 1-2`, `iteration 3`). Tests only read it; none may write
     into its directory."""
     from flows.training import ppo
-    from processes.process_pool import keep_role_processes
+    from tests.support.process_pool import keep_role_processes
 
     root = tmp_path_factory.mktemp("golden")
     overrides = short_run_overrides(root, tiny_model_dir) + [

@@ -31,13 +31,13 @@ def _kill() -> None:
 def install(spec: str) -> None:
     """Wrap the runner's stage calls and the commit's marker and pointer writes so the
     process dies at the named point of the named iteration."""
-    import flows.runners
+    import flows.flow_runner
     import tasks.commit
 
     action, at_iteration, at_point = spec.split(":")
     assert action == "kill" and at_point in FAULT_POINTS, spec
     at = int(at_iteration)
-    runner = flows.runners.FlowRunner
+    runner = flows.flow_runner.FlowRunner
 
     def after_stage(method, name_of):
         @functools.wraps(method)
@@ -48,7 +48,7 @@ def install(spec: str) -> None:
             return result
         return wrapped
 
-    runner.stage = after_stage(runner.stage, lambda stage_task: stage_task.name)
+    runner.stage = after_stage(runner.stage, lambda body: body.__name__)
     runner.concurrent_stages = after_stage(runner.concurrent_stages, lambda label: label)
 
     write_marker = tasks.commit.write_marker

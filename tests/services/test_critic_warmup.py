@@ -22,14 +22,12 @@ from tests.support.helpers import (
     weights_digest,
 )
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 
 @pytest.fixture(scope="module")
 def warmup_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     """N=2, 4 iterations, a boundary after every iteration so each state can be read."""
     from flows.training import ppo
-    from processes.process_pool import keep_role_processes
+    from tests.support.process_pool import keep_role_processes
 
     root = tmp_path_factory.mktemp("warmup")
     every_iteration = ["rl.max_steps=4", "rl.save_every=1", "rl.keep_optim_last=0"]

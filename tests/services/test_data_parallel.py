@@ -20,8 +20,6 @@ from placement.plan import TRAINER_ROLES
 from tests.conftest import TINY_PROFILE
 from tests.support.helpers import metric_records
 
-pytestmark = [pytest.mark.ray]
-
 # Each rank's shard (minibatch 8 / 2 ranks) is exactly one one-rank micro-batch, so
 # both layouts sum the very same micro-batch gradients.
 SHARD_ALIGNED = ["rl.minibatch_size=8", "rl.micro_batch_size=4"]
@@ -46,7 +44,8 @@ def _one_iteration(config, roles, runner) -> dict:
 def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused_role_processes, tiny_overrides):
     from configs.loading import load_config
     from flows.in_process import build_roles
-    from flows.runners import FlowRunner, InProcessRunner
+    from flows.in_process_runner import InProcessRunner
+    from tests.support.actor_runner import ActorRunner
     from processes.actors import stop_role_actors
 
     # One rank: the role bodies in this process (the actors compute exactly this:
@@ -62,7 +61,7 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
         assert [ray.get(h.ready.remote())["ranks"] for h in two.ranks("reference")] == [2, 2]
         assert [ray.get(h.ready.remote())["rank"] for h in two.ranks("critic")] == [0, 1]
         one_record = _one_iteration(one_config, one, InProcessRunner())
-        two_record = _one_iteration(two_config, two, FlowRunner(prefect_tasks=False))
+        two_record = _one_iteration(two_config, two, ActorRunner())
         assert one_record["train/reward_mean"] == two_record["train/reward_mean"]  # same seed: the same rollout
 
         for role in TRAINER_ROLES:
@@ -105,7 +104,6 @@ def test_the_controller_refuses_ranks_that_disagree_on_the_step():
         check_receipts([TrainReceipt("policy", batch, 0, 4, {}), TrainReceipt("policy", batch, 1, 3, {})], batch, 3)
 
 
-@pytest.mark.prefect
 def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path):
     from flows.training import ppo
 
@@ -134,7 +132,6 @@ def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, reused_rol
 
 
 @pytest.mark.slow
-@pytest.mark.prefect
 @pytest.mark.parametrize("resumed_ranks", [1, 4])
 def test_a_two_rank_boundary_resumes_on_other_rank_counts_like_an_uninterrupted_run(
     prefect_api, ray_cluster, tiny_overrides, tmp_path, resumed_ranks

@@ -14,14 +14,12 @@ import ray
 
 from tests.conftest import TINY_PROFILE, short_run_overrides
 
-pytestmark = [pytest.mark.ray]
-
 
 @pytest.fixture(scope="module")
 def roles(ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
     from configs.loading import load_config
     from processes.actors import start_role_actors, stop_role_actors
-    from processes.process_pool import keep_role_processes
+    from tests.support.process_pool import keep_role_processes
 
     overrides = short_run_overrides(tmp_path_factory.mktemp("dispatch"), tiny_model_dir)
     config = load_config(TINY_PROFILE, overrides + ["job.name=dispatch-guard"])
@@ -34,7 +32,7 @@ def roles(ray_cluster, role_process_pool, tiny_model_dir, tmp_path_factory):
 def test_a_failed_update_publishes_nothing_and_the_rollout_keeps_its_version(roles):
     from flows.failures import StageFailed
     from flows.iteration import ppo_iteration
-    from flows.runners import FlowRunner
+    from tests.support.actor_runner import ActorRunner
 
     config, handles = roles
     # 16 samples cannot be cut into minibatches of 5: both trainers raise. The preflight
@@ -44,16 +42,16 @@ def test_a_failed_update_publishes_nothing_and_the_rollout_keeps_its_version(rol
     with pytest.raises(
         StageFailed, match=r"^train_policy\[iter=1\] failed: ValueError: .*not a multiple of the minibatch size 5"
     ):
-        ppo_iteration(FlowRunner(prefect_tasks=False), handles, config, 1, 0)
+        ppo_iteration(ActorRunner(), handles, config, 1, 0)
     assert ray.get(handles.policy.current_weights.remote())[1] == 0  # publish_weights took the failed receipt
     assert ray.get(handles.rollout.ready.remote())["policy_version"] == 0
 
 
 def test_a_good_iteration_ends_with_the_rollout_on_the_published_version(roles):
     from flows.iteration import ppo_iteration
-    from flows.runners import FlowRunner
+    from tests.support.actor_runner import ActorRunner
 
     config, handles = roles
-    result = ppo_iteration(FlowRunner(prefect_tasks=False), handles, config, 1, 0)
+    result = ppo_iteration(ActorRunner(), handles, config, 1, 0)
     assert result.policy_version == 1 and result.record["train/policy_version"] == 1.0
     assert ray.get(handles.rollout.ready.remote())["policy_version"] == 1

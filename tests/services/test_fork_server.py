@@ -21,8 +21,6 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.ray]
-
 
 def _fork_server():
     from processes import ray_session
@@ -93,7 +91,7 @@ def test_a_killed_forked_actor_fails_its_calls_and_leaves_no_process(ray_cluster
 
 def test_ending_one_forked_actor_leaves_the_others_and_the_server_alive(ray_cluster):
     """ray.kill ends a worker through its process group; a run kills some actors (a
-    trainer's ranks) while a driver keeps others (processes/process_pool.py)."""
+    trainer's ranks) while a driver keeps others (tests/support/process_pool.py)."""
     import ray
 
     server = _fork_server()

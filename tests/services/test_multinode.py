@@ -22,13 +22,13 @@ import pytest
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.support.helpers import assert_ends_like_the_uninterrupted_run
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 PROBE = r"""
 import json, sys, time
 import ray
 from configs.loading import load_config
-from flows.runners import FlowRunner
+from flows.flow_runner import FlowRunner
 from placement.plan import plan_placement
 from placement.ray_lowering import PlacementError, lower_placement
 from processes.actors import ROLE_CLASSES, RoleHandles
@@ -43,7 +43,7 @@ ray.init(address=sys.argv[1], log_to_driver=False, runtime_env={"env_vars": work
 lowered = lower_placement(plan_placement(load_config(sys.argv[2], ["grid.num_nodes=2"])), namespace="probe")
 handles = RoleHandles(**{role: Probe.options(**lowered.actor_options(role)).remote() for role in ROLE_CLASSES})
 ray.get([handle.ping.remote() for _, handle in handles.items()])  # ready, as the flow's actors are before its runner
-runner = FlowRunner(handles, prefect_tasks=False)  # asks every actor for its node, as the flow does
+runner = FlowRunner(handles)  # asks every actor for its node, as the flow does
 print("LAYOUT " + json.dumps(runner.layout()), flush=True)
 removed = float(sys.stdin.readline())  # when the test began to remove the reference's node (one clock per machine)
 try:

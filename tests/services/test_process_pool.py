@@ -1,4 +1,4 @@
-"""Role processes kept from one run to the next (processes/process_pool.py, issue 19): the
+"""Role processes kept from one run to the next (tests/support/process_pool.py, issue 19): the
 next run's bodies are built afresh in them, so a kept process never carries one run's
 state into the next, and a dead or hung process is never kept."""
 
@@ -10,8 +10,6 @@ import ray
 
 from tests.conftest import TINY_PROFILE, short_run_overrides
 from tests.support.helpers import without_timings
-
-pytestmark = [pytest.mark.ray]
 
 
 def _pid(handle) -> int:
@@ -33,7 +31,7 @@ def test_a_kept_process_builds_the_next_run_afresh_and_a_dead_or_hung_one_is_not
 ):
     from configs.loading import load_config
     from flows.iteration import ppo_iteration
-    from flows.runners import FlowRunner
+    from tests.support.actor_runner import ActorRunner
     from processes.actors import start_role_actors, stop_role_actors
 
     config = load_config(TINY_PROFILE, short_run_overrides(tmp_path, tiny_model_dir) + ["job.name=kept"])
@@ -41,7 +39,7 @@ def test_a_kept_process_builds_the_next_run_afresh_and_a_dead_or_hung_one_is_not
 
     first = start_role_actors(config)
     first_pids = _pids(first)
-    one = ppo_iteration(FlowRunner(prefect_tasks=False), first, config, 1, 0)
+    one = ppo_iteration(ActorRunner(), first, config, 1, 0)
     assert one.policy_version == 1
     stop_role_actors(first)
     idle = _idle_pids(pool)
@@ -55,7 +53,7 @@ def test_a_kept_process_builds_the_next_run_afresh_and_a_dead_or_hung_one_is_not
     assert ray.get(second.policy.update_counts.remote()) == {"optimizer_step": 0, "policy_version": 0}
     assert ray.get(second.rollout.ready.remote())["policy_version"] == 0
     # ... and the same iteration computes exactly what it computed in the first body.
-    again = ppo_iteration(FlowRunner(prefect_tasks=False), second, config, 1, 0)
+    again = ppo_iteration(ActorRunner(), second, config, 1, 0)
     assert without_timings(again.record) == without_timings(one.record)
 
     # A run whose critic died and whose reward actor hangs: only the five others are kept.

@@ -55,10 +55,10 @@ def run_dir_snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 def run_actor(run_name: str, actor: str):
     """A live run's actor by name: a named Ray actor, or the kept process serving
-    under that name when the run takes its processes from a pool (processes/process_pool.py)."""
+    under that name when the run takes its processes from a pool (tests/support/process_pool.py)."""
     import ray
 
-    from processes.process_pool import active_pool
+    from tests.support.process_pool import active_pool
 
     namespace = f"ppo-{run_name}"
     pool = active_pool()

@@ -1,10 +1,10 @@
-"""Role actor processes kept alive from one run to the next run of the same driver.
+"""Role actor processes kept alive from one run to the next of the test session, an
+`ActorSource` (processes/actors.py) the tests install with `keep_role_processes`.
 
 Most of what starting a run costs on a small machine is its seven actor processes
-importing torch and transformers (docs/performance.md section 4), and Ray never hands a
-used worker to a new actor. A driver that runs many short runs one after another (the
-test session) can instead keep each finished run's processes and build the next run's
-role bodies in them: the body is built by the role's own constructor with the same
+importing torch and transformers, and Ray never hands a used worker to a new actor. The
+test session runs many short runs one after another, so it keeps each finished run's
+processes and builds the next run's role bodies in them: the body is built by the role's own constructor with the same
 arguments a fresh process gets, after the previous body was dropped, so nothing of the
 previous run's state survives except what a process caches by design (imported
 modules). Off unless a driver turns it on (`keep_role_processes`); the CLI and
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import ray
+
+from processes.actors import FreshActors, actor_source, actors_from, kill_quietly
 
 _reusable_classes: dict[type, type] = {}
 
@@ -90,21 +92,30 @@ class RoleProcessPool:
         return actor_options == {"num_cpus": 0} and not joins_a_group
 
     def launch(
-        self, role: str, role_class: type, args: tuple[Any, ...], actor_options: dict[str, Any], serves: tuple[str, str]
+        self, role: str, cls: type, args: tuple[Any, ...], options: dict[str, Any], name: str, namespace: str,
+        joins_a_group: bool,
     ) -> Any:
         """A handle whose body is being built from `args`: in an idle process of this
-        role when there is one, else in a new (unnamed) one. `serves` is the run's
-        (namespace, actor name) the process stands for."""
+        role when there is one, else in a new (unnamed) one that stands for the run's
+        actor `name`. An actor the pool cannot hold is started fresh."""
+        if not self.can_hold(options, joins_a_group):
+            return FreshActors().launch(role, cls, args, options, name, namespace, joins_a_group)
         waiting = self.idle.get(role, [])
         if waiting:
             handle = waiting.pop()
             handle.rebuild.remote(*args)  # the next call (`ready`) runs after it: one caller, in order
             self.reused += 1
         else:
-            handle = ray.remote(reusable_class(role_class)).options(max_restarts=0, **actor_options).remote(*args)
+            handle = ray.remote(reusable_class(cls)).options(max_restarts=0, **options).remote(*args)
             self.made.add(handle)
-        self.serving[serves] = handle
+        self.serving[(namespace, name)] = handle
         return handle
+
+    def end(self, role: str, handle: Any, keep: bool) -> None:
+        if self.owns(handle):
+            self.release(role, handle, keep)
+        else:
+            kill_quietly(handle)
 
     def find(self, namespace: str, name: str) -> Any | None:
         return self.serving.get((namespace, name))
@@ -137,11 +148,9 @@ class RoleProcessPool:
         self.serving.clear()
 
 
-_active: RoleProcessPool | None = None
-
-
 def active_pool() -> RoleProcessPool | None:
-    return _active
+    source = actor_source()
+    return source if isinstance(source, RoleProcessPool) else None
 
 
 @contextlib.contextmanager
@@ -149,9 +158,5 @@ def keep_role_processes(pool: RoleProcessPool | None = None) -> Iterator[RolePro
     """Runs started inside this block take their role processes from `pool` and give
     the live ones back when they end. The pool outlives the block, so several blocks
     (several tests) can share it; whoever made it closes it."""
-    global _active
-    previous, _active = _active, pool or RoleProcessPool()
-    try:
-        yield _active
-    finally:
-        _active = previous
+    with actors_from(pool or RoleProcessPool()) as source:
+        yield source

@@ -1,0 +1,203 @@
+"""The flow's way of running the iteration program (flows/iteration.py): every role call
+goes to its Ray actor at once (Ray runs one actor's calls in submission order, and a call
+whose argument failed does not run), every stage is awaited by its Prefect task, so the
+UI shows one task run per stage, and each block of iterations is a subflow run.
+
+A failure is named the same way as in process (flows/failures.py); a stage's
+`time/<stage>_seconds` is its task's wall time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from prefect import flow
+
+from flows.blocks import BLOCK_FLOW, block_name
+from flows.failures import naming_failures
+from flows.iteration import IterationLoop
+from flows.recording import wait_until_recorded
+from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
+from processes.actors import RoleHandles, actor_label, kill_quietly
+from tasks.prefect_tasks import TASKS, StageTimeout, stage_timeout
+from views.run_artifacts import artifacts_on_this_run, current_flow_run_id
+
+
+class FlowRunner:
+    """Role calls on Ray actors, stages as Prefect tasks of the running flow.
+
+    Given the run's actor handles, a failure names the role whose actor died or hung,
+    and a stage that waits longer than `stage_timeout_s` fails and kills the actors it
+    was waiting for, so nothing stuck keeps holding a device (S-FAULT-1)."""
+
+    def __init__(self, roles: RoleHandles | None = None, *, stage_timeout_s: float | None = None) -> None:
+        self.stage_timeout_s = stage_timeout_s
+        self.seconds: dict[str, float] = {}
+        self.task_runs = 0  # stage task runs started in the current block
+        self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
+        self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
+        labelled = labelled_actors(roles) if roles is not None else {}
+        where = actor_whereabouts(labelled) if labelled else {}
+        # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
+        self._actors = {actor_id: (label, labelled[label]) for label, (actor_id, _) in where.items()}
+        self._nodes = {actor_id: node for actor_id, node in where.values()}
+
+    def layout(self) -> dict[str, list[str]]:
+        """Node id -> the actors on it (role and rank), as found at start-up."""
+        layout: dict[str, list[str]] = {}
+        for key, node in self._nodes.items():
+            layout.setdefault(node, []).append(self._actors[key][0])
+        return layout
+
+    def start_iteration(self) -> None:
+        self.seconds = {}
+        self._upstream = []
+
+    def block_ran(self, last_block: bool) -> None:
+        """Called at the end of a block's subflow run: wait until the server has recorded
+        every task run the block ran (flows/recording.py), so none is lost. The run's last
+        block leaves that wait to `wait_recorded`, which the flow calls once its closing
+        work (export, summary) is done, instead of adding it to every run's end."""
+        if last_block:
+            self._unrecorded = (current_flow_run_id(), self.task_runs)
+        else:
+            wait_until_recorded(current_flow_run_id(), self.task_runs)
+        self.task_runs = 0
+
+    def wait_recorded(self) -> None:
+        """The last block's wait (see `block`), once; nothing when there is none."""
+        if self._unrecorded is None:
+            return
+        flow_run_id, task_runs = self._unrecorded
+        self._unrecorded = None
+        if flow_run_id is not None:
+            wait_until_recorded(flow_run_id, task_runs)
+
+    def call(self, method: Any, *args: Any, returns: int = 1) -> Any:
+        if returns == 1:
+            return method.remote(*args)
+        return method.options(num_returns=returns).remote(*args)
+
+    def stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any:
+        started = time.perf_counter()
+        with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
+            self.task_runs += 1
+            result = TASKS[body](iteration, *args, wait_for=list(self._upstream) or None)
+        self.seconds[body.__name__] = time.perf_counter() - started
+        self._upstream = [result]
+        return result
+
+    def concurrent_stages(
+        self, label: str, iteration: int, *stages: tuple[Callable[..., Any], tuple[Any, ...]]
+    ) -> list[Any]:
+        """Stages that run side by side (the two trainers), each its own task run."""
+        started = time.perf_counter()
+        results = []
+        with self._bounded():
+            upstream = list(self._upstream) or None
+            self.task_runs += len(stages)
+            futures = [(body, TASKS[body].submit(iteration, *args, wait_for=upstream)) for body, args in stages]
+            self._upstream = [future for _, future in futures]
+            for body, future in futures:
+                with naming_failures(body.__name__, iteration, self.explain):
+                    results.append(future.result())
+        self.seconds[label] = time.perf_counter() - started
+        return results
+
+    def get(self, pending: Any) -> Any:
+        import ray
+
+        return ray.get(pending, timeout=self.stage_timeout_s)
+
+    @contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """Every wait inside a stage's task, submitted ones included (Prefect copies
+        the context into its threads), is bounded by the stage timeout."""
+        token = stage_timeout.set(self.stage_timeout_s)
+        try:
+            yield
+        finally:
+            stage_timeout.reset(token)
+
+    def explain(self, error: BaseException) -> str | None:
+        """A dead or stuck actor named by its role (and node), instead of Ray's actor id."""
+        from ray.exceptions import RayActorError, RayError
+
+        if isinstance(error, StageTimeout):
+            # The first outstanding call is the stuck one; later calls of the stage may
+            # only be waiting for its output.
+            stuck = error.late[0].task_id().actor_id().hex()
+            name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
+            if handle is not None:
+                kill_quietly(handle)
+            node = self._nodes.get(stuck)
+            where = f"; it ran on {node_name(node, node_addresses())}" if node and len(self.layout()) > 1 else ""
+            return (
+                f"no result from the {name} actor within {error.seconds:g} s "
+                f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device{where}"
+            )
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if isinstance(error, RayActorError):
+            name = self._actors.get(error.actor_id or "", (f"actor {error.actor_id}", None))[0]
+            node = self._nodes.get(error.actor_id or "")
+            if node is None:
+                address = re.search(r"\bip: ([0-9a-fA-F.:]+)", str(error))
+                where = f" on node {address.group(1)}" if address else ""
+                return f"the {name} actor{where} is gone: {first_line}"
+            addresses = node_addresses()
+            lost = f": {self._lost(node, addresses)}" if is_lost(node, addresses) else ""
+            return f"the {name} actor on {node_name(node, addresses)} is gone{lost}: {first_line}"
+        if isinstance(error, RayError) and self._nodes:
+            # An input held on a lost node (ObjectLostError and kin) names no actor:
+            # name the node and what ran there.
+            addresses = node_addresses()
+            lost = [self._lost(node, addresses) for node in self.layout() if is_lost(node, addresses)]
+            if lost:
+                return f"{'; '.join(lost)}: {first_line}"
+        return None
+
+    def _lost(self, node: str, addresses: dict[str, tuple[str, bool]]) -> str:
+        return f"{node_name(node, addresses)} left the Ray cluster (it held {', '.join(self.layout()[node])})"
+
+
+def labelled_actors(roles: Any) -> dict[str, Any]:
+    """Every rank's handle under the role name a user reads (`policy`, `policy[1]`)."""
+    labelled: dict[str, Any] = {}
+    for role, _ in roles.items():
+        ranks = roles.ranks(role)
+        for rank, handle in enumerate(ranks):
+            labelled[actor_label(role, rank, len(ranks))] = handle
+    return labelled
+
+
+def _block_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return block_name(int(flow_run.parameters["first"]), int(flow_run.parameters["last"]))
+
+
+class FlowIterationLoop(IterationLoop):
+    """The iteration loop of a flow run: each block of iterations is a subflow run of the
+    `ppo` flow run (S-OPS-1), whose parameters are the block's first and last iteration
+    and the policy version it starts from."""
+
+    run: FlowRunner
+
+    def run_iterations(self, start: int, last: int, policy_version: int) -> tuple[int, Any]:
+        with artifacts_on_this_run():  # a block's tables and samples show on the `ppo` flow run
+            return super().run_iterations(start, last, policy_version)
+
+    @flow(
+        name=BLOCK_FLOW, flow_run_name=_block_run_name, validate_parameters=False, persist_result=False,
+        log_prints=False,
+    )
+    def block(self, first: int, last: int, policy_version: int) -> tuple[int, Any]:
+        """Iterations `first..last` as one child flow run. A failure inside fails the
+        block's run and reaches the caller as the very exception the iteration raised."""
+        reached = IterationLoop.block(self, first, last, policy_version)
+        self.run.block_ran(last_block=last == self.config.rl.max_steps)
+        return reached
+
