@@ -14,62 +14,16 @@ metrics and weights as this run, because every role is an ordinary class (DESIGN
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from configs.schema import PPOConfig
-from placement.plan import plan_placement
-from placement.role_placement import role_placements
+from flows.in_process_roles import InProcessRoles, build_roles
 from flows.iteration import IterationLoop, first_step
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch
 from rundir.run_lock import RunLock, local_run_dir
 from rundir.run_outputs import RunPaths, append_metrics
 from flows.in_process_runner import InProcessRunner
 from views.trackers import Trackers, open_trackers
-from roles.critic_role import CriticRole
-from roles.data_role import DataRole
-from roles.policy_role import PolicyRole
-from roles.reference_role import ReferenceRole
-from roles.replay_role import ReplayRole
-from roles.reward_role import RewardRole
-from roles.rollout_role import RolloutRole
-
-
-@dataclass
-class InProcessRoles:
-    """The role objects themselves (not actor handles), so a caller can read the
-    final weights and state after a run: `roles.policy.model.state_dict()`. One of
-    each role: data-parallel ranks and several engines need their own processes."""
-
-    data: DataRole
-    rollout: RolloutRole
-    reward: RewardRole
-    replay: ReplayRole
-    reference: ReferenceRole
-    critic: CriticRole
-    policy: PolicyRole
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
-
-    def ranks(self, role: str) -> list[Any]:
-        return [getattr(self, role)]
-
-
-def build_roles(config: PPOConfig) -> InProcessRoles:
-    """Every role in this process, constructed in `roles.bodies.ROLE_CLASSES` order
-    (the tiny model is built on first use, as in the flow). Each device role gets
-    rank 0's placement from the same `role_placements` the actors are started with."""
-    placements = role_placements(plan_placement(config))
-    return InProcessRoles(
-        data=DataRole(config),
-        rollout=RolloutRole(config, placements["rollout"][0]),
-        reward=RewardRole(config),
-        replay=ReplayRole(config),
-        reference=ReferenceRole(config, placements["reference"][0]),
-        critic=CriticRole(config, placements["critic"][0]),
-        policy=PolicyRole(config, placements["policy"][0]),
-    )
 
 
 def run_in_process(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
@@ -39,13 +39,14 @@ class Runner(Protocol):
     def get(self, pending: Any) -> Any: ...
 
 
-class Roles(Protocol):
-    """Actor handles (processes/actors.py RoleHandles) or role objects (flows/in_process.py
-    InProcessRoles): each role's rank 0 as an attribute (`roles.policy`), every rank
-    through `ranks`."""
+if TYPE_CHECKING:
+    from flows.in_process_roles import InProcessRoles
+    from processes.actors import RoleHandles
 
-    def __getattr__(self, role: str) -> Any: ...
-    def ranks(self, role: str) -> list[Any]: ...
+    Roles = RoleHandles | InProcessRoles
+    """Actor handles or role objects: each role's rank 0 as an attribute (`roles.policy`),
+    every rank through `ranks`. Typed per role, so `roles.data.next_batch` leads to
+    DataRole.next_batch."""
 
 
 @dataclass

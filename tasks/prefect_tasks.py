@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import Task
 
+from contracts.stage_names import ITERATION_TASKS, SAVE_ARTIFACT_TASK
 from tasks import commit, stages
 from views.samples_table import publish_samples
 
@@ -112,13 +113,8 @@ def _prepare_batch_with_samples(
 
 _prepare_batch_with_samples.__name__ = "prepare_batch"
 
-TASKS: dict[Callable[..., Any], Task] = {
-    body: stage_task(body)
-    for body in (
-        stages.rollout, stages.reward, stages.reference_score, stages.critic_predict, stages.train_policy,
-        stages.train_critic, stages.weight_sync, stages.evaluate, commit.commit, commit.save_artifact,
-    )
-}
+_BODIES = [getattr(stages, name, None) or getattr(commit, name) for name in (*ITERATION_TASKS, SAVE_ARTIFACT_TASK)]
+TASKS: dict[Callable[..., Any], Task] = {body: stage_task(body) for body in _BODIES}
 TASKS[stages.prepare_batch] = stage_task(_prepare_batch_with_samples)
 """Each stage body's task: the flow's runner looks a body up here."""
 

@@ -72,3 +72,16 @@ def test_no_top_level_folder_holds_more_than_a_fifth_of_the_production_code():
     assert {"flows", "cli", "rundir", "views", "processes", "contracts", "adapters"} <= set(PACKAGES)
     over = {package: f"{count / total:.0%}" for package, count in lines.items() if count > 0.2 * total}
     assert over == {}, over
+
+
+def test_the_in_process_runner_imports_neither_prefect_nor_ray():
+    """In-process runs (the learning curves, the overhead baseline) use neither service,
+    so importing them must not pay for either (issue 32)."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, flows.in_process; print(sorted({'prefect', 'ray'} & set(sys.modules)))"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert loaded == "[]"
