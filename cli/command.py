@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from checkpoint.boundary import CheckpointError
     from flows.launch import plan_launch
     from rundir.resume import ResumeError
-    from rundir.run_lock import RunLocked, check_run_lock, local_run_dir, stale_after
+    from rundir.run_lock import RunLock, RunLocked, local_run_dir, stale_after
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
@@ -51,18 +51,23 @@ def main(argv: list[str] | None = None) -> int:
         config = launch.config
         # Before anything imports Ray: it reads its auth settings once, at import (S-SEC-1).
         prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
-        # S-FAULT-4: a live run of this name is refused before any service starts.
-        check_run_lock(local_run_dir(launch.paths.run_dir), stale_after(config.rl.stage_timeout_seconds))
+        # S-FAULT-4: a live run of this name is refused before any service starts; the
+        # lock taken here is the one the flow holds.
+        lock = RunLock(local_run_dir(launch.paths.run_dir), stale_after_s=stale_after(config.rl.stage_timeout_seconds))
+        launch.lock = lock.acquire()
     except ConfigError as error:
         return refuse(error.problems)
     except (RunLocked, RayAuthRefused, ResumeError, CheckpointError) as error:
         return refuse([str(error)])
-    from processes.temporary_api import launch_early
+    try:
+        from processes.temporary_api import launch_early
 
-    early_api = launch_early()  # before this process imports Prefect (processes/temporary_api.py)
-    print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in {launch.paths.run_dir}",
-          flush=True)
-    return run_flow(args, overrides, launch, early_api)
+        early_api = launch_early()  # before this process imports Prefect (processes/temporary_api.py)
+        print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in {launch.paths.run_dir}",
+              flush=True)
+        return run_flow(args, overrides, launch, early_api)
+    finally:
+        lock.release()  # nothing when the flow released it already
 
 
 def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:

@@ -14,6 +14,7 @@ from cli.preflight import require_runnable
 from configs.schema import PPOConfig
 from rundir.resume import ResumePoint, resume_boundary
 from rundir.run_config import resolve_config
+from rundir.run_lock import RunLock
 from rundir.run_outputs import RunPaths
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ class Launch:
     paths: RunPaths
     resume_point: ResumePoint | None  # checked (pointer, marker, warmup) before anything started
     actors: LaunchedActors | None = None  # launched while the services came up; the flow adopts them
+    lock: RunLock | None = None  # taken before any service started; the flow holds it on and releases it
 
     def adopt_actors(self) -> LaunchedActors | None:
         """The launched actors, now the caller's to start or kill: taken once."""

@@ -83,9 +83,13 @@ def ppo(
     launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume or attempt > 0,
                          resume_from=resume_from if attempt == 0 else None)
     config, paths = launch.config, launch.paths
-    # S-FAULT-4: one writer per run directory, taken before anything is read or written.
-    lock = RunLock(local_run_dir(paths.run_dir), _flow_run_label(), stale_after(config.rl.stage_timeout_seconds))
-    lock.acquire()
+    # S-FAULT-4: one writer per run directory, taken before anything is read or written
+    # (by the command line, before it started any service, when it launched this run).
+    stale = stale_after(config.rl.stage_timeout_seconds)
+    lock = launch.lock or RunLock(local_run_dir(paths.run_dir), stale_after_s=stale)
+    if lock.holder is None:
+        lock.acquire()
+    lock.renew(flow_run=_flow_run_label())
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
     try:

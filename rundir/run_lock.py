@@ -126,11 +126,13 @@ class RunLock:
             return self
         raise RunLocked(f"{self.path}: could not take the run lock (another launch is taking it at the same time)")
 
-    def renew(self) -> None:
-        """The heartbeat another host reads; written atomically beside the lock."""
+    def renew(self, flow_run: str | None = None) -> None:
+        """The heartbeat another host reads; written atomically beside the lock. A lock
+        the command line took before its flow run existed gets the run's name here."""
         if self.holder is None:
             return
-        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time()})
+        self.flow_run = flow_run or self.flow_run
+        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), "flow_run": self.flow_run})
         temp = self.path.with_name(f".{LOCK_NAME}.{self.holder.token}.tmp")
         temp.write_text(json.dumps(asdict(self.holder)))
         os.replace(temp, self.path)
