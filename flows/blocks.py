@@ -1,13 +1,6 @@
-"""Blocks of iterations: the level between a run and its stage tasks in the Prefect UI.
-
-One flow run holding every stage task of a long run outgrows the server's graph
-(blank past 10,000 nodes, S-OPS-1), so the `ppo` flow runs its iterations as one
-subflow run per block of `job.iterations_per_block` (flows/flow_runner.py): the run's
-graph holds one node per block, each block's graph its iterations' stage tasks.
-
-Blocks are aligned to multiples of the block size (`iterations 1-50`, `51-100`), so a
-block's name means the same iterations in every attempt of a run; a run that resumes
-mid-block starts its first block at the resume iteration (`iterations 37-50`).
+"""Blocks of iterations, the level between a run and its stage tasks in the Prefect UI
+(S-OPS-1): each block is a subflow run (flows/flow_runner.py), aligned to multiples of
+the block size so a block's name means the same iterations in every attempt of a run.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The PPO iteration on role objects in this process: no Prefect, no Ray.
+"""The PPO iteration on role objects in this process, under the in-process runner: the
+overhead baseline, fast learning curves, and the other half of the check that the flow
+computes exactly what the role bodies compute.
 
-The same iteration program as the flow (flows/iteration.py) under the in-process
-runner (flows/in_process_runner.py), so there is no second copy of the loop to keep in step.
-Why it exists: it is the baseline the orchestration is measured against
-(`bench.overhead`), a fast way to run a learning curve (`bench.learning`, the learning
-test), and the other half of an equivalence check: the flow must give the same
-metrics and weights as this run, because every role is an ordinary class (DESIGN.md,
-"A role body is an ordinary class you can construct and test in-process").
-
-    from flows.in_process import run_in_process
     records, roles = run_in_process(config)   # roles.policy.model holds the final weights
 """
 

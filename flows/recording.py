@@ -1,16 +1,7 @@
-"""Never outrun the server's recording of task runs (S-OPS-1: every task run is recorded).
-
-A task run reaches the Prefect server as events, which the server queues in memory
-(10,000 messages in Prefect 3.9, not configurable) before its task-run recorder writes
-them. A flow whose stages finish faster than that recorder keeps up fills the queue,
-and the events that no longer fit are dropped: those task runs never appear. So each
-block subflow ends by waiting until the server holds every task run the block ran,
-finished: at most one block's events (about 3 per task run) are ever in flight, far
-below the queue's size (configs/schema.py bounds the block). A real iteration takes
-seconds, so the wait is normally already over when it starts.
-
-Also the API reads that say which flow runs and task runs make up a run (the `ppo`
-flow run and its block subflow runs), for the bench and the tests.
+"""Never outrun the server's recording of task runs (S-OPS-1: every task run is
+recorded): the server drops task-run events that overflow its in-memory queue, so each
+block ends by waiting until the server holds every task run it ran (docs/architecture.md,
+"How a run starts"). Also the API reads that list a run's flow and task runs.
 """
 
 from __future__ import annotations

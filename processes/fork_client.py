@@ -1,13 +1,7 @@
-"""The command Ray runs for each worker of a local run: asks the fork server
-(processes/fork_server.py) for a worker already holding torch and transformers, then
-lives until that worker ends and ends the same way, passing on the signals it gets.
-Without a reachable server it becomes an ordinary Python worker.
-
-A local Ray runs it in place of `python` for everything it starts in Python (see
-processes/fork_launch.py `write_launcher`), so a command that is not a worker's becomes
-plain Python at once, unchanged.
-
-Imports only the standard library: this process starts once per actor.
+"""The `python` a local Ray runs for each worker: asks the fork server for a worker that
+already holds torch and transformers, then lives and ends with it, passing signals on;
+any other command, or no reachable server, runs as plain Python. Standard library only:
+this process starts once per actor (docs/architecture.md, "How a run starts").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""A process that has imported torch, transformers and the role bodies once, and forks
-every Ray worker of a local run from itself, so that a role process starts with those
-modules already imported (shared copy-on-write) and only its role's construction is
-left (docs/architecture.md, "How a run starts").
-
-The raylet runs `processes.fork_client` as the `python` of each worker's command (the
-launcher of processes/fork_launch.py); the client hands this server the worker's command
-line, environment, working directory and standard streams over a Unix socket only this
-user can open, the server forks, and the child becomes Ray's `default_worker.py` with
-exactly those. The client lives as long as the child and ends the way it ended.
-
-The server imports no Ray, and each child takes the environment the raylet gave its
-worker before Ray is imported in it. It forks only while it has a single thread.
+"""One process that imports torch, transformers and the role bodies once and forks every
+worker of a local Ray run from itself, so a role process only builds its role
+(docs/architecture.md, "How a run starts"). It imports no Ray, talks over a Unix socket
+only this user can open, and forks only while it has a single thread.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""The temporary Prefect API of a command-line run with no standing server, started
-the moment the command has read its config.
-
-Prefect starts the same server by itself when a flow first needs an API
-(`SubprocessASGIServer`: uvicorn over Prefect's own app, on 127.0.0.1, its state in
-`$PREFECT_HOME`). Left to Prefect, it starts only once the flow is called, after this
-process has imported the role bodies and started Ray, and only after the flow process
-has imported Prefect's whole server package just to launch it. Its start-up is the
-longest single chain of a run's start (docs/performance.md), so the command line
-launches the same command with the same settings at once (over Prefect's app behind
-one retry middleware, processes/temporary_server.py) and points `PREFECT_API_URL` at it;
-the flow then finds an API that is up or coming up. A run with `PREFECT_API_URL` set
-(a standing server, `make serve`) starts none. The server answers only on loopback, as Prefect's own temporary one does.
-
-It is launched even before this process imports Prefect (`launch_early`: that import
-is on the API's own path to answering), unless the
-environment or a settings file in sight could name a standing API; whether the run
-keeps it is decided by Prefect's own settings once imported (`start_temporary_api`).
+"""The temporary Prefect API of a command-line run with no standing server, launched the
+moment the command has read its config instead of when the flow is first called:
+Prefect's own server command and settings, on loopback only (docs/architecture.md,
+"How a run starts"). A run whose settings could name a standing API starts none.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The app the command line's temporary Prefect API serves: Prefect's own, with
-requests that hit a locked SQLite database retried in the server within a fraction of
-a second, where Prefect's client would wait a fixed back-off (docs/architecture.md).
-Only the 503 that Prefect's own handler sends for a locked database is retried (its
-body is asked of the handler, adapters/prefect_adapter.py); any other response goes
-out at once, and after `ATTEMPTS` tries the 503 goes to the client. A 503 means the
-request's transaction was rolled back, so running it again is what the client itself
-would do.
+"""The app the temporary Prefect API serves: Prefect's own, with a request that hit a
+locked SQLite database retried in the server after a short pause instead of after the
+client's fixed back-off. Only Prefect's own "database is locked" 503 is retried: the
+request's transaction was rolled back, so running it again is what the client would do.
 """
 
 from __future__ import annotations
