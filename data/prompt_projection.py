@@ -82,22 +82,23 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def _require_key(row: Mapping, key: str, where: str, not_an_object_hint: str, missing_hint: str) -> None:
+    """A row must be an object holding `key`; the messages name the row's own keys."""
+    if not isinstance(row, Mapping):
+        raise PromptError(where, "<row>", f"is {_kind(row)}, not an object{not_an_object_hint}")
+    if key not in row:
+        keys = ", ".join(repr(k) for k in row) or "none"
+        raise PromptError(where, key, f"is missing (the row's keys: {keys}); {missing_hint}")
+
+
 def project_prompt(row: Mapping, *, prompt_key: str = "prompt", where: str = "") -> Prompt:
     """Return ``row[prompt_key]`` untouched (the very same object) once its shape is valid.
 
     ``where`` locates the row for messages, e.g. ``str(row.position)`` from the
     row reader: "data.jsonl row 3 (line 7, column 1)".
     """
-    if not isinstance(row, Mapping):
-        raise PromptError(where, "<row>", f"is {_kind(row)}, not an object; {_ACCEPTED_PROMPT}")
-    if prompt_key not in row:
-        keys = ", ".join(repr(k) for k in row) or "none"
-        raise PromptError(
-            where,
-            prompt_key,
-            f"is missing (the row's keys: {keys}); set the prompt key to the column that "
-            f"holds the prompt. {_ACCEPTED_PROMPT}",
-        )
+    _require_key(row, prompt_key, where, f"; {_ACCEPTED_PROMPT}",
+                 f"set the prompt key to the column that holds the prompt. {_ACCEPTED_PROMPT}")
     prompt = row[prompt_key]
     # S-DATA-2: a non-empty string, or a non-empty conversation; both returned as is.
     if isinstance(prompt, str):
@@ -181,16 +182,8 @@ def project_reference(row: Mapping, *, reference_key: str | None, where: str = "
     """
     if reference_key is None:
         return None
-    if not isinstance(row, Mapping):
-        raise PromptError(where, "<row>", f"is {_kind(row)}, not an object")
-    if reference_key not in row:
-        keys = ", ".join(repr(k) for k in row) or "none"
-        raise PromptError(
-            where,
-            reference_key,
-            f"is missing (the row's keys: {keys}); the configured reward needs a reference "
-            "answer in this column (accepted: a string or an integer)",
-        )
+    _require_key(row, reference_key, where, "",
+                 "the configured reward needs a reference answer in this column (accepted: a string or an integer)")
     value = row[reference_key]
     if isinstance(value, str):
         return value

@@ -85,7 +85,7 @@ class FlowRunner:
         started = time.perf_counter()
         with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
             self.task_runs += 1
-            result = TASKS[body](iteration, *args, wait_for=list(self._upstream) or None)
+            result = self._run(body, iteration, args, list(self._upstream) or None)
         self.seconds[body.__name__] = time.perf_counter() - started
         self._upstream = [result]
         return result
@@ -99,13 +99,21 @@ class FlowRunner:
         with self._bounded():
             upstream = list(self._upstream) or None
             self.task_runs += len(stages)
-            futures = [(body, TASKS[body].submit(iteration, *args, wait_for=upstream)) for body, args in stages]
+            futures = [(body, self._submit(body, iteration, args, upstream)) for body, args in stages]
             self._upstream = [future for _, future in futures]
             for body, future in futures:
                 with naming_failures(body.__name__, iteration, self.explain):
                     results.append(future.result())
         self.seconds[label] = time.perf_counter() - started
         return results
+
+    def _run(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
+        """The stage's task run, waited for."""
+        return TASKS[body](iteration, *args, wait_for=upstream)
+
+    def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
+        """The stage's task run, started; its `.result()` waits for it."""
+        return TASKS[body].submit(iteration, *args, wait_for=upstream)
 
     def get(self, pending: Any) -> Any:
         import ray

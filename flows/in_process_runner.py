@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from contracts.pending import pending_in, replace_pending
 from flows.failures import naming_failures
 
 
@@ -75,34 +76,22 @@ class InProcessRunner:
         return _value(pending)
 
 
+def _is_done(arg: Any) -> bool:
+    return isinstance(arg, Done)
+
+
+def _result(done: Done) -> Any:
+    if done.error is not None:
+        raise done.error
+    return done.value
+
+
 def _value(arg: Any) -> Any:
-    """What a stage task's body receives: the value, or the call's error raised."""
-    if isinstance(arg, Done):
-        if arg.error is not None:
-            raise arg.error
-        return arg.value
-    if isinstance(arg, (list, tuple)):
-        return type(arg)(_value(item) for item in arg)
-    if isinstance(arg, dict):
-        return {key: _value(item) for key, item in arg.items()}
-    return arg
+    """What a stage body receives: the value, or the call's error raised."""
+    return replace_pending(arg, _is_done, _result)
 
 
 def _compute_seconds(args: Sequence[Any]) -> float:
     """The time of every distinct call a stage waited for (one call may hand it
     several outputs)."""
-    calls: dict[int, float] = {}
-
-    def visit(arg: Any) -> None:
-        if isinstance(arg, Done):
-            calls[arg.call] = arg.seconds
-        elif isinstance(arg, (list, tuple)):
-            for item in arg:
-                visit(item)
-        elif isinstance(arg, dict):
-            for item in arg.values():
-                visit(item)
-
-    for arg in args:
-        visit(arg)
-    return sum(calls.values())
+    return sum({done.call: done.seconds for done in pending_in(list(args), _is_done)}.values())

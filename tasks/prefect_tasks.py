@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import Task
 
+from contracts.pending import pending_in, replace_pending
 from contracts.stage_names import ITERATION_TASKS, SAVE_ARTIFACT_TASK
 from tasks import commit, stages
 from views.samples_table import publish_samples
@@ -45,20 +46,7 @@ def resolve(arguments: tuple[Any, ...]) -> tuple[Any, ...]:
     """`arguments` with every object reference replaced by its value: at the top level
     and inside lists, tuples and dict values, fetched in one `ray.get`, in argument
     order (the first failed call is the one raised)."""
-    refs: list[ray.ObjectRef] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, ray.ObjectRef):
-            refs.append(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-
-    for argument in arguments:
-        collect(argument)
+    refs = pending_in(list(arguments), _is_ref)
     if not refs:
         return arguments
     timeout = stage_timeout.get()
@@ -68,17 +56,11 @@ def resolve(arguments: tuple[Any, ...]) -> tuple[Any, ...]:
             outstanding = set(late)
             raise StageTimeout([ref for ref in refs if ref in outstanding], timeout)
     fetched = iter(ray.get(refs))
+    return tuple(replace_pending(argument, _is_ref, lambda _: next(fetched)) for argument in arguments)
 
-    def replace(value: Any) -> Any:
-        if isinstance(value, ray.ObjectRef):
-            return next(fetched)
-        if isinstance(value, (list, tuple)):
-            return type(value)(replace(item) for item in value)
-        if isinstance(value, dict):
-            return {key: replace(item) for key, item in value.items()}
-        return value
 
-    return tuple(replace(argument) for argument in arguments)
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, ray.ObjectRef)
 
 
 def stage_task(body: Callable[..., Any]) -> Task:

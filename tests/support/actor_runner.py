@@ -4,30 +4,16 @@ resolved, with no flow run around it."""
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 from typing import Any, Callable
 
-from flows.failures import naming_failures
 from flows.flow_runner import FlowRunner
 from tasks.prefect_tasks import resolve
 
 
 class ActorRunner(FlowRunner):
-    def stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any:
-        started = time.perf_counter()
-        with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
-            result = body(iteration, *resolve(args))
-        self.seconds[body.__name__] = time.perf_counter() - started
-        return result
+    def _run(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
+        return body(iteration, *resolve(args))
 
-    def concurrent_stages(
-        self, label: str, iteration: int, *stages: tuple[Callable[..., Any], tuple[Any, ...]]
-    ) -> list[Any]:
-        started = time.perf_counter()
-        results = []
-        with self._bounded():
-            for body, args in stages:
-                with naming_failures(body.__name__, iteration, self.explain):
-                    results.append(body(iteration, *resolve(args)))
-        self.seconds[label] = time.perf_counter() - started
-        return results
+    def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
+        return SimpleNamespace(result=lambda: body(iteration, *resolve(args)))
