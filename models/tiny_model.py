@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from filelock import FileLock
@@ -112,6 +112,20 @@ def text_model_kwargs(spec: TinyModelSpec, tokenizer) -> dict:
     )
 
 
+def seeded_model(model_class: type, config: Any, seed: int, tokenizer: Any) -> Any:
+    """A freshly initialised model that depends on `seed` alone (the global RNG is left
+    as it was), generating with the tokenizer's special tokens."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    return model
+
+
 def _write(staging: Path, spec: TinyModelSpec) -> None:
     tokenizer = build_tokenizer(spec.task_alphabet)
     config = Qwen3Config(
@@ -119,14 +133,7 @@ def _write(staging: Path, spec: TinyModelSpec) -> None:
         head_dim=spec.hidden_size // spec.num_attention_heads,
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
+    model = seeded_model(Qwen3ForCausalLM, config, spec.seed, tokenizer)
     if spec.pretrain_task != "none" and spec.pretrain_steps > 0:
         report = pretrain(
             model,
@@ -137,6 +144,8 @@ def _write(staging: Path, spec: TinyModelSpec) -> None:
             lr=spec.pretrain_lr,
             max_operand=spec.pretrain_max_operand,
             seed=spec.seed,
+            min_digits=spec.pretrain_min_digits,
+            max_digits=spec.pretrain_max_digits,
         )
         # Provenance beside the weights: what the model was taught before PPO.
         (staging / "tiny_pretrain.json").write_text(json.dumps(asdict(report), indent=2) + "\n")

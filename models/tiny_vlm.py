@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from configs.schema import TinyModelSpec
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START
-from models.tiny_model import build_once, build_tokenizer, text_model_kwargs
+from models.tiny_model import build_once, build_tokenizer, seeded_model, text_model_kwargs
 
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN]
 
@@ -98,14 +97,7 @@ def _write(directory: Path, spec: TinyModelSpec) -> None:
         vision_end_token_id=token_id(VISION_END),
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
+    model = seeded_model(Qwen2_5_VLForConditionalGeneration, config, spec.seed, tokenizer)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     image_processor.save_pretrained(directory)
