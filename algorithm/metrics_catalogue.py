@@ -20,6 +20,7 @@ WITH_MATCHER = "every iteration with a terminal matcher (absent with rl.reward.t
 DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of that role)"
 POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
 SEVERAL_ENGINES = "only with more than one rollout engine"
+ONE_STEP_OFF = "only one step off (rl.rollout.max_staleness=1, S-ASYNC)"
 SAVE_ITERATIONS = "save iterations only (rl.save_every, and the final iteration with rl.save_final)"
 EVALUATIONS = (
     "evaluation iterations only (rl.validation: every rl.validation.every-th iteration, and iteration 0 with "
@@ -29,7 +30,7 @@ WITH_REFERENCES = "only when every evaluation prompt has a reference"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
-    EVALUATIONS, WITH_REFERENCES,
+    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF,
 )
 
 
@@ -86,6 +87,15 @@ METRICS: tuple[Metric, ...] = (
     # critic predictions and the frozen targets
     Metric("critic/value_mean", "mean critic prediction over response tokens, before this iteration's update",
            "reward", EVERY_ITERATION, "roles/critic_role.py"),
+    Metric("rollout/staleness", "policy versions between the weights that generated the batch and the policy "
+           "that trains on it (0 in the first iteration and during critic warmup, then 1)", "versions",
+           ONE_STEP_OFF, "roles/policy_role.py"),
+    Metric("train/behaviour_weight_mean", "mean decoupled-PPO importance weight pi_prox/pi_behav over response "
+           "tokens, after truncation at rl.rollout.behaviour_weight_cap (1 when nothing lags)", "ratio",
+           ONE_STEP_OFF, "roles/policy_role.py"),
+    Metric("train/behaviour_weight_truncated_fraction", "fraction of response tokens whose importance weight "
+           "pi_prox/pi_behav exceeded rl.rollout.behaviour_weight_cap and was truncated to it", "fraction",
+           ONE_STEP_OFF, "roles/policy_role.py"),
     Metric("train/kl", "mean per-sequence sum of log π_old − log π_ref over response tokens (the KL penalty's "
            "estimate)", "nats", EVERY_ITERATION, "roles/policy_role.py"),
     Metric("train/advantage_mean", "mean advantage over response tokens (after whitening when enabled)",

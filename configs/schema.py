@@ -68,16 +68,19 @@ class TinyModelSpec(Section):
     num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
     max_position_embeddings: int = Field(256, ge=16, description="Longest sequence the tiny model accepts.")
     seed: int = Field(0, description="Seed for the tiny model's random initialisation (same seed, same bytes).")
-    pretrain_task: Literal["none", "addition"] = Field(
+    pretrain_task: Literal["none", "addition", "reverse"] = Field(
         "none",
         description="Supervised next-token pre-training when the tiny model is built: `addition` trains on the "
         "training side of the synthetic sums split (held-out sums are never seen), so PPO starts from a model "
-        "that half-knows the task; `none` keeps the random initialisation.",
+        "that half-knows the task; `reverse` the same on the training side of the digit-reversal split; `none` "
+        "keeps the random initialisation.",
     )
     pretrain_steps: int = Field(0, ge=0, description="Optimizer steps of that pre-training (0: none).")
     pretrain_batch_size: int = Field(64, ge=1, description="Examples per pre-training step.")
     pretrain_lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate of the pre-training (cosine decay).")
     pretrain_max_operand: int = Field(99, ge=1, description="`addition` pre-training: operands are drawn from 0..N.")
+    pretrain_min_digits: int = Field(8, ge=1, description="`reverse` pre-training: shortest digit string.")
+    pretrain_max_digits: int = Field(16, ge=1, description="`reverse` pre-training: longest digit string.")
     vision: TinyVisionSpec | None = Field(
         None,
         description="If set, the tiny model is a Qwen2.5-VL (this vision tower, the text settings above for its "
@@ -101,6 +104,17 @@ class TinyModelSpec(Section):
             if missing:
                 raise ValueError(
                     f"model.tiny.task_alphabet lacks {''.join(missing)!r}, which pretrain_task='addition' writes"
+                )
+        if self.pretrain_task == "reverse":
+            missing = sorted(set("0123456789reverse ") - set(self.task_alphabet))  # data.synthetic.REVERSE_PROMPT
+            if missing:
+                raise ValueError(
+                    f"model.tiny.task_alphabet lacks {''.join(missing)!r}, which pretrain_task='reverse' writes"
+                )
+            if self.pretrain_min_digits > self.pretrain_max_digits:
+                raise ValueError(
+                    f"model.tiny.pretrain_min_digits={self.pretrain_min_digits} exceeds "
+                    f"model.tiny.pretrain_max_digits={self.pretrain_max_digits}"
                 )
         return self
 
@@ -311,6 +325,19 @@ class RolloutConfig(Section):
         gt=0,
         description="Largest bucket of full policy weights (MiB) gathered from the shards and sent to the engines "
         "at once; a larger single tensor is a bucket of its own (S-SCALE-3).",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="Published policy versions a sample may lag behind the policy that trains on it. 0: synchronous "
+        "PPO. 1: one step off, iteration N+1's batch is generated while iteration N trains (S-ASYNC-1).",
+    )
+    behaviour_weight_cap: float = Field(
+        2.0,
+        ge=1.0,
+        description="One step off: each token's loss is weighted by pi_prox/pi_behav (the policy before this update "
+        "over the one that sampled the token), truncated at this cap (decoupled PPO, S-ASYNC-2).",
     )
 
 

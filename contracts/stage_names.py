@@ -26,6 +26,7 @@ warmup (S-CW-5), `evaluate` runs on the rl.validation cadence only (and as
 `evaluate[iter=0]` before training, S-OPS-2), `commit` on the save cadence only."""
 
 EVALUATE = "evaluate"
+ROLLOUT = "rollout"
 
 SAVE_ARTIFACT_TASK = "save_artifact"  # a weights-only cadence save (S-CKPT-5), in place of `commit`
 EXPORT_TASK = "export"  # once, after the final boundary

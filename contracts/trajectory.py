@@ -104,7 +104,7 @@ class PPOTargets:
 
     batch_id: str
     iteration: int
-    policy_version: int
+    policy_version: int           # the policy's version when it froze these (the samples may be older)
     input_ids: torch.Tensor       # (b, p + r)
     attention_mask: torch.Tensor  # (b, p + r)
     prompt_length: int
@@ -114,6 +114,7 @@ class PPOTargets:
     advantages: torch.Tensor      # (b, r)
     returns: torch.Tensor         # (b, r)
     extras: dict[str, Any] = field(default_factory=dict)  # the trajectory's extras (multimodal inputs, S-RUN-6)
+    behaviour_weights: torch.Tensor | None = None  # (b, r) pi_prox/pi_behav, one step off only (S-ASYNC-2)
 
     @property
     def num_samples(self) -> int:

@@ -107,6 +107,20 @@ class FlowRunner:
         self.seconds[label] = time.perf_counter() - started
         return results
 
+    def start_stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any:
+        """A stage's task run started now, beside the stages that follow it (one step
+        off: the next iteration's rollout); `finish_stage` waits for it."""
+        with self._bounded():
+            self.task_runs += 1
+            return (body, iteration, time.perf_counter(), self._submit(body, iteration, args, None))
+
+    def finish_stage(self, started: Any) -> tuple[Any, float]:
+        """The started stage's result and its seconds from start to end."""
+        body, iteration, began, future = started
+        with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
+            result = future.result()
+        return result, time.perf_counter() - began
+
     def _run(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
         """The stage's task run, waited for."""
         return TASKS[body](iteration, *args, wait_for=upstream)
@@ -205,6 +219,7 @@ class FlowIterationLoop(IterationLoop):
     def block(self, first: int, last: int, policy_version: int) -> tuple[int, Any]:
         """Iterations `first..last` as one child flow run. A failure inside fails the
         block's run and reaches the caller as the very exception the iteration raised."""
+        self.run.task_runs = 0  # the count of this block's task runs only (the parent's evaluate[iter=0] is not)
         reached = IterationLoop.block(self, first, last, policy_version)
         self.run.block_ran(last_block=last == self.config.rl.max_steps)
         return reached

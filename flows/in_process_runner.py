@@ -72,6 +72,16 @@ class InProcessRunner:
         self.seconds[label] = _compute_seconds([arg for _, args in stages for arg in args])
         return results
 
+    def start_stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any:
+        """Nothing runs beside anything in process: the stage runs at `finish_stage`."""
+        return body, iteration, args
+
+    def finish_stage(self, started: Any) -> tuple[Any, float]:
+        body, iteration, args = started
+        with naming_failures(body.__name__, iteration):
+            result = body(iteration, *(_value(arg) for arg in args))
+        return result, _compute_seconds(args)
+
     def get(self, pending: Any) -> Any:
         return _value(pending)
 

@@ -19,7 +19,8 @@ from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
 from contracts.artifact_keys import artifact_key
-from contracts.stage_names import TRAIN, time_key
+from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
+from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from flows.blocks import iteration_blocks
 from placement.plan import TRAINER_ROLES
 from rundir.run_outputs import RunPaths
@@ -36,6 +37,8 @@ class Runner(Protocol):
     def concurrent_stages(
         self, label: str, iteration: int, *stages: tuple[Callable[..., Any], tuple[Any, ...]]
     ) -> list[Any]: ...
+    def start_stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any: ...
+    def finish_stage(self, started: Any) -> tuple[Any, float]: ...
     def get(self, pending: Any) -> Any: ...
 
 
@@ -50,10 +53,25 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Batch:
+    """One iteration's samples, queued: generated and scored, with the summaries its
+    metrics row reports. One step off, the next iteration's batch is queued during this
+    one (S-ASYNC-1) and its rollout stage's metrics are kept here until its row."""
+
+    iteration: int
+    trajectory: Any
+    data_summary: Any
+    rollout_summary: Any
+    reward_summary: Any
+    rollout_record: dict[str, float] | None = None  # its finished rollout stage: metrics and time
+
+
+@dataclass
 class IterationResult:
     record: dict[str, Any]  # one metrics.jsonl row, less the iteration's total time
     policy_version: int
     committed: CommittedBoundary | None
+    ahead: Batch | None = None  # one step off: the next iteration's batch, already generated
 
 
 @dataclass
@@ -67,6 +85,7 @@ class IterationLoop:
     config: PPOConfig
     paths: RunPaths | None = None
     on_record: Callable[[dict[str, Any]], None] | None = None
+    in_flight: Batch | None = None  # one step off: the next iteration's batch (S-ASYNC-3)
 
     def run_iterations(self, start: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
         """Iterations `start..last`, block by block; each record goes to `on_record` as
@@ -89,9 +108,12 @@ class IterationLoop:
         last_commit = None
         for iteration in range(first, last + 1):
             started = time.perf_counter()
-            result = ppo_iteration(self.run, self.roles, self.config, iteration, policy_version, self.paths)
+            result = ppo_iteration(
+                self.run, self.roles, self.config, iteration, policy_version, self.paths, self.in_flight
+            )
             result.record["time/iteration_seconds"] = time.perf_counter() - started
             policy_version, last_commit = result.policy_version, result.committed or last_commit
+            self.in_flight = result.ahead
             self._emit(result.record)
         return policy_version, last_commit
 
@@ -101,18 +123,25 @@ class IterationLoop:
 
 
 def ppo_iteration(
-    run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None = None
+    run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None = None,
+    batch: Batch | None = None,
 ) -> IterationResult:
+    """`batch`: this iteration's samples when the previous iteration generated them
+    (one step off); otherwise they are generated here, with the current weights."""
     rl = config.rl
     run.start_iteration()
     plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
     policy_ranks, critic_ranks = roles.ranks("policy"), roles.ranks("critic")
 
     # Queue: generate, score, reference, values, targets, updates, weight sync, park.
-    prompts, data_summary = run.call(roles.data.next_batch, iteration, rl.batch_size, returns=2)
-    trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
-    trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
-    trajectory, replay_summary, batch_id = run.call(roles.replay.add, trajectory, returns=3)
+    batch = batch or queue_batch(run, roles, config, iteration, policy_version)
+    ahead = None
+    if generates_ahead(config, iteration):
+        # S-ASYNC-1: the next batch, with the weights the engines hold now, generated
+        # while this iteration trains; the engines load this iteration's weights after it.
+        ahead = queue_batch(run, roles, config, iteration + 1, policy_version)
+        started_ahead = run.start_stage(stages.rollout, iteration + 1, ahead.data_summary, ahead.rollout_summary)
+    trajectory, replay_summary, batch_id = run.call(roles.replay.add, batch.trajectory, returns=3)
     # A sharded model's forward gathers its weights from every rank, so every rank
     # runs it on the same batch (S-SCALE-1); rank 0's result goes on.
     references = [run.call(rank.score, trajectory, returns=2) for rank in roles.ranks("reference")]
@@ -137,8 +166,11 @@ def ppo_iteration(
 
     # Gather: one task per stage, in order.
     record: dict[str, Any] = {"iteration": iteration}
-    record |= run.stage(stages.rollout, iteration, data_summary, rollout_summary)
-    record |= run.stage(stages.reward, iteration, reward_summary, replay_summary)
+    if batch.rollout_record is None:
+        record |= run.stage(stages.rollout, iteration, batch.data_summary, batch.rollout_summary)
+    else:  # generated during the previous iteration, whose rollout stage for it has finished
+        record |= batch.rollout_record
+    record |= run.stage(stages.reward, iteration, batch.reward_summary, replay_summary)
     record |= run.stage(stages.reference_score, iteration, reference_summary, [s for _, s in references[1:]])
     record |= run.stage(stages.critic_predict, iteration, critic_summary, [s for _, s in predictions[1:]])
     agreed_batch, prepare_metrics = run.stage(
@@ -157,6 +189,10 @@ def ppo_iteration(
             (stages.train_critic, (critic_receipts, agreed_batch, [])),
         ):
             record |= metrics
+    if ahead is not None:
+        metrics, seconds = run.finish_stage(started_ahead)
+        ahead.rollout_record = {**metrics, time_key(ROLLOUT): seconds}
+    if actor is not None:
         policy_version, synced = run.stage(
             stages.weight_sync, iteration, actor.loaded, actor.new_version, actor.follows, parks
         )
@@ -169,9 +205,32 @@ def ppo_iteration(
         record |= evaluate(run, roles, iteration, policy_version)
 
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
-    committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record)
+    committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record, ahead)
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
-    return IterationResult(record, policy_version, committed)
+    return IterationResult(record, policy_version, committed, ahead)
+
+
+def queue_batch(run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int) -> Batch:
+    """The prompts of `iteration`, one completion each with the weights the engines hold
+    (`policy_version`), scored."""
+    prompts, data_summary = run.call(roles.data.next_batch, iteration, config.rl.batch_size, returns=2)
+    trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
+    trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
+    return Batch(iteration, trajectory, data_summary, rollout_summary, reward_summary)
+
+
+def generates_ahead(config: PPOConfig, iteration: int) -> bool:
+    """One step off, every iteration but the run's last generates the next one's batch."""
+    return config.rl.rollout.max_staleness > 0 and iteration < config.rl.max_steps
+
+
+def held_batch(run: Runner, roles: Roles, boundary: str, iteration: int) -> Batch | None:
+    """The next iteration's batch a one-step-off boundary of `iteration` holds, if any."""
+    folder = f"{boundary}/{IN_FLIGHT_DIR}"
+    if not holds_in_flight(folder):
+        return None
+    trajectory, data_summary, rollout_summary, reward_summary = run.call(roles.replay.load_in_flight, folder, returns=4)
+    return Batch(iteration + 1, trajectory, data_summary, rollout_summary, reward_summary)
 
 
 @dataclass
@@ -249,7 +308,7 @@ def save_kind(config: PPOConfig, iteration: int) -> str | None:
 
 def save_on_cadence(
     run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None,
-    record: dict[str, Any],
+    record: dict[str, Any], ahead: Batch | None = None,
 ) -> CommittedBoundary | None:
     """Queued only after every stage succeeded, so a failed iteration writes nothing
     into its boundary. Every rank of each trainer saves its shards; every rank loads on resume. The
@@ -261,7 +320,14 @@ def save_on_cadence(
         clear_for_commit(paths.checkpoints, iteration)  # S-FAULT-3: saves never mix with an older folder's files
         saves = rank_saves(run, roles, boundary)
         saves["data"] = run.call(roles.data.save, f"{boundary}/data")
-        loop_state = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4, S-CW-9
+        if ahead is not None:  # S-ASYNC-3: resume trains on this very batch, neither skipped nor regenerated
+            saves["in_flight"] = run.call(
+                roles.replay.save_in_flight, f"{boundary}/{IN_FLIGHT_DIR}", ahead.trajectory, ahead.data_summary,
+                ahead.rollout_summary, ahead.reward_summary,
+            )
+        loop_state: dict[str, Any] = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4
+        if config.rl.rollout.max_staleness:  # recorded one step off only: absent means synchronous
+            loop_state["max_staleness"] = config.rl.rollout.max_staleness
         return run.stage(
             commit_stage.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
             config.rl.keep_optim_last, record,

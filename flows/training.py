@@ -19,7 +19,7 @@ from prefect.client.schemas.objects import StateType
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from views.history import RunHistory
-from flows.iteration import first_step
+from flows.iteration import first_step, held_batch
 from flows.launch import Launch, handed_launch, take_launch
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
@@ -217,6 +217,8 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             logger.info(line)
 
         loop = FlowIterationLoop(runner, roles, config, paths, record_iteration)
+        if resume_point:
+            loop.in_flight = held_batch(runner, roles, resume_point.boundary, resume_point.iteration)
         policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
         exported = None
         if last_commit is not None and last_commit.iteration == config.rl.max_steps:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from algorithm.ppo_math import (
+    behaviour_weights,
     clipped_policy_loss,
     explained_variance,
     generalized_advantage_estimate,
@@ -105,7 +106,9 @@ class PolicyRole(TrainerRole):
 
     def prepare_batch(self, trajectory: Trajectory) -> tuple[PPOTargets, dict[str, float]]:
         trajectory.require("batch_id", "scores", "ref_logprobs", "values")
-        self._refuse_stale(trajectory.policy_version, f"samples of iteration {trajectory.iteration}")
+        self._refuse_stale(
+            trajectory.policy_version, f"samples of iteration {trajectory.iteration}", self.rl.rollout.max_staleness
+        )
         self._unpark()
         input_ids, attention_mask = trajectory.sequences()
         mask = trajectory.response_mask
@@ -125,10 +128,21 @@ class PolicyRole(TrainerRole):
         advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
         if self.rl.whiten_advantages:
             advantages = whiten(advantages, mask)
+        lag_metrics: dict[str, float] = {}
+        weights = None
+        if self.rl.rollout.max_staleness > 0:  # S-ASYNC-2: the samples may come from an older policy
+            weights, truncated = behaviour_weights(
+                old_logprobs, trajectory.rollout_logprobs, mask, self.rl.rollout.behaviour_weight_cap
+            )
+            lag_metrics = {
+                "rollout/staleness": float(self.policy_version - trajectory.policy_version),
+                "train/behaviour_weight_mean": float(masked_mean(weights, mask)),
+                "train/behaviour_weight_truncated_fraction": float(truncated),
+            }
         self.targets = PPOTargets(
             batch_id=trajectory.batch_id,
             iteration=trajectory.iteration,
-            policy_version=trajectory.policy_version,
+            policy_version=self.policy_version,
             input_ids=input_ids,
             attention_mask=attention_mask,
             prompt_length=trajectory.prompt_length,
@@ -138,8 +152,10 @@ class PolicyRole(TrainerRole):
             advantages=advantages,
             returns=returns,
             extras=trajectory.extras,  # the packed pixels, for the policy's and the critic's minibatches
+            behaviour_weights=weights,
         )
         return self.targets, {
+            **lag_metrics,
             "train/kl": float((kl.sum(dim=1)).mean()),
             "train/advantage_mean": float(masked_mean(advantages, mask)),
             "train/return_mean": float(masked_mean(returns, mask)),
@@ -155,6 +171,7 @@ class PolicyRole(TrainerRole):
         output = clipped_policy_loss(
             logprobs, targets.old_logprobs[index], targets.advantages[index], targets.response_mask[index],
             self.rl.clip_ratio, entropy,
+            None if targets.behaviour_weights is None else targets.behaviour_weights[index],
         )
         return output.loss, {
             "loss": output.loss.detach(),
@@ -179,12 +196,15 @@ class PolicyRole(TrainerRole):
         self._refuse_stale(targets.policy_version, f"the targets of batch {targets.batch_id}")
         return super().install_targets(targets)
 
-    def _refuse_stale(self, sample_version: int, what: str) -> None:
-        """S-FLOW-6: the staleness guard is an equality check, here and only here."""
-        if sample_version != self.policy_version:
+    def _refuse_stale(self, sample_version: int, what: str, max_staleness: int = 0) -> None:
+        """The staleness guard, here and only here: samples may lag the policy by at most
+        `rl.rollout.max_staleness` versions (S-FLOW-6, S-ASYNC-1); targets must have been
+        frozen under the very version they train (the default, 0)."""
+        if not 0 <= self.policy_version - sample_version <= max_staleness:
+            allowed = "" if max_staleness == 0 else f" (rl.rollout.max_staleness={max_staleness})"
             raise StaleSampleError(
                 f"policy rank {self.rank} refuses {what}: they come from policy_version {sample_version}, "
-                f"the policy is at {self.policy_version}"
+                f"the policy is at {self.policy_version}{allowed}"
             )
 
     def publish_weights(self, *after: TrainReceipt) -> tuple[WeightPublication, int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from configs.schema import PPOConfig
+from checkpoint.in_flight import load_in_flight, save_in_flight
 from roles.experience import prune_experience, sample_rows, write_experience
 from contracts.trajectory import PPOTargets, Trajectory, batch_identity
 
@@ -26,6 +27,9 @@ class ExperienceReceipt:
     samples: int
     table: list[dict[str, Any]] = field(default_factory=list)  # the first few rows, for the UI's table
     removed: list[int] = field(default_factory=list)  # iterations whose files retention removed
+
+
+IN_FLIGHT_SUMMARIES = ("data", "rollout", "reward")
 
 
 class ReplayRole:
@@ -54,3 +58,14 @@ class ReplayRole:
             iteration=trajectory.iteration, path=path, samples=len(rows), table=rows[: self.experience.table_rows],
             removed=removed,
         )
+
+    def save_in_flight(
+        self, directory: str, trajectory: Trajectory, *summaries: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The next iteration's scored batch into a one-step-off boundary (S-ASYNC-3),
+        with the summaries of the stages that made it: (data, rollout, reward)."""
+        return save_in_flight(directory, trajectory, dict(zip(IN_FLIGHT_SUMMARIES, summaries)))
+
+    def load_in_flight(self, directory: str) -> tuple[Trajectory, dict[str, Any], dict[str, Any], dict[str, Any]]:
+        trajectory, summaries = load_in_flight(directory)
+        return trajectory, *(summaries[name] for name in IN_FLIGHT_SUMMARIES)

@@ -113,6 +113,14 @@ def chosen_boundary(paths: RunPaths, name: str) -> str:
 def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -> None:
     configured = config.rl.critic_warmup_iterations
     loop_state = marker.get("loop_state")
+    recorded_lag = (loop_state or {}).get("max_staleness", 0)
+    if recorded_lag > config.rl.rollout.max_staleness:  # S-ASYNC-3: its next batch would be dropped
+        raise ResumeError(
+            f"{boundary} was written one step off (rl.rollout.max_staleness={recorded_lag}) and holds the next "
+            f"iteration's batch in flight, but this run is configured with rl.rollout.max_staleness="
+            f"{config.rl.rollout.max_staleness}, which would skip that batch; resume refused. Resume with "
+            f"rl.rollout.max_staleness={recorded_lag} or start a new job.name."
+        )
     if loop_state is None or "critic_warmup_iterations" not in loop_state:
         # S-CW-10: unknown, not a mismatch; the derived policy_version check still runs.
         _logger().warning(

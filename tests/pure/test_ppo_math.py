@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from algorithm.ppo_math import (
+    behaviour_weights,
     clipped_policy_loss,
     clipped_value_loss,
     generalized_advantage_estimate,
@@ -61,6 +62,31 @@ def test_clipped_policy_loss_by_hand():
     assert out.clip_fraction.item() == pytest.approx(0.5)
     # k3: ratio − 1 − log ratio = e − 2
     assert out.approx_kl.item() == pytest.approx(math.e - 2, abs=1e-5)
+
+
+def test_decoupled_loss_without_lag_is_the_ppo_loss_and_weighs_a_lagged_token_by_hand():
+    """S-ASYNC-2: with no lag the weights are 1 and the loss is S-FLOW's bit for bit; one
+    step off each token's surrogate is weighed by pi_prox/pi_behav, truncated at the cap."""
+    prox = torch.tensor([[-2.0, -2.0, -1.0]])
+    new = prox + torch.tensor([[1.0, 0.0, 0.1]])
+    advantages = torch.tensor([[1.0, -1.0, 2.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding
+    synchronous = clipped_policy_loss(new, prox, advantages, mask, clip_ratio=0.2)
+    unlagged, truncated = behaviour_weights(prox, prox, mask, cap=2.0)
+    assert torch.equal(unlagged, mask) and truncated.item() == 0.0
+    weighted = clipped_policy_loss(new, prox, advantages, mask, 0.2, behaviour_weights=unlagged)
+    assert torch.equal(weighted.loss, synchronous.loss)
+
+    # The behaviour policy found token 0 e^-0.5 as likely as the proximal one (weight
+    # e^0.5 = 1.6487) and token 1 e^1 as likely (weight e^-1 = 0.3679); a third sample's
+    # weight e^3 would be 20.1, truncated to the cap of 2.
+    behaviour = prox - torch.tensor([[0.5, -1.0, 3.0]])
+    weights, truncated = behaviour_weights(prox, behaviour, torch.ones(1, 3), cap=2.0)
+    assert weights[0].tolist() == pytest.approx([math.exp(0.5), math.exp(-1.0), 2.0], abs=1e-6)
+    assert truncated.item() == pytest.approx(1 / 3)
+    lagged = clipped_policy_loss(new, prox, advantages, mask, 0.2, behaviour_weights=weights * mask)
+    # token 0: max(-e, -1.2) = -1.2, times 1.6487; token 1: max(1, 1) = 1, times 0.3679
+    assert lagged.loss.item() == pytest.approx((-1.2 * math.exp(0.5) + math.exp(-1.0)) / 2, abs=1e-5)
 
 
 def test_token_entropy_by_hand():

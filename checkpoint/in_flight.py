@@ -1,0 +1,77 @@
+"""The batch in flight at a one-step-off boundary (S-ASYNC-3): iteration N+1's scored
+samples, generated while iteration N trained, saved with boundary N so a resume trains
+on exactly them instead of skipping or regenerating them.
+
+Stored as one tensor-only torch file (loaded with weights_only, S-SEC-2): the
+dataclasses become tagged dicts and only the classes listed here are rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import Any
+
+import fsspec
+import torch
+
+from checkpoint.role_state import RoleCheckpointError, _read_bytes, _torch_load, write_file
+from contracts.trajectory import PromptBatch, Trajectory
+from data.packing import MultimodalInputs
+
+IN_FLIGHT_DIR = "in_flight"  # inside the boundary
+BATCH_FILE = "batch.pt"
+SUMMARY_FILE = "summaries.json"
+_CLASSES = {cls.__name__: cls for cls in (Trajectory, PromptBatch, MultimodalInputs)}
+_TAG = "__dataclass__"
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = type(value).__name__
+        if _CLASSES.get(name) is not type(value):
+            raise TypeError(f"cannot save a {name} in an in-flight batch")
+        return {_TAG: name, **{f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    return value
+
+
+def _rebuilt(value: Any) -> Any:
+    if isinstance(value, dict):
+        fields = {key: _rebuilt(item) for key, item in value.items() if key != _TAG}
+        if _TAG in value:
+            return _CLASSES[value[_TAG]](**fields)
+        return fields
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuilt(item) for item in value)
+    return value
+
+
+def save_in_flight(directory: str, trajectory: Trajectory, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`summaries`: the stage summaries the batch's metrics row will report (JSON)."""
+    buffer = io.BytesIO()
+    torch.save(_plain(trajectory), buffer)
+    write_file(f"{directory}/{BATCH_FILE}", buffer.getvalue())
+    write_file(f"{directory}/{SUMMARY_FILE}", json.dumps(summaries, sort_keys=True))
+    return {"iteration": trajectory.iteration, "policy_version": trajectory.policy_version}
+
+
+def load_in_flight(directory: str) -> tuple[Trajectory, dict[str, dict[str, Any]]]:
+    stored = _torch_load(f"{directory}/{BATCH_FILE}")
+    try:
+        trajectory = _rebuilt(stored)
+        summaries = json.loads(_read_bytes(f"{directory}/{SUMMARY_FILE}"))
+    except (KeyError, TypeError, ValueError) as error:
+        raise RoleCheckpointError(f"{directory}: the in-flight batch cannot be read back: {error}") from error
+    if not isinstance(trajectory, Trajectory):
+        raise RoleCheckpointError(f"{directory}/{BATCH_FILE} holds no batch of samples")
+    return trajectory, summaries
+
+
+def holds_in_flight(directory: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(f"{directory}/{BATCH_FILE}")
+    return fs.exists(path)
