@@ -1,12 +1,18 @@
-"""Shared test set-up: real Prefect and real Ray, started once per test session.
+"""Set-up every test shares, and the three folders, named by what their tests start:
 
-Prefect's API start-up takes 19-25 s on these machines and Ray's about 10 s, so each
-is started at most once (and only when a test asks for it), never per test.
+- tests/pure: nothing heavy (no Prefect API, no Ray, no model built, no role body);
+- tests/in_process: the tiny model, role bodies, PPO iterations through
+  `flows.in_process`, torch.distributed ranks spawned here; no Prefect API, no Ray;
+- tests/services: a real Prefect API and/or a real local Ray (tests/services/conftest.py).
+
+Each test gets its folder's marker (`pytest -m pure`), so a quick check can skip what
+starts services without knowing file names.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,7 +40,37 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
+TEST_FOLDERS = ("pure", "in_process", "services")
+# A pure test builds no model: these fixtures belong to tests/in_process and tests/services.
+MODEL_FIXTURES = {"tiny_model_dir", "tiny_overrides"}
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        folder = item.path.relative_to(REPO_ROOT / "tests").parts[0]
+        if folder not in TEST_FOLDERS:
+            raise pytest.UsageError(f"{item.nodeid}: test files live in tests/pure, tests/in_process or tests/services")
+        if folder == "pure" and MODEL_FIXTURES & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid} builds the tiny model: it belongs in tests/in_process")
+        item.add_marker(folder)
+
+
+
+@pytest.fixture(autouse=True)
+def _starts_no_ray(request):
+    """Fails a pure or in-process test that started Ray (any Ray call outside a cluster
+    starts one, without this project's settings, which later services tests would join)."""
+    if request.node.get_closest_marker("services"):
+        yield
+        return
+    ray = sys.modules.get("ray")
+    running_before = ray is not None and ray.is_initialized()
+    yield
+    ray = sys.modules.get("ray")
+    if not running_before and ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.node.nodeid} started Ray: it belongs in tests/services, or fake the Ray call")
 
 def first_rank(config, role: str):
     """Rank 0's placement of a device role, as the actor starter would hand it, for
@@ -54,24 +90,6 @@ def tiny_model_dir(tmp_path_factory) -> str:
     model = load_profile(TINY_PROFILE).model
     path = tmp_path_factory.mktemp("models") / "tiny-qwen3-digits"
     return ensure_model(model.model_copy(update={"path": str(path)}))
-
-
-@pytest.fixture(scope="session")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-
-    from processes.ray_session import init_ray, shutdown_ray
-
-    init_ray(num_cpus=2)
-    yield
-    shutdown_ray()
 
 
 def short_run_overrides(output_root, model_dir: str) -> list[str]:

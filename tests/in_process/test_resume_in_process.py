@@ -176,10 +176,13 @@ class _FailingFileSystem(LocalFileSystem):
 
 
 def test_a_save_failing_part_way_fails_the_commit_naming_role_and_path_and_keeps_the_previous_boundary(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, monkeypatch
 ):
     """S-FAULT-1, S-CKPT-2: no _SUCCESS, the pointer unchanged, iter_000002 resumable."""
     fsspec.register_implementation("failafter", _FailingFileSystem, clobber=True)
+    # The run lock reads a URL output root as a local path relative to the working
+    # directory (a `failafter:` folder): here, not in the repository.
+    monkeypatch.chdir(tmp_path)
     straight = _run(tmp_path / "straight", tiny_model_dir, "run", "rl.max_steps=4")
     config = _config(tmp_path, tiny_model_dir, "run", "rl.max_steps=4", f"job.output_root=failafter://{tmp_path}")
     named = r"commit\[iter=4\] failed: RoleSaveFailed: policy: writing \S+/iter_000004/policy/model.safetensors failed"

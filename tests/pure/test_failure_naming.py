@@ -28,7 +28,7 @@ def runner(monkeypatch):
     monkeypatch.setattr(runners, "actor_whereabouts", lambda actors: {
         "policy": (POLICY_ID, NODE_A), "reference": (REFERENCE_ID, NODE_B)})
     monkeypatch.setattr(runners, "node_addresses", lambda: {NODE_A: ("10.0.0.5", True), NODE_B: ("10.0.0.6", False)})
-    monkeypatch.setattr("processes.actors.kill_quietly", lambda handle: None)
+    monkeypatch.setattr(runners, "kill_quietly", lambda handle: None)  # the real one would start a Ray
     return runners.FlowRunner(Roles())
 
 

@@ -112,7 +112,7 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
         raise ResumeError("stopped by the test")
 
     monkeypatch.setattr(flows.training, "ppo", flow_body)
-    # No Ray or actors in a unit test: the CLI's start-ahead of them is not what this checks.
+    # No Ray or actors in a pure test: the CLI's start-ahead of them is not what this checks.
     monkeypatch.setattr("processes.ray_session.connect_ray", lambda config: False)
     monkeypatch.setattr("processes.temporary_api.start_temporary_api", lambda early=None: None)
     monkeypatch.setattr("processes.temporary_api.launch_early", lambda: None)

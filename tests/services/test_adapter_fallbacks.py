@@ -14,8 +14,6 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.ray]
-
 DRIVER = textwrap.dedent(
     """
     import os, sys
@@ -53,7 +51,8 @@ DRIVER = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # a Ray of its own (about 10 s); the contract tests in tests/in_process/test_adapters.py run by default
+# A Ray of its own (about 10 s); the contract tests in tests/in_process/test_adapters.py run by default.
+@pytest.mark.slow
 def test_rays_public_paths_start_run_and_stop_a_local_ray():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     done = subprocess.run([sys.executable, "-c", DRIVER, str(REPO_ROOT)], capture_output=True, text=True,

@@ -7,8 +7,6 @@ import pytest
 
 from placement.plan import TRAINER_ROLES
 
-pytestmark = [pytest.mark.ray]
-
 
 class _Leftover:
     def ready(self) -> bool:

@@ -14,8 +14,6 @@ from roles.rollout_role import RolloutRole
 from tests.conftest import TINY_PROFILE, first_rank
 from tests.support.helpers import metric_records
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 
 def _conversation_file(path) -> str:
     rows = []

@@ -15,8 +15,6 @@ from flows.failures import StageFailed
 from tests.conftest import TINY_PROFILE
 from tests.support.helpers import assert_ends_like_the_uninterrupted_run, signal_actor_after
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 
 def _alive(pid: int) -> bool:
     try:

@@ -6,7 +6,6 @@ both commit."""
 
 from __future__ import annotations
 
-import pytest
 
 from algorithm.metrics_catalogue import uncatalogued
 from checkpoint.digest import state_digest
@@ -16,8 +15,6 @@ from rundir.run_outputs import RunPaths
 from flows.training import resolve_config
 from tests.conftest import TINY_PROFILE
 from tests.support.helpers import boundary, metric_records, weights_digest, without_timings
-
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 
 
 def test_flow_with_zero_warmup_equals_the_in_process_run(golden_run, tmp_path):

@@ -5,10 +5,7 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
-
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 
 
 def _records(run_dir: Path) -> list[dict]:

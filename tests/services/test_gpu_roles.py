@@ -143,8 +143,6 @@ def test_a_checkpoint_written_on_the_gpu_loads_on_the_host_and_back(tiny_model_d
     assert on_gpu.save(str(tmp_path / "again"))["optimizer_digest"] == resident_report["optimizer_digest"]
 
 
-@pytest.mark.ray
-@pytest.mark.prefect
 def test_flow_parks_the_policy_every_iteration_on_one_gpu(prefect_api, ray_cluster, tiny_overrides, tmp_path):
     from flows.training import ppo
     from tests.support.helpers import metric_records

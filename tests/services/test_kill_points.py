@@ -22,8 +22,6 @@ from tests.services.faulty_ppo import COMMIT_POINTS, FAULT_POINTS
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.support.helpers import boundary, metric_records, weights_digest, without_timings
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 DEFAULT_SUITE = ("after_reward", "after_commit")
 COMMON = ["rl.max_steps=4", "rl.save_every=2", "rl.validation=null"]  # no iteration-0 evaluation row
 

@@ -10,11 +10,8 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from tests.conftest import REPO_ROOT
-
-pytestmark = pytest.mark.ray
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
 

@@ -12,8 +12,6 @@ import pytest
 
 from processes.ray_session import protect_local_ray
 
-pytestmark = [pytest.mark.ray]
-
 JOIN = "import ray, sys; ray.init(address=sys.argv[1]); print('joined', int(ray.cluster_resources()['CPU']))"
 
 

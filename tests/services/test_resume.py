@@ -31,8 +31,6 @@ from tests.support.helpers import (
     without_timings,
 )
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 
 def _overrides(root: Path, model_dir: str, *extra: str) -> list[str]:
     return [

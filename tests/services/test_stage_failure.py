@@ -12,8 +12,6 @@ import pytest
 
 from tests.conftest import TINY_PROFILE
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 
 def exploding_rule(ctx) -> bool:
     """The terminal_callable this test points at: user reward code with a bug."""

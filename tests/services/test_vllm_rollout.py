@@ -18,8 +18,6 @@ import torch  # noqa: E402
 
 from tests.conftest import TINY_PROFILE  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 HEAD_DIM_32 = ["model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=2"]
 
 

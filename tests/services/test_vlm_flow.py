@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from configs.schema import TinyModelSpec, TinyVisionSpec
 from data.packer_choice import build_packer
@@ -13,8 +12,6 @@ from models.tiny_vlm import build_tiny_vlm
 from tests.conftest import REPO_ROOT
 from tests.support.helpers import metric_records
 from tests.support.vlm_rows import mixed_rows, write_rows
-
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
 
 VLM_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_vlm_cpu.py")
 

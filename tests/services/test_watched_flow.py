@@ -22,8 +22,6 @@ from flows.training import resolve_config
 from tests.conftest import TINY_PROFILE
 from tests.support.helpers import metric_records, without_timings
 
-pytestmark = [pytest.mark.ray, pytest.mark.prefect]
-
 EVALUATION = [
     "rl.validation.data.factory=data.synthetic:each_digit", "rl.validation.every=2",
     "rl.validation.before_training=true",
