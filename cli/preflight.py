@@ -44,6 +44,13 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
             "whole minibatches",
         ))
+    if rl.rollout.max_staleness and plan.mode == "colocated" and plan.total_gpus > 0:  # S-ASYNC-1
+        problems.append(Problem(
+            "rl.rollout.max_staleness",
+            f"is {rl.rollout.max_staleness}, which generates the next batch while the policy trains, but "
+            "grid.gpu_placement=colocated puts the rollout engines on the policy's GPUs; set "
+            "grid.gpu_placement=disaggregated (with grid.rollout_gpus) or rl.rollout.max_staleness=0",
+        ))
     # User code named in the config must at least be findable before any worker starts
     # (data_packer.factory is checked by the schema itself).
     missing = missing_tracker_packages(config.job.trackers)

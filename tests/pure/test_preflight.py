@@ -118,3 +118,13 @@ def test_user_code_that_cannot_be_found_is_refused_before_any_worker(key):
     assert len(problems) == 1 and "cannot find module 'no_such_package.rewards'" in problems[0].message
     report = check_manifest(config)
     assert [str(p) for p in report.problems if p.key == key] == [str(problems[0])]  # reported once
+
+
+def test_one_step_off_on_gpus_needs_the_engines_on_gpus_of_their_own():
+    """S-ASYNC-1: generating beside training on the GPUs the policy trains on is refused
+    before anything starts; on CPU, and disaggregated, it is allowed."""
+    (problem,) = config_problems(load_config(PUBLIC_PROFILE, ["rl.rollout.max_staleness=1"]))
+    assert problem.key == "rl.rollout.max_staleness" and "grid.gpu_placement=disaggregated" in problem.message
+    disaggregated = ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"]
+    assert config_problems(load_config(PUBLIC_PROFILE, ["rl.rollout.max_staleness=1", *disaggregated])) == []
+    assert config_problems(load_config(TINY_PROFILE, ["rl.rollout.max_staleness=1"])) == []
