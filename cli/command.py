@@ -91,6 +91,8 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
         print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
               f"actors in {time.perf_counter() - started:.1f} s", flush=True)
         from checkpoint.boundary import CheckpointError
+        from prefect.exceptions import CancelledRun
+
         from flows.failures import StageFailed
         from rundir.resume import ResumeError
         from rundir.run_lock import RunLocked
@@ -110,6 +112,11 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
         except TemporaryApiFailed as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             return EXIT_FAILED
+        except CancelledRun:
+            if launch.stop.outcome is None:  # cancelled by something else than a stop request
+                raise
+            print(launch.stop.outcome.line(), file=sys.stderr, flush=True)
+            return launch.stop.outcome.exit_code()
         except StageFailed as error:
             # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
             print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr,

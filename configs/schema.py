@@ -193,6 +193,19 @@ class JobConfig(Section):
     experience: ExperienceConfig = Field(
         default_factory=ExperienceConfig, description="Each iteration's samples kept as experience files (S-OPS-3)."
     )
+    stop_grace_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="After SIGTERM or SIGINT (preemption, Ctrl-C, Cancel in the Prefect UI) the run finishes the "
+        "iteration it is in, commits it and exits within this many seconds; past them, or at a second signal, it "
+        "stops at once, keeping the previous boundary (S-STOP-1). The Kubernetes and Prefect worker default.",
+    )
+    time_limit_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="Stop cleanly at the first iteration end past this many minutes from the launch, committing "
+        "that iteration; a rerun continues (S-STOP-3). Unset: no limit.",
+    )
     iterations_per_block: int = Field(
         50,
         description="Iterations per block subflow in the Prefect UI: the run's graph is one node per block, each "

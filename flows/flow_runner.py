@@ -19,6 +19,7 @@ from prefect import flow
 from flows.blocks import BLOCK_FLOW, block_name
 from flows.failures import naming_failures
 from flows.iteration import IterationLoop
+from flows.stopping import stop_signals
 from flows.recording import wait_until_recorded
 from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
 from processes.actors import RoleHandles, actor_label, kill_quietly
@@ -220,7 +221,8 @@ class FlowIterationLoop(IterationLoop):
         """Iterations `first..last` as one child flow run. A failure inside fails the
         block's run and reaches the caller as the very exception the iteration raised."""
         self.run.task_runs = 0  # the count of this block's task runs only (the parent's evaluate[iter=0] is not)
-        reached = IterationLoop.block(self, first, last, policy_version)
+        with stop_signals(self.stop):  # over the handler Prefect's engine installed for this block
+            reached = IterationLoop.block(self, first, last, policy_version)
         self.run.block_ran(last_block=last == self.config.rl.max_steps)
         return reached
 

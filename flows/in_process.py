@@ -12,6 +12,7 @@ from typing import Any, Callable
 from configs.schema import PPOConfig
 from flows.in_process_roles import InProcessRoles, build_roles
 from flows.iteration import IterationLoop, first_step, held_batch
+from flows.stopping import stop_request, stop_signals
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch
 from rundir.run_lock import RunLock, local_run_dir
 from rundir.run_outputs import RunPaths, append_metrics
@@ -74,11 +75,13 @@ def run_in_process(
         else:
             start_from_scratch(paths)
         trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (views/trackers.py)
-        loop = IterationLoop(runner, roles, config, paths, keep)
+        loop = IterationLoop(runner, roles, config, paths, keep, stop=stop_request(config))
         if point is not None:
             loop.in_flight = held_batch(runner, roles, point.boundary, point.iteration)
         try:
-            loop.run_iterations(start, last, policy_version)
+            with stop_signals(loop.stop):
+                loop.run_iterations(start, last, policy_version)
         finally:
+            loop.stop.done()
             trackers.close()
     return records, roles

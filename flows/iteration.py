@@ -22,6 +22,7 @@ from contracts.artifact_keys import artifact_key
 from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
 from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from flows.blocks import iteration_blocks
+from flows.stopping import StopRequest, Stopped
 from placement.plan import TRAINER_ROLES
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
@@ -86,6 +87,12 @@ class IterationLoop:
     paths: RunPaths | None = None
     on_record: Callable[[dict[str, Any]], None] | None = None
     in_flight: Batch | None = None  # one step off: the next iteration's batch (S-ASYNC-3)
+    stop: StopRequest | None = None  # asked at every iteration end (S-STOP)
+
+    @property
+    def stopped(self) -> Stopped | None:
+        """How the run stopped before its last iteration, if it did."""
+        return None if self.stop is None else self.stop.outcome
 
     def run_iterations(self, start: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
         """Iterations `start..last`, block by block; each record goes to `on_record` as
@@ -101,6 +108,8 @@ class IterationLoop:
         for first, block_last in iteration_blocks(start, last, self.config.job.iterations_per_block):
             policy_version, committed = self.block(first, block_last, policy_version)
             last_commit = committed or last_commit
+            if self.stopped is not None:
+                break
         return policy_version, last_commit
 
     def block(self, first: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
@@ -115,6 +124,15 @@ class IterationLoop:
             policy_version, last_commit = result.policy_version, result.committed or last_commit
             self.in_flight = result.ahead
             self._emit(result.record)
+            reason = self.stop.due() if self.stop is not None else None
+            if reason is not None and iteration < self.config.rl.max_steps:
+                # S-STOP-1: the finished iteration is committed as a full boundary, once.
+                committed = result.committed or save_on_cadence(
+                    self.run, self.roles, self.config, iteration, policy_version, self.paths, result.record,
+                    result.ahead, kind="full",
+                )
+                self.stop.outcome = Stopped(reason, iteration, committed.path if committed else None)
+                return policy_version, committed or last_commit
         return policy_version, last_commit
 
     def _emit(self, record: dict[str, Any]) -> None:
@@ -308,13 +326,13 @@ def save_kind(config: PPOConfig, iteration: int) -> str | None:
 
 def save_on_cadence(
     run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None,
-    record: dict[str, Any], ahead: Batch | None = None,
+    record: dict[str, Any], ahead: Batch | None = None, kind: str | None = None,
 ) -> CommittedBoundary | None:
     """Queued only after every stage succeeded, so a failed iteration writes nothing
     into its boundary. Every rank of each trainer saves its shards; every rank loads on resume. The
     boundary also keeps the iteration's metrics row: a crash after the pointer moved
     but before the row reached metrics.jsonl must not lose it (S-FAULT-2)."""
-    kind = save_kind(config, iteration) if paths is not None else None
+    kind = (kind or save_kind(config, iteration)) if paths is not None else None
     if kind == "full":
         boundary = boundary_path(paths.checkpoints, iteration)
         clear_for_commit(paths.checkpoints, iteration)  # S-FAULT-3: saves never mix with an older folder's files

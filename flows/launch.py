@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from cli.preflight import require_runnable
@@ -15,6 +15,7 @@ from configs.schema import PPOConfig
 from rundir.resume import ResumePoint, resume_boundary
 from rundir.run_config import resolve_config
 from rundir.run_lock import RunLock
+from flows.stopping import StopRequest, stop_request
 from rundir.run_outputs import RunPaths
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class Launch:
     resume_point: ResumePoint | None  # checked (pointer, marker, warmup) before anything started
     actors: LaunchedActors | None = None  # launched while the services came up; the flow adopts them
     lock: RunLock | None = None  # taken before any service started; the flow holds it on and releases it
+    stop: StopRequest = field(default_factory=StopRequest)  # signals and the time limit (S-STOP)
 
     def adopt_actors(self) -> LaunchedActors | None:
         """The launched actors, now the caller's to start or kill: taken once."""
@@ -45,7 +47,7 @@ def plan_launch(
     require_runnable(config)
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
-    return Launch(config, paths, point)
+    return Launch(config, paths, point, stop=stop_request(config))
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from processes import ray_auth_first  # noqa: F401  (before anything below imports Ray)
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import StateType
+from prefect.states import Cancelled
 
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from views.history import RunHistory
 from flows.iteration import first_step, held_batch
 from flows.launch import Launch, handed_launch, take_launch
+from flows.stopping import Stopped, exit_now, stop_signals
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
@@ -28,7 +31,7 @@ from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.flow_runner import FlowIterationLoop, FlowRunner
 from views.trackers import open_trackers
 from placement.nodes import describe_layout
-from processes.actors import RoleHandles, start_role_actors, startup_timeout, stop_role_actors
+from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
 from processes.ray_session import connect_ray, shutdown_ray
 
@@ -95,7 +98,10 @@ def ppo(
     try:
         while True:
             try:
-                return _train(launch, lock, first_attempt=attempt == 0)
+                summary = _train(launch, lock, first_attempt=attempt == 0)
+                stopped = summary.get("stopped")
+                # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
+                return Cancelled(message=Stopped(**stopped).line()) if stopped else summary
             except StageFailed as error:
                 if attempt >= auto_resume_attempts:
                     raise
@@ -216,15 +222,20 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             print(line, flush=True)
             logger.info(line)
 
-        loop = FlowIterationLoop(runner, roles, config, paths, record_iteration)
+        loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=launch.stop)
         if resume_point:
             loop.in_flight = held_batch(runner, roles, resume_point.boundary, resume_point.iteration)
-        policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
+        launch.stop.hard_stop = hard_stop_of(config)
+        with stop_signals(launch.stop):
+            policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
         exported = None
         if last_commit is not None and last_commit.iteration == config.rl.max_steps:
             exported = export(config.rl.max_steps, last_commit.path, paths.final_model, roles.policy)
         summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
+        if loop.stopped is not None:
+            summary["stopped"] = dataclasses.asdict(loop.stopped)
+            logger.warning(loop.stopped.line())
         history.finish(summary)
         runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block_ran)
         return summary
@@ -302,3 +313,17 @@ def validation_text(record: dict[str, Any]) -> str:
         return ""
     exact = record.get("val/exact_match")
     return f"  val reward {record['val/reward_mean']:.3f}" + ("" if exact is None else f" exact {exact:.3f}")
+
+
+def hard_stop_of(config: PPOConfig) -> Callable[[str], None]:
+    """What a second signal or the end of the grace does: kill the run's actors (on a
+    cluster they would outlive this process) and exit now; the last committed boundary
+    stands, as after any crash."""
+    def hard_stop(why: str) -> None:
+        try:
+            kill_run_actors(config.job.name)
+        except Exception:  # the exit must happen whatever the cluster says
+            pass
+        exit_now(why)
+
+    return hard_stop

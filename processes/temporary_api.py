@@ -155,10 +155,12 @@ def _launch_api(command: list[str], env: dict[str, str]) -> TemporaryApi:
 
 def _launch(command: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
     """On Linux the server gets SIGTERM when this process dies, even by SIGKILL (Prefect's
-    own temporary server outlives a killed flow process); elsewhere it is stopped on exit."""
+    own temporary server outlives a killed flow process); elsewhere it is stopped on exit.
+    In a session of its own, so a Ctrl-C to the terminal's process group reaches the run,
+    which stops cleanly through this API (S-STOP-1), and not the API itself."""
     return subprocess.Popen(
         [*command, "--port", str(port)], env=env, stdin=subprocess.DEVNULL,
-        preexec_fn=parent_death_signal_setter(signal.SIGTERM),
+        preexec_fn=parent_death_signal_setter(signal.SIGTERM), start_new_session=True,
     )
 
 
