@@ -26,6 +26,10 @@ def is_worker_command(argv: list[str]) -> bool:
 
 def main(argv: list[str]) -> None:
     if not is_worker_command(argv):
+        # One of Ray's own daemons: a process group of its own, so a signal to the run's
+        # group (a Prefect worker's Cancel, Ctrl-C) reaches the run, which stops cleanly
+        # through its Ray, and not this daemon; Ray still stops it by its pid.
+        os.setpgid(0, 0)
         os.execv(sys.executable, [sys.executable, *argv])
     path = os.environ.get(SOCKET_ENV)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
