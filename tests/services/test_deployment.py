@@ -381,3 +381,45 @@ def test_a_deployment_resumes_by_itself_after_an_actor_dies(stack, tiny_model_di
         )
     assert any("auto-resume: attempt 1 of 1" in log.message and "the reference actor" in log.message for log in logs)
     assert_ends_like_the_uninterrupted_run(tmp_path / "deploy-auto", overrides, "deploy-straight", 6)
+
+
+def test_cancel_from_the_ui_commits_the_finished_iteration_and_the_next_run_resumes(stack, tiny_model_dir, tmp_path):
+    """S-STOP-2: Cancel (the state change the UI's button sends) makes the worker send
+    SIGTERM to the flow run's process group; the run finishes its iteration, commits it
+    (rl.save_every far away), releases its actors and ends Cancelled, which the crash
+    automation leaves alone; the deployment run again under the same name resumes."""
+    from prefect.states import Cancelling
+
+    max_steps = 12
+    params = {
+        "overrides": [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", f"rl.max_steps={max_steps}",
+                      "rl.save_every=100", *SMALL_BATCH],
+        "run_name": "deploy-cancel",
+    }
+    run_dir = tmp_path / "deploy-cancel"
+    flow_run_id, result = _deployment_run(stack, params, watch=False, tags=("auto-resume",))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = run_dir / "metrics.jsonl"
+    _poll(lambda: metrics.exists() and metrics.read_text().strip(), bool, timeout=600, every=0.1)
+    with _client(stack) as client:
+        client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="Cancel from the UI"), force=True)
+        cancelled = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda r: r.state.is_final(),
+                          timeout=120)
+        assert cancelled.state.is_cancelled(), cancelled.state
+        done = len(metrics.read_text().splitlines())
+        assert done < max_steps
+        assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file()
+        assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == f"iter_{done:06d}"
+        messages = [state.message or "" for state in client.read_flow_run_states(uuid.UUID(flow_run_id))]
+        assert any(f"committed {run_dir}/checkpoints/iter_{done:06d}" in m for m in messages), messages
+        assert _poll(lambda: _pids_with_env(f"PREFECT__FLOW_RUN_ID={flow_run_id}"), lambda pids: pids == [],
+                     timeout=60) == []  # no actor, no Ray daemon of the run is left
+        time.sleep(10)  # the crash automation would have rescheduled it by now
+        assert client.read_flow_run(uuid.UUID(flow_run_id)).state.is_cancelled()
+
+    again_id, again = _deployment_run(stack, params)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    names = Counter(run.name for run in _task_runs(stack, again_id))
+    assert names[f"rollout[iter={done + 1}]"] == 1 and names["rollout[iter=1]"] == 0  # resumed after the boundary
+    rows = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
+    assert rows == list(range(1, max_steps + 1))
