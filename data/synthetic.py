@@ -1,8 +1,8 @@
 """Synthetic prompt sets made in-process, used through `rl.data.factory`.
 
 They exist because no dataset can be downloaded here and because a learning demo
-from a random start needs a task a tiny model can learn in minutes: copying a digit
-(measured: reward 0.04 -> 0.99 in about 240 PPO updates on this CPU).
+from a random start needs a task a tiny model can learn in minutes, such as copying a
+digit (docs/performance.md section 1 has its curve).
 """
 
 from __future__ import annotations
@@ -68,3 +68,41 @@ def heldout_sums(max_operand: int = 99) -> list[dict]:
         for b in range(max_operand + 1)
         if is_heldout_sum(a, b)
     ]
+
+
+REVERSE_PROMPT = "reverse "  # the words before the digits; the tokenizer needs its characters
+
+
+def is_heldout_digits(digits: str) -> bool:
+    """About one digit string in ten is never trained on (as `is_heldout_sum`)."""
+    return zlib.crc32(digits.encode()) % 10 == 0
+
+
+def _reversal_rows(num_rows: int, seed: int, min_digits: int, max_digits: int, heldout: bool) -> Iterator[dict]:
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"need 1 <= min_digits <= max_digits (got {min_digits}, {max_digits})")
+    rng = random.Random(seed)
+    produced = 0
+    while produced < num_rows:
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(min_digits, max_digits)))
+        if is_heldout_digits(digits) == heldout:
+            produced += 1
+            yield {"prompt": REVERSE_PROMPT + digits, "reference": digits[::-1]}
+
+
+def reverse_digits_split(
+    num_rows: int = 1000, seed: int = 0, min_digits: int = 8, max_digits: int = 16, split: str = "train"
+) -> Iterator[dict]:
+    """Prompt "reverse 8472019355", reference "5539102748": a digit string of uniformly
+    drawn length, from one side of the fixed train/held-out partition
+    (`is_heldout_digits`). Long answers on purpose: generating them is the larger part
+    of an iteration on a CPU."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout' (got {split!r})")
+    return _reversal_rows(num_rows, seed, min_digits, max_digits, heldout=split == "heldout")
+
+
+def heldout_reversals(num_rows: int = 256, seed: int = 1, min_digits: int = 8, max_digits: int = 16) -> list[dict]:
+    """A fixed sample of held-out digit strings, the evaluation set (the held-out side
+    has too many strings to list them all, unlike `heldout_sums`)."""
+    return list(_reversal_rows(num_rows, seed, min_digits, max_digits, heldout=True))

@@ -1,15 +1,10 @@
-"""Brief supervised pre-training of the tiny model on synthetic arithmetic.
+"""Brief supervised pre-training of the tiny model on synthetic arithmetic or reversal.
 
-Why: PPO post-trains a model that already half-knows its task; from a random start
-a tiny model cannot discover multi-digit addition by sampling (measured: single-digit
-addition plateaus, a+b mod 10 collapses). So the arithmetic CPU profile's tiny model
-is born with a short next-token pass over the *training* side of the addition split
-(`data.synthetic.addition_split`), formatted exactly as the rollout will see it (the
-chat template with the generation prompt, then the answer and EOS). Held-out sums are
-never trained on here, so PPO's gain on them is measured from an honest start.
-
-Deterministic: fixed seed, one torch thread, a fixed example order, so the same spec
-gives the same bytes (`build_tiny_model`'s contract).
+PPO post-trains a model that already half-knows its task; from a random start a tiny
+model does not discover multi-digit addition by sampling. So it is born with a short
+next-token pass over the *training* side of its task's split, formatted as the rollout
+will see it; held-out items are never trained on, so PPO's gain on them starts honest.
+Deterministic (fixed seed, one thread, fixed order): the same spec gives the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from data.packing import as_conversation
-from data.synthetic import addition_split
+from data.synthetic import addition_split, reverse_digits_split
 
 
 @dataclass(frozen=True)
@@ -34,10 +29,14 @@ class PretrainReport:
     seconds: float
 
 
-def pretrain_rows(task: str, num_rows: int, seed: int, max_operand: int) -> list[dict]:
+def pretrain_rows(
+    task: str, num_rows: int, seed: int, max_operand: int, min_digits: int = 8, max_digits: int = 16
+) -> list[dict]:
     if task == "addition":
         return list(addition_split(num_rows, seed=seed, max_operand=max_operand, split="train"))
-    raise ValueError(f"model.tiny.pretrain_task={task!r} has no pre-training data (accepted: addition)")
+    if task == "reverse":
+        return list(reverse_digits_split(num_rows, seed=seed, min_digits=min_digits, max_digits=max_digits))
+    raise ValueError(f"model.tiny.pretrain_task={task!r} has no pre-training data (accepted: addition, reverse)")
 
 
 def encode_examples(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,11 +76,13 @@ def pretrain(
     lr: float,
     max_operand: int,
     seed: int,
+    min_digits: int = 8,
+    max_digits: int = 16,
 ) -> PretrainReport:
-    """`steps` AdamW steps of next-token loss over freshly drawn training sums (a new
+    """`steps` AdamW steps of next-token loss over freshly drawn training rows (a new
     batch each step from one seeded stream; cosine-decayed learning rate)."""
     started = time.perf_counter()
-    rows = pretrain_rows(task, steps * batch_size, seed, max_operand)
+    rows = pretrain_rows(task, steps * batch_size, seed, max_operand, min_digits, max_digits)
     input_ids, attention_mask, labels = encode_examples(tokenizer, rows)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # same bytes on every machine and in every process
