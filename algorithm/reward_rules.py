@@ -360,20 +360,6 @@ def match_exact(ctx: RewardContext) -> bool:
     return ctx.completion.strip() == _reference(ctx, "exact_match").strip()
 
 
-def match_positions(ctx: RewardContext) -> float:
-    """Partial credit for answers of a fixed shape: the fraction of positions where the
-    completion has the reference's character, over the longer of the two (both
-    stripped), so a missing or an extra character costs like a wrong one and only
-    the exact answer scores 1.0. For `rl.reward.terminal_callable`
-    (`algorithm.reward_rules:match_positions`)."""
-    expected = _reference(ctx, "match_positions").strip()
-    got = ctx.completion.strip()
-    longer = max(len(expected), len(got))
-    if longer == 0:
-        return 1.0
-    return sum(a == b for a, b in zip(got, expected)) / longer
-
-
 def match_nonempty(ctx: RewardContext) -> bool:
     return ctx.completion.strip() != ""
 

@@ -81,6 +81,13 @@ class TinyModelSpec(Section):
     pretrain_max_operand: int = Field(99, ge=1, description="`addition` pre-training: operands are drawn from 0..N.")
     pretrain_min_digits: int = Field(8, ge=1, description="`reverse` pre-training: shortest digit string.")
     pretrain_max_digits: int = Field(16, ge=1, description="`reverse` pre-training: longest digit string.")
+    pretrain_period_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="`reverse` pre-training: the share of answers written with a trailing period, a base model's "
+        "habit that an exact-match reward counts as wrong (so PPO has something to correct).",
+    )
     vision: TinyVisionSpec | None = Field(
         None,
         description="If set, the tiny model is a Qwen2.5-VL (this vision tower, the text settings above for its "
@@ -106,7 +113,8 @@ class TinyModelSpec(Section):
                     f"model.tiny.task_alphabet lacks {''.join(missing)!r}, which pretrain_task='addition' writes"
                 )
         if self.pretrain_task == "reverse":
-            missing = sorted(set("0123456789reverse ") - set(self.task_alphabet))  # data.synthetic.REVERSE_PROMPT
+            written = "0123456789reverse " + ("." if self.pretrain_period_fraction else "")  # REVERSE_PROMPT too
+            missing = sorted(set(written) - set(self.task_alphabet))
             if missing:
                 raise ValueError(
                     f"model.tiny.task_alphabet lacks {''.join(missing)!r}, which pretrain_task='reverse' writes"

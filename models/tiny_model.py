@@ -146,6 +146,7 @@ def _write(staging: Path, spec: TinyModelSpec) -> None:
             seed=spec.seed,
             min_digits=spec.pretrain_min_digits,
             max_digits=spec.pretrain_max_digits,
+            period_fraction=spec.pretrain_period_fraction,
         )
         # Provenance beside the weights: what the model was taught before PPO.
         (staging / "tiny_pretrain.json").write_text(json.dumps(asdict(report), indent=2) + "\n")

@@ -10,6 +10,7 @@ Deterministic (fixed seed, one thread, fixed order): the same spec gives the sam
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass
 
@@ -30,13 +31,29 @@ class PretrainReport:
 
 
 def pretrain_rows(
-    task: str, num_rows: int, seed: int, max_operand: int, min_digits: int = 8, max_digits: int = 16
+    task: str,
+    num_rows: int,
+    seed: int,
+    max_operand: int,
+    min_digits: int = 8,
+    max_digits: int = 16,
+    period_fraction: float = 0.0,
 ) -> list[dict]:
     if task == "addition":
         return list(addition_split(num_rows, seed=seed, max_operand=max_operand, split="train"))
     if task == "reverse":
-        return list(reverse_digits_split(num_rows, seed=seed, min_digits=min_digits, max_digits=max_digits))
+        rows = reverse_digits_split(num_rows, seed=seed, min_digits=min_digits, max_digits=max_digits)
+        return with_trailing_period(list(rows), period_fraction, seed)
     raise ValueError(f"model.tiny.pretrain_task={task!r} has no pre-training data (accepted: addition, reverse)")
+
+
+def with_trailing_period(rows: list[dict], fraction: float, seed: int) -> list[dict]:
+    """A seeded share of the answers end with a period: the habit a base model brings
+    (sentences end with one) and an exact-match reward counts as wrong."""
+    habit = random.Random(f"period-{seed}")
+    return [
+        {**row, "reference": row["reference"] + "."} if habit.random() < fraction else row for row in rows
+    ]
 
 
 def encode_examples(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,11 +95,12 @@ def pretrain(
     seed: int,
     min_digits: int = 8,
     max_digits: int = 16,
+    period_fraction: float = 0.0,
 ) -> PretrainReport:
     """`steps` AdamW steps of next-token loss over freshly drawn training rows (a new
     batch each step from one seeded stream; cosine-decayed learning rate)."""
     started = time.perf_counter()
-    rows = pretrain_rows(task, steps * batch_size, seed, max_operand, min_digits, max_digits)
+    rows = pretrain_rows(task, steps * batch_size, seed, max_operand, min_digits, max_digits, period_fraction)
     input_ids, attention_mask, labels = encode_examples(tokenizer, rows)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # same bytes on every machine and in every process
