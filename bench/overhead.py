@@ -432,9 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for both ways")
     args = parser.parse_args(argv)
     apply_default_environment()
+    from processes.ray_session import init_ray, prepare_ray_auth
 
+    prepare_ray_auth(joins_cluster=False)  # the local Ray's token, before anything imports Ray
     from configs.loading import load_config
-    from processes.ray_session import init_ray
 
     config = load_config(args.profile, args.overrides)
     init_ray(num_cpus=config.grid.ray_num_cpus)  # once: every flow run below joins it
