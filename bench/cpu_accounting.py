@@ -48,6 +48,8 @@ def process_group(pid: int, root: int, cmdline: str, parent_group: str | None = 
     if cmdline.startswith("ray::") or "default_worker.py" in cmdline:
         # A worker is first seen as default_worker.py, later retitled ray::<Role>.
         return "ray actors"
+    if "processes.temporary_server" in cmdline:  # the run's temporary Prefect API (uvicorn)
+        return "prefect server"
     if "prefect" in cmdline and ("server" in cmdline or "uvicorn" in cmdline):
         return "prefect server"
     if any(
@@ -93,8 +95,9 @@ class CpuSampler:
                 self.groups[pid] = process_group(pid, root, _cmdline(pid), self.groups.get(stat[0]))
         self.samples.append((time.monotonic(), cpu))
 
-    def start(self) -> "CpuSampler":
-        root = os.getpid()
+    def start(self, root: int | None = None) -> "CpuSampler":
+        """Samples `root` (default: this process) and its descendants."""
+        root = os.getpid() if root is None else root
 
         def loop() -> None:
             while not self._stop.is_set():
