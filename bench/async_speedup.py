@@ -1,26 +1,30 @@
 """How much faster is one step off? The same profile run synchronously and one step off.
 
-Each mode is one real run through the command line (`python -m flows.ppo --config
-PROFILE -- ...`: Ray and a temporary Prefect API start per run), in its own output
-root and job.name, one after the other, with checkpoints and evaluation off so that
-only training is timed. From each run's metrics.jsonl it prints the per-stage median
-times and the median `time/iteration_seconds` over the measured iterations (by
-default 3..12), their ratio (sync / one step off), and the bound the overlap could at
-best reach on this machine:
+Each run goes through the command line (`python -m flows.ppo --config PROFILE -- ...`:
+Ray and a temporary Prefect API start per run), in its own output root and job.name,
+with checkpoints and evaluation off so that only training is timed; with `--repeats`
+the two modes alternate, so a change in the machine's load hits both. From each run's
+metrics.jsonl it prints the per-stage median times and the median
+`time/iteration_seconds` over the measured iterations (by default 3..12), their ratio
+(sync / one step off), and the shortest iteration the overlap could reach here, the
+largest of:
 
 - the CPU work of an iteration (CPU seconds of every process the run started, read
-  from /proc while it runs, over the measured iterations) divided by the cores Ray
-  has: the iteration cannot be shorter than the time the cores need for its work;
-- the busiest single role (a role actor runs on one torch thread, so its CPU seconds
-  per iteration are a floor);
+  from /proc while it runs) over the machine's cores, and the role actors' over the
+  CPUs Ray has: an iteration cannot be shorter than the time the cores need for it;
+- the busiest single role (a role actor computes on one torch thread);
 - the two chains of the synchronous run that one step off runs side by side:
   generation (rollout + reward) and training (reference_score .. weight_sync).
 
-One step off, the `time/rollout_seconds` of row N+1 is the wall time of the rollout
-that ran during iteration N, beside N's training.
+It also reports the CPU that processes outside the run took meanwhile (/proc/stat),
+so a figure taken on a shared machine says what it competed with.
 
-    .venv/bin/python -m bench.async_speedup                     # configs/ppo_tiny_reverse_cpu.py, 12 iterations
-    .venv/bin/python -m bench.async_speedup --iterations 16 -- rl.batch_size=128
+One step off, row N+1's `time/rollout_seconds` runs from the start of its rollout at
+the beginning of iteration N until the controller collected it after N's training:
+not the generation's own time, which is `rollout/generate_seconds` ("engine generate").
+
+    .venv/bin/python -m bench.async_speedup --repeats 5          # configs/ppo_tiny_reverse_cpu.py, 12 iterations
+    .venv/bin/python -m bench.async_speedup -- rl.batch_size=64 rl.minibatch_size=64 rl.micro_batch_size=64
 """
 
 from __future__ import annotations
