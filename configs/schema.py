@@ -413,7 +413,7 @@ class RLConfig(Section):
     weight_sync_transport: Literal["object_store", "nixl"] = Field(
         "object_store",
         description="How each published policy version reaches the engines (S-XFER-1): Ray's object store, or NIXL "
-        "READs from the policy's registered memory (UCX; loopback-only on one node), with a version and CRC-32 "
+        "READs from the policy's registered memory (UCX; loopback-only on one node), with a version and checksum "
         "checked per bucket. Allowed with both placements (docs/weight-transport.md).",
     )
     data: DataConfig = Field(description="Prompt source (S-DATA).")

@@ -212,7 +212,8 @@ class RolloutRole:
         # Over NIXL a stalled read fails this engine by name before the stage's own timeout.
         timeout = self.config.rl.stage_timeout_seconds
         buckets = published.fetch(
-            receiver, timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1
+            receiver, timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
+            owned=getattr(self.engine, "keeps_buckets", True),
         )
         received = self.engine.load_weights(buckets)
         self.policy_version = policy_version

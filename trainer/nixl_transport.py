@@ -2,7 +2,7 @@
 
 The publishing policy rank copies each bucket into memory registered with its process's
 NIXL agent, headed by the policy_version; an engine READs the bucket into its own
-registered buffer, checks the version and a CRC-32 of the bytes, and only then hands the
+registered buffer, checks the version and an XXH3 checksum of the bytes, and only then hands the
 tensors on. What travels through Ray is the agent's metadata and one serialized
 descriptor per bucket, a few kilobytes: no weight byte passes through the controller
 or the object store. docs/weight-transport.md says what each side holds.
@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import xxhash
 
 from trainer.nixl_package import nixl_module
 
@@ -54,7 +54,7 @@ class NixlBucket:
     descriptor: bytes  # the publisher's serialized descriptor of the region
     nbytes: int  # header and payload
     version: int
-    checksum: int  # CRC-32 of the payload (everything after the header)
+    checksum: int  # XXH3-64 of the payload (everything after the header)
     slots: tuple[TensorSlot, ...]
 
 
@@ -88,7 +88,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _checksum(region: torch.Tensor) -> int:
-    return zlib.crc32(region[HEADER_BYTES:].numpy())
+    return xxhash.xxh3_64_intdigest(region[HEADER_BYTES:].numpy())
 
 
 class NixlPublisher:
@@ -147,9 +147,11 @@ class NixlReader:
             self.registration = self.agent.register_memory(self.buffer)
         return self.buffer[:nbytes]
 
-    def read(self, peer: NixlPeer, bucket: NixlBucket, where: str, deadline: float) -> dict[str, torch.Tensor]:
-        """The bucket's tensors, copied out of the receive buffer; `where` names the
-        engine and the bucket in every error."""
+    def read(
+        self, peer: NixlPeer, bucket: NixlBucket, where: str, deadline: float, owned: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """The bucket's tensors: copies when `owned`, else views of the receive buffer,
+        valid until the next read. `where` names the engine and the bucket in errors."""
         known = self.peers.get(peer.agent)
         if known != peer.metadata:  # new, or it registered memory since: its metadata names every region
             if known is not None:
@@ -167,15 +169,16 @@ class NixlReader:
         checksum = _checksum(region)
         if checksum != bucket.checksum:
             raise WeightTransferError(
-                f"weight sync over nixl: {where} arrived corrupted (CRC-32 {checksum:#010x}, published "
-                f"{bucket.checksum:#010x}); the engine keeps its weights"
+                f"weight sync over nixl: {where} arrived corrupted (checksum {checksum:#018x}, published "
+                f"{bucket.checksum:#018x}); the engine keeps its weights"
             )
-        return {
+        tensors = {
             slot.name: region[slot.offset : slot.offset + slot.nbytes].view(getattr(torch, slot.dtype)).reshape(
                 slot.shape
-            ).clone()
+            )
             for slot in bucket.slots
         }
+        return {name: tensor.clone() for name, tensor in tensors.items()} if owned else tensors
 
     def _transfer(self, remote: str, region: torch.Tensor, descriptor: bytes, where: str, deadline: float) -> None:
         handle = None

@@ -74,17 +74,19 @@ class WeightPublication:
             )
 
     def fetch(
-        self, receiver: str = "the engine", timeout_s: float | None = None, loopback: bool = True
+        self, receiver: str = "the engine", timeout_s: float | None = None, loopback: bool = True,
+        owned: bool = True,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Each bucket in turn, fetched only when the one before has been handed on;
         a bucket that does not hold the names the manifest gives it is refused. Over
-        NIXL the whole fetch must end within `timeout_s`."""
+        NIXL the whole fetch must end within `timeout_s`, and without `owned` a bucket's
+        tensors are valid only until the next one is fetched."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
         for index, (names, stored) in enumerate(zip(self.names, self.stored)):
             if isinstance(stored, NixlBucket):
                 assert self.peer is not None
                 where = f"{receiver}, bucket {index} of {self.buckets}"
-                bucket = nixl_reader(loopback).read(self.peer, stored, where, deadline)
+                bucket = nixl_reader(loopback).read(self.peer, stored, where, deadline, owned)
             else:
                 bucket = stored if isinstance(stored, dict) else _object_store_get(stored)
             if set(bucket) != set(names):
