@@ -347,10 +347,14 @@ def _load_full_into_shards(
     if trained is None:
         set_model_state_dict(model, weights if first else {}, options=options)
     else:
-        # A LoRA model's boundary holds part of its state: each rank (all read the
-        # file) shards the saved part itself; the frozen base stays as loaded.
+        # A LoRA model's boundary holds part of its state, which torch's broadcast
+        # load does not take: every rank has read the files and each tensor is
+        # scattered from rank 0 in turn, in one order on every rank (safetensors
+        # hands its tensors back in no fixed order); the frozen base stays as loaded.
         check_trained_names(directory, set(weights), trained)
-        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, dict(sorted(weights.items())), options=options)
+        first = True
     if state.get("optimizer_pristine"):
         restore_param_groups(optimizer, optimizer_state["param_groups"])
     else:

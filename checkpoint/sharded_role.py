@@ -95,7 +95,7 @@ def save_sharded_role(
 ) -> RoleSaveReport:
     """Every rank calls this at once. Host tensors are written whatever the device:
     DCP stages device shards through the host itself."""
-    model_state = get_model_state_dict(model, options=_model_options(model))
+    model_state, _ = _model_state(model)
     optimizer_state, pristine = optimizer_state_for_save(model, optimizer)  # S-CW-7 holds sharded too
     with saving(role, directory):
         save_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
@@ -122,12 +122,17 @@ def save_sharded_role(
     )
 
 
-def _model_options(model: torch.nn.Module) -> StateDictOptions | None:
-    """A LoRA model's shards hold only what trains (S-LORA-2, `trained_names`); the
-    frozen base is loaded from `model.path` on every start."""
-    if trained_names(model) is None:
-        return None
-    return StateDictOptions(ignore_frozen_params=True, strict=False)
+def _model_state(model: torch.nn.Module) -> tuple[dict[str, Any], StateDictOptions | None]:
+    """The model state a role's shards hold, and the options to load it back with. A
+    LoRA model's hold only what trains (S-LORA-2, `trained_names`; torch's
+    `ignore_frozen_params` keeps a frozen weight tied to another, so the names decide);
+    the frozen base is loaded from `model.path` on every start."""
+    trained = trained_names(model)
+    if trained is None:
+        return get_model_state_dict(model), None
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)
+    state = get_model_state_dict(model, options=options)
+    return {name: value for name, value in state.items() if name in trained}, options
 
 
 def _world() -> int:
@@ -145,8 +150,7 @@ def load_sharded_role(
             f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
             "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
         )
-    options = _model_options(model)
-    model_state = get_model_state_dict(model, options=options)
+    model_state, options = _model_state(model)
     load_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
     set_model_state_dict(model, model_state, options=options)
     groups = json.loads(_read_bytes(f"{directory}/{PARAM_GROUPS_FILE}"))

@@ -75,16 +75,14 @@ def base_name(peft_name: str) -> str | None:
     return name.replace(".base_layer.", ".").replace(f".modules_to_save.{ADAPTER}.", ".")
 
 
-def merged_weights(
-    named: Iterable[tuple[str, torch.Tensor]], scaling: float, compute: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_weights(named: Iterable[tuple[str, torch.Tensor]], scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
     """(PEFT name, full tensor) in state-dict order -> (base name, weight) with every
     adapted weight merged: W + (B @ A) * scaling, computed in float32 and cast back.
 
     A layer's base weight is held until its `lora_A` and `lora_B` have arrived (they
-    follow it in state-dict order), so at most one layer is pending. With `compute`
-    false (a rank that gathers but keeps nothing) the base weight goes on unmerged:
-    same names, same sizes, no arithmetic.
+    follow it in state-dict order), so at most one layer is pending. Every rank of a
+    sharded model merges, kept or not: a rank that left its gathered tensors unread
+    while rank 0 read them put the next collectives out of step (gloo aborted).
     """
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named:
@@ -107,10 +105,8 @@ def merged_weights(
         if "lora_A" in parts and "lora_B" in parts:
             del pending[layer]
             weight = parts["weight"]
-            if compute:
-                delta = (parts["lora_B"].float() @ parts["lora_A"].float()) * scaling
-                weight = (weight.float() + delta).to(weight.dtype)
-            yield base_name(f"{layer}.base_layer.weight"), weight
+            delta = (parts["lora_B"].float() @ parts["lora_A"].float()) * scaling
+            yield base_name(f"{layer}.base_layer.weight"), (weight.float() + delta).to(weight.dtype)
     if pending:
         raise ValueError(f"adapted layers without both lora_A and lora_B: {sorted(pending)[:3]}")
 

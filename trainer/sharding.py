@@ -155,7 +155,7 @@ def _full_tensors(model: torch.nn.Module, keep: bool) -> Iterator[tuple[str, tor
         (name, tensor.full_tensor() if _is_dtensor(tensor) else tensor) for name, tensor in model.state_dict().items()
     )
     if is_lora_model(model):
-        return merged_weights(named, lora_scaling(model), compute=keep)
+        return merged_weights(named, lora_scaling(model))
     return named
 
 
