@@ -75,9 +75,8 @@ def measure(role: str, model_dir: str, rank: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as boundary:
         runtime.save(boundary, {})
         files = {name: (Path(boundary) / name).stat().st_size for name in os.listdir(boundary)}
-    published = 0 if role == "critic" else sum(
-        t.numel() * t.element_size() for bucket in full_weight_buckets(runtime.model, keep=True) for t in bucket.values()
-    )
+    buckets = [] if role == "critic" else full_weight_buckets(runtime.model, keep=True)
+    published = sum(t.numel() * t.element_size() for bucket in buckets for t in bucket.values())
     return {
         "parameters": sum(p.numel() for p in runtime.model.parameters()),
         "trainable": trainable_parameters(runtime.model),

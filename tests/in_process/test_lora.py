@@ -146,3 +146,23 @@ def test_adapters_on_modules_the_model_lacks_are_refused_naming_the_key():
 
     with pytest.raises(ValueError, match=r"model.lora.target_modules: c_attn name\(s\) no module"):
         add_adapters(small_qwen3(), LoraConfig(rank=4, target_modules=["q_proj", "c_attn"]), seed=0)
+
+
+def test_a_full_boundary_is_refused_by_a_lora_model_and_a_weights_only_save_is_merged(runs, tmp_path):
+    """S-LORA-2: a boundary of another kind of run is refused naming a weight, never
+    half loaded; S-LORA-3: `rl.save_plan=model` artifacts load as plain models."""
+    from transformers import AutoModelForCausalLM
+
+    from checkpoint.role_state import RoleCheckpointError
+    from configs.schema import LoraConfig, OptimizerConfig
+    from models.lora import add_adapters
+    from models.model_io import load_causal_lm
+    from trainer.update_runtime import UpdateRuntime
+
+    model = add_adapters(load_causal_lm(str(runs["model"]), "float32"), LoraConfig(rank=8), seed=0)
+    runtime = UpdateRuntime("policy", model, OptimizerConfig(), lr=1e-3)
+    with pytest.raises(RoleCheckpointError, match=r"does not hold the weights this model trains \(it lacks '"):
+        runtime.load(str(boundary(runs["full"], 1) / "policy"))
+    runtime.save_model(str(tmp_path / "artifact"))
+    assert not [n for n in load_file(tmp_path / "artifact" / "model.safetensors") if "lora_" in n]
+    AutoModelForCausalLM.from_pretrained(tmp_path / "artifact")
