@@ -1,6 +1,6 @@
 """LoRA adapters on FSDP2 ranks (S-LORA-2 with S-SCALE-1/2): two gloo ranks train the
 adapters of a sharded model as one rank does, their boundary holds the adapters and
-their optimizer state alone, and a one-rank LoRA boundary resumes on two ranks."""
+their optimizer state alone, and a LoRA boundary resumes on another rank count (1 -> 2, 2 -> 1)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,11 @@ def test_a_sharded_lora_boundary_holds_only_the_adapters_and_their_optimizer_sta
 
 def test_a_one_rank_lora_boundary_resumes_on_two_ranks(runs):
     _assert_same_weights(runs / "two" / "from_one.safetensors", runs / "one" / "uninterrupted.safetensors")
+
+
+def test_a_two_rank_lora_boundary_resumes_on_one_rank(runs, tmp_path):
+    update = runtime(0, 1, "", lora_rank=LORA_RANK)
+    state = update.load(str(runs / "two" / "boundary"))
+    assert state["sharded_ranks"] == 2 and update.optimizer_step == 4
+    write_result(tmp_path, 0, update, train(update, (2,)), "resumed")
+    _assert_same_weights(tmp_path / "resumed.safetensors", runs / "one" / "uninterrupted.safetensors")
