@@ -3,6 +3,8 @@
 `python -m checkpoint.export BOUNDARY OUT` writes OUT/policy (loads with
 AutoModelForCausalLM.from_pretrained, tokenizer and chat template included) and
 OUT/critic (AutoModelForTokenClassification, the value head as its `score` layer).
+A LoRA run's roles are written merged, with the adapter in PEFT's format under
+`adapter/` of each (docs/lora.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from typing import Any
 
 from checkpoint.boundary import CheckpointError, read_marker
 from checkpoint.dcp_io import load_tensors
+from checkpoint.role_state import MODEL_FILE, load_model_tensors, trained_names
 from checkpoint.sharded_role import SHARDED_MODEL_DIR, is_sharded_layout
+from models.lora import ADAPTER_CONFIG_FILE
+
+ADAPTER_DIR = "adapter"  # the exported adapter, in PEFT's own format, inside each role's folder
 
 
 def export_boundary(boundary: str, out: str) -> dict[str, str]:
@@ -31,12 +37,50 @@ def export_boundary(boundary: str, out: str) -> dict[str, str]:
         if _is_vision_language(source):
             written[role] = _export_vision_language(role, source, target)
             continue
+        if (Path(source) / ADAPTER_CONFIG_FILE).exists():
+            written[role] = _export_lora(auto_class, source, target)
+            continue
         model = _from_shards(auto_class, source) if is_sharded_layout(source) else auto_class.from_pretrained(source)
         model.save_pretrained(target)  # consolidated safetensors, whatever layout the boundary holds
         if (Path(source) / "tokenizer_config.json").exists():
             AutoTokenizer.from_pretrained(source).save_pretrained(target)
         written[role] = target
     return written
+
+
+def _export_lora(auto_class: Any, source: str, target: str) -> str:
+    """A LoRA role's boundary holds only what trained (the adapters, the critic's value
+    head, S-LORA-2): the base model is loaded from the path PEFT recorded in
+    `adapter_config.json`, the saved weights are put over it, and the result is written
+    twice (S-LORA-3): merged, as a plain model `from_pretrained` loads, and under
+    `adapter/` in PEFT's own format (`PeftModel.from_pretrained(base, .../adapter)`)."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    lora = LoraConfig.from_pretrained(source)
+    try:
+        base = auto_class.from_pretrained(lora.base_model_name_or_path, config=AutoConfig.from_pretrained(source))
+    except OSError as error:
+        raise CheckpointError(
+            f"{source}: its adapters were trained on {lora.base_model_name_or_path!r}, which does not load here "
+            f"({error}); the export needs that base model"
+        ) from None
+    model = get_peft_model(base, lora)
+    trained = trained_names(model) or set()
+    if is_sharded_layout(source):
+        weights = {name: tensor for name, tensor in model.state_dict().items() if name in trained}
+        load_tensors(weights, f"{source}/{SHARDED_MODEL_DIR}", alone=True)
+    else:
+        weights = load_file(f"{source}/{MODEL_FILE}")
+    load_model_tensors(source, model, weights)
+    model.save_pretrained(str(Path(target) / ADAPTER_DIR))
+    model.merge_and_unload().save_pretrained(target)
+    if (Path(source) / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
 
 
 def _from_shards(auto_class: Any, source: str) -> Any:

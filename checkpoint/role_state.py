@@ -123,11 +123,47 @@ def state_on_host(value: Any) -> Any:
     return value
 
 
-def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def trained_names(model: torch.nn.Module) -> set[str] | None:
+    """The weights a role's boundary holds: all of the model's state (None) when every
+    parameter trains, else only the parameters that train. A partly frozen model is one
+    with LoRA adapters: its frozen base is the model at `model.path`, loaded again on
+    every start, so a boundary holds the adapters and the value head alone (S-LORA-2)."""
+    parameters = dict(model.named_parameters())
+    trained = {name for name, parameter in parameters.items() if parameter.requires_grad}
+    return None if len(trained) == len(parameters) else trained
+
+
+def model_tensors(model: torch.nn.Module, only: set[str] | None = None) -> dict[str, torch.Tensor]:
     """Named host tensors with shared storage (tied embeddings) copied apart:
     safetensors refuses aliased tensors, and load_state_dict re-ties them on restore.
-    Copied to the host in the same step (a GPU model's weights are written from there)."""
-    return {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in model.state_dict().items()}
+    Copied to the host in the same step (a GPU model's weights are written from there).
+    `only`: these names alone (`trained_names`)."""
+    return {
+        name: tensor.detach().to("cpu", copy=True).contiguous()
+        for name, tensor in model.state_dict().items()
+        if only is None or name in only
+    }
+
+
+def check_trained_names(directory: str, saved: set[str], trained: set[str]) -> None:
+    """A LoRA model's boundary must hold exactly what it trains: a boundary of a full
+    fine-tuning run loaded into it (or one with other target modules) is refused
+    naming a weight, instead of half loading."""
+    missing, unexpected = sorted(trained - saved), sorted(saved - trained)
+    if missing or unexpected:
+        first = f"it lacks {missing[0]!r}" if missing else f"it holds {unexpected[0]!r}, which this model lacks"
+        raise RoleCheckpointError(
+            f"{directory} does not hold the weights this model trains ({first}; {len(missing)} missing, "
+            f"{len(unexpected)} unexpected): was it saved with another model.lora setting?"
+        )
+
+
+def load_model_tensors(directory: str, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Every saved weight into `model`; a LoRA model's frozen base stays as loaded."""
+    trained = trained_names(model)
+    if trained is not None:
+        check_trained_names(directory, set(weights), trained)
+    model.load_state_dict(weights, strict=trained is None)
 
 
 def optimizer_state_for_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
@@ -185,7 +221,7 @@ def save_trainable_role(
     scheduler: Any,
     trainer_state: dict[str, Any],
 ) -> RoleSaveReport:
-    tensors = model_tensors(model)
+    tensors = model_tensors(model, only=trained_names(model))
     optimizer_state, pristine = optimizer_state_for_save(model, optimizer)
     if any(p.device.type != "cpu" for p in model.parameters()):
         optimizer_state = state_on_host(optimizer_state)  # a GPU trainer's moments; loadable anywhere
@@ -274,7 +310,7 @@ def load_trainable_role(
     optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if isinstance(model, FSDPModule):
         return _load_full_into_shards(state, model, optimizer, weights, optimizer_state, scheduler, directory)
-    model.load_state_dict(weights, strict=True)
+    load_model_tensors(directory, model, weights)
     if state.get("optimizer_pristine"):
         restore_param_groups(optimizer, optimizer_state["param_groups"])
     else:
@@ -307,7 +343,18 @@ def _load_full_into_shards(
 
     first = torch.distributed.get_rank() == 0
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, weights if first else {}, options=options)
+    trained = trained_names(model)
+    if trained is None:
+        set_model_state_dict(model, weights if first else {}, options=options)
+    else:
+        # A LoRA model's boundary holds part of its state, which torch's broadcast
+        # load does not take: every rank has read the files and each tensor is
+        # scattered from rank 0 in turn, in one order on every rank (safetensors
+        # hands its tensors back in no fixed order); the frozen base stays as loaded.
+        check_trained_names(directory, set(weights), trained)
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, dict(sorted(weights.items())), options=options)
+        first = True
     if state.get("optimizer_pristine"):
         restore_param_groups(optimizer, optimizer_state["param_groups"])
     else:

@@ -14,6 +14,7 @@ from typing import Any
 import fsspec
 import torch
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -38,6 +39,7 @@ from checkpoint.role_state import (
     read_trainer_state,
     restore_param_groups,
     saving,
+    trained_names,
     write_file,
 )
 
@@ -93,7 +95,7 @@ def save_sharded_role(
 ) -> RoleSaveReport:
     """Every rank calls this at once. Host tensors are written whatever the device:
     DCP stages device shards through the host itself."""
-    model_state = get_model_state_dict(model)
+    model_state, _ = _model_state(model)
     optimizer_state, pristine = optimizer_state_for_save(model, optimizer)  # S-CW-7 holds sharded too
     with saving(role, directory):
         save_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
@@ -120,6 +122,19 @@ def save_sharded_role(
     )
 
 
+def _model_state(model: torch.nn.Module) -> tuple[dict[str, Any], StateDictOptions | None]:
+    """The model state a role's shards hold, and the options to load it back with. A
+    LoRA model's hold only what trains (S-LORA-2, `trained_names`; torch's
+    `ignore_frozen_params` keeps a frozen weight tied to another, so the names decide);
+    the frozen base is loaded from `model.path` on every start."""
+    trained = trained_names(model)
+    if trained is None:
+        return get_model_state_dict(model), None
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)
+    state = get_model_state_dict(model, options=options)
+    return {name: value for name, value in state.items() if name in trained}, options
+
+
 def _world() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
@@ -135,9 +150,9 @@ def load_sharded_role(
             f"{directory}: its optimizer state was removed by retention (rl.keep_optim_last); "
             "resume from the newest boundary, or export its weights with `python -m checkpoint.export`"
         )
-    model_state = get_model_state_dict(model)
+    model_state, options = _model_state(model)
     load_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
-    set_model_state_dict(model, model_state)
+    set_model_state_dict(model, model_state, options=options)
     groups = json.loads(_read_bytes(f"{directory}/{PARAM_GROUPS_FILE}"))
     if state.get("optimizer_pristine"):
         restore_param_groups(optimizer, groups)

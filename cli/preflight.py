@@ -8,6 +8,7 @@ Nothing here imports Prefect, Ray or torch.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Mapping
 from configs.callables import check_callable_module
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
+from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_message, unmatched_targets
 from views.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
@@ -58,6 +60,7 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             "grid.gpu_placement=colocated puts the rollout engines on the policy's GPUs; set "
             "grid.gpu_placement=disaggregated (with grid.rollout_gpus) or rl.rollout.max_staleness=0",
         ))
+    problems += lora_problems(config)
     # User code named in the config must at least be findable before any worker starts
     # (data_packer.factory is checked by the schema itself).
     missing = missing_tracker_packages(config.job.trackers)
@@ -74,6 +77,29 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             except ValueError as error:
                 problems.append(Problem(key, str(error).removeprefix(f"{key}: ")))
     return problems
+
+
+def lora_problems(config: PPOConfig) -> list[Problem]:
+    """Adapters the model cannot take (S-LORA-1), from files alone: target modules that
+    name no module of a local checkpoint (a model not yet on disk is checked by the
+    trainer roles when they add the adapters, with the same message), and a
+    vision-language model, whose critic and vision tower have no LoRA path here."""
+    lora = config.model.lora
+    if not lora.enabled:
+        return []
+    config_file = Path(config.model.path) / "config.json"
+    vision = (config.model.tiny is not None and config.model.tiny.vision is not None) or (
+        config_file.is_file() and "vision_config" in json.loads(config_file.read_text())
+    )
+    if vision:
+        return [Problem(
+            "model.lora.rank",
+            f"is {lora.rank}, but LoRA adapters are supported for text-only models; {config.model.path} is a "
+            "vision-language model: set model.lora.rank=0",
+        )]
+    names = checkpoint_module_names(config.model.path)
+    missing = [] if names is None else unmatched_targets(lora.target_modules, names)
+    return [Problem(TARGETS_KEY, targets_message(missing, names))] if missing else []
 
 
 def joins_cluster(config: PPOConfig, environ: Mapping[str, str] | None = None) -> str | None:

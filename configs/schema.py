@@ -127,6 +127,42 @@ class TinyModelSpec(Section):
         return self
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (PEFT's LoRA) on the policy and the critic instead of training
+    every weight (S-LORA-1): only the adapters, and the critic's value head, get
+    gradients and optimizer state. docs/lora.md."""
+
+    rank: int = Field(
+        0, ge=0, description="Rank r of each adapter (B @ A, A of shape r x in); 0 turns LoRA off: every weight trains."
+    )
+    alpha: float = Field(
+        16.0, gt=0, description="LoRA scaling numerator: the adapter's update is scaled by alpha / rank."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_DEFAULT_TARGETS),
+        min_length=1,
+        description="Linear layers that get adapters, matched as the last parts of module names (PEFT's rule); "
+        "the default is the attention and MLP projections of Qwen3 and Qwen2.5.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _each_target_once(cls, value: list[str]) -> list[str]:
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated or not all(name.strip() for name in value):
+            raise ValueError(f"model.lora.target_modules: {', '.join(repeated) or 'an empty name'} listed; "
+                             "give each module name once")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class ModelConfig(Section):
     path: str = Field(
         description="Hugging Face model directory or hub id, loaded with from_pretrained "
@@ -139,6 +175,10 @@ class ModelConfig(Section):
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype for all roles."
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters on the policy and the critic (rank 0, the default: full fine-tuning).",
     )
 
 

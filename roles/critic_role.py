@@ -12,6 +12,7 @@ import torch
 
 from algorithm.ppo_math import clipped_value_loss
 from configs.schema import OptimizerConfig, PPOConfig
+from models.lora import add_adapters
 from models.model_io import ensure_model, load_value_model, response_values
 from roles.trainer_role import TrainerRole
 from contracts.trajectory import PPOTargets, Trajectory
@@ -21,7 +22,11 @@ class CriticRole(TrainerRole):
     role = "critic"
 
     def _load_model(self, config: PPOConfig) -> torch.nn.Module:
-        return load_value_model(ensure_model(config.model), config.model.dtype, seed=config.job.seed)
+        model = load_value_model(ensure_model(config.model), config.model.dtype, seed=config.job.seed)
+        if not config.model.lora.enabled:
+            return model
+        # The value head is new: it trains whole beside the adapters (S-LORA-1).
+        return add_adapters(model, config.model.lora, seed=config.job.seed, modules_to_save=["score"])
 
     def _learning_rate(self, optimizer: OptimizerConfig) -> float:
         return optimizer.critic_lr

@@ -27,6 +27,7 @@ from algorithm.ppo_math import (
 )
 from checkpoint.role_state import save_tokenizer, saving
 from configs.schema import OptimizerConfig, PPOConfig
+from models.lora import add_adapters
 from models.model_io import (
     ensure_model,
     is_vision_language,
@@ -63,7 +64,10 @@ class PolicyRole(TrainerRole):
         self.tokenizer = load_tokenizer(model_path)
         # A VLM's boundary also carries its image processor, so it exports complete.
         self.image_processor = load_image_processor(model_path) if is_vision_language(model_path) else None
-        return load_causal_lm(model_path, config.model.dtype)
+        model = load_causal_lm(model_path, config.model.dtype)
+        if not config.model.lora.enabled:
+            return model
+        return add_adapters(model, config.model.lora, seed=config.job.seed, task_type="CAUSAL_LM")  # S-LORA-1
 
     def _learning_rate(self, optimizer: OptimizerConfig) -> float:
         return optimizer.policy_lr

@@ -13,7 +13,9 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from algorithm.update_plan import UpdatePlan
+from checkpoint.role_state import saving, write_file
 from configs.schema import OptimizerConfig, PPOConfig
+from models.lora import ADAPTER_CONFIG_FILE, adapter_config_json, is_lora_model, trainable_parameters
 from placement.mesh import role_mesh
 from placement.plan import plan_placement
 from placement.role_placement import RolePlacement
@@ -60,6 +62,7 @@ class TrainerRole:
         return {
             "role": self.role,
             "parameters": sum(p.numel() for p in self.model.parameters()),
+            "trainable_parameters": trainable_parameters(self.model),
             "device": str(self.runtime.device),
             "rank": self.rank,
             "ranks": self.runtime.data_parallel.world,
@@ -114,7 +117,13 @@ class TrainerRole:
     def save(self, directory: str, plan: str = "full") -> dict[str, Any]:
         if plan == "model":
             return {"path": self.runtime.save_model(directory)}
-        return asdict(self.runtime.save(directory, self._saved_state()))
+        report = asdict(self.runtime.save(directory, self._saved_state()))
+        if self.rank == 0 and is_lora_model(self.model):
+            # PEFT's description of the adapters (rank, targets, the base model's path)
+            # beside them: what the export rebuilds the model from (S-LORA-3).
+            with saving(self.role, directory):
+                write_file(f"{directory}/{ADAPTER_CONFIG_FILE}", adapter_config_json(self.model))
+        return report
 
     def load(self, directory: str) -> dict[str, Any]:
         self.targets = None  # they belong to the state being replaced

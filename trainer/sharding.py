@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from models.lora import is_lora_model, lora_scaling, merged_weights
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -130,11 +132,12 @@ def full_weight_buckets(
     """The full weights as host tensors, in buckets of at most `bucket_bytes` (a
     larger parameter is a bucket of its own). Every rank must iterate (each gather
     is a collective); only a rank with `keep` gets tensors, the others empty dicts.
-    An unsharded model yields its own tensors (`.cpu()` copies nothing on the host)."""
+    An unsharded model yields its own tensors (`.cpu()` copies nothing on the host).
+    A LoRA model yields its merged weights under the base model's names: what a plain
+    model of the family (a rollout engine's, an export's) loads (S-LORA-3)."""
     bucket: dict[str, torch.Tensor] = {}
     filled = 0
-    for name, tensor in model.state_dict().items():
-        full = tensor.full_tensor() if _is_dtensor(tensor) else tensor
+    for name, full in _full_tensors(model, keep):
         size = full.numel() * full.element_size()
         if filled and filled + size > bucket_bytes:
             yield bucket
@@ -145,6 +148,15 @@ def full_weight_buckets(
         del full
     if bucket or filled:
         yield bucket
+
+
+def _full_tensors(model: torch.nn.Module, keep: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    named = (
+        (name, tensor.full_tensor() if _is_dtensor(tensor) else tensor) for name, tensor in model.state_dict().items()
+    )
+    if is_lora_model(model):
+        return merged_weights(named, lora_scaling(model))
+    return named
 
 
 def full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:

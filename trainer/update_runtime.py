@@ -21,6 +21,7 @@ from algorithm.update_plan import UpdatePlan
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
 from contracts.trajectory import PPOTargets
+from models.lora import is_lora_model
 from trainer.data_parallel import SINGLE, DataParallel, join_group
 from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
 from trainer.sharding import clip_gradients, full_weights, is_sharded, local_part, set_gradient_sync, shard_model
@@ -247,9 +248,11 @@ class UpdateRuntime:
 
     def save_model(self, directory: str) -> str:
         """A weights-only artifact: sharded ranks gather the full weights (a
-        collective), rank 0 writes them."""
-        if not is_sharded(self.model):
+        collective), rank 0 writes them; a LoRA model writes its merged weights, so the
+        artifact loads as a plain model (S-LORA-3)."""
+        if not is_sharded(self.model) and not is_lora_model(self.model):
             return save_model_only(directory, model=self.model)
+        # Sharded, or LoRA: the full weights, merged under the base model's names.
         tensors = full_weights(self.model, keep=self.data_parallel.rank == 0)
         if self.data_parallel.rank == 0:
             save_model_only(directory, model=self.model, tensors=tensors)

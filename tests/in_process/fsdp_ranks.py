@@ -46,12 +46,17 @@ def language_model_loss(model: torch.nn.Module) -> Callable:
     return loss_fn
 
 
-def runtime(rank: int, world: int, address: str):
+def runtime(rank: int, world: int, address: str, lora_rank: int = 0):
     from configs.schema import OptimizerConfig
     from trainer.update_runtime import UpdateRuntime
 
     torch.set_num_threads(1)
     model = small_qwen3(seed=rank)  # rank 0's draw must win: the join broadcasts it
+    if lora_rank:
+        from configs.schema import LoraConfig
+        from models.lora import add_adapters
+
+        model = add_adapters(model, LoraConfig(rank=lora_rank), seed=rank)
     update = UpdateRuntime("policy", model, OptimizerConfig(max_grad_norm=0.5), lr=1e-2)
     if world > 1:
         update.join_data_parallel(address, rank, world)
@@ -141,6 +146,19 @@ def resume_and_continue(rank: int, world: int, address: str, out: str, options: 
     for name, boundary in options["boundaries"].items():
         update.load(boundary)
         write_result(Path(out), rank, update, train(update, (2,)), name)
+    torch.distributed.destroy_process_group()
+
+
+def lora_save_and_resume(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
+    """LoRA adapters on sharded ranks: iteration 1, a sharded save into `out/boundary`,
+    iteration 2 (`uninterrupted`); then the one-rank boundary `options["from_one"]`
+    loaded into these ranks and iteration 2 again (`from_one`)."""
+    update = runtime(rank, world, address, lora_rank=options["lora_rank"])
+    train(update, (1,))
+    update.save(f"{out}/boundary", {})
+    write_result(Path(out), rank, update, train(update, (2,)), "uninterrupted")
+    update.load(options["from_one"])
+    write_result(Path(out), rank, update, train(update, (2,)), "from_one")
     torch.distributed.destroy_process_group()
 
 

@@ -1,0 +1,63 @@
+"""Which `model.lora.target_modules` name no module of a model, answered from weight
+names alone (no torch, no model built), so the pre-flight can refuse a config in well
+under a second, before any worker starts (S-LORA-1).
+
+PEFT matches a target against a module's full name or its last dotted parts
+(`q_proj` matches `model.layers.0.self_attn.q_proj`); the same rule is applied here to
+the modules that own the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Iterable, Sequence
+
+TARGETS_KEY = "model.lora.target_modules"
+
+
+def matches(target: str, module_name: str) -> bool:
+    """PEFT's rule for a plain (non-regex) target name."""
+    return module_name == target or module_name.endswith("." + target)
+
+
+def unmatched_targets(targets: Sequence[str], module_names: Iterable[str]) -> list[str]:
+    names = list(module_names)
+    return [target for target in targets if not any(matches(target, name) for name in names)]
+
+
+def targets_message(missing: Sequence[str], module_names: Iterable[str]) -> str:
+    """The refusal, naming the key, what did not match and what the model does have."""
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in module_names if name})
+    return (
+        f"{', '.join(missing)} name(s) no module of the model; its modules are named (last part) "
+        f"{', '.join(leaves[:30])}{' ...' if len(leaves) > 30 else ''}; set {TARGETS_KEY} to its linear layers"
+    )
+
+
+def _safetensors_names(path: Path) -> list[str]:
+    """Tensor names from a safetensors file's JSON header (8-byte length, then JSON)."""
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return [name for name in header if name != "__metadata__"]
+
+
+def checkpoint_module_names(model_dir: str) -> list[str] | None:
+    """Names of the modules that own a local checkpoint's weights (`a.b.weight` -> `a.b`),
+    or None when the folder holds no safetensors checkpoint to read (a hub id not yet
+    downloaded, the tiny model not yet built): the role then checks the built model."""
+    root = Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    single = root / "model.safetensors"
+    try:
+        if index.is_file():
+            weights = list(json.loads(index.read_text())["weight_map"])
+        elif single.is_file():
+            weights = _safetensors_names(single)
+        else:
+            return None
+    except (OSError, ValueError, KeyError, struct.error):
+        return None  # an unreadable checkpoint is the loader's to report, with its own message
+    return sorted({name.rsplit(".", 1)[0] for name in weights if "." in name})
