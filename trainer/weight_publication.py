@@ -106,17 +106,21 @@ def publish(
     """The manifest of gathered buckets (empty buckets, those of ranks that keep
     nothing, are left out), each stored as soon as it is gathered: in the object
     store, or staged for NIXL readers under `version`."""
-    staging = nixl_publisher(loopback) if transport == "nixl" else None
-    store = _bucket_store() if staging is None else None
+    staging = None  # a rank that publishes nothing starts no NIXL agent
+    store = _bucket_store() if transport != "nixl" else None
     names, sizes, stored = [], [], []
     for bucket in buckets:
         if not bucket:
             continue
         names.append(tuple(bucket))
         sizes.append(sum(t.numel() * t.element_size() for t in bucket.values()))
-        stored.append(staging.stage(len(stored), bucket, version) if staging is not None else store(bucket))
+        if store is None:
+            staging = staging or nixl_publisher(loopback)
+            stored.append(staging.stage(len(stored), bucket, version))
+        else:
+            stored.append(store(bucket))
         del bucket
-    peer = staging.peer if staging is not None and stored else None
+    peer = staging.peer if staging is not None else None
     return WeightPublication(tuple(names), tuple(sizes), tuple(stored), peer)
 
 
