@@ -21,6 +21,7 @@ DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of th
 POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
 SEVERAL_ENGINES = "only with more than one rollout engine"
 ONE_STEP_OFF = "only one step off (rl.rollout.max_staleness=1, S-ASYNC)"
+OVER_NIXL = "iterations where the actor updates, with rl.weight_sync_transport=nixl (S-XFER-1)"
 SAVE_ITERATIONS = "save iterations only (rl.save_every, and the final iteration with rl.save_final)"
 EVALUATIONS = (
     "evaluation iterations only (rl.validation: every rl.validation.every-th iteration, and iteration 0 with "
@@ -30,7 +31,7 @@ WITH_REFERENCES = "only when every evaluation prompt has a reference"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
-    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF,
+    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL,
 )
 
 
@@ -148,6 +149,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("perf/weight_sync_buckets", "buckets the new weights reached engine 0 in, each fetched and copied in "
            "before the next (rl.rollout.weight_sync_bucket_mib, S-SCALE-3)", "count", ACTOR_UPDATES,
            "roles/rollout_role.py"),
+    Metric("perf/weight_sync_nixl_bytes", "bytes engine 0 read from the policy's registered memory over NIXL "
+           "(the buckets with their version headers and alignment): none of them went through the object store",
+           "bytes", OVER_NIXL, "roles/rollout_role.py"),
     Metric("perf/weight_sync_load_seconds", "engine 0's time fetching and loading the new weights, bucket by bucket",
            "seconds", ACTOR_UPDATES, "roles/rollout_role.py"),
     Metric("perf/policy_park_seconds", "policy rank 0's time moving weights and optimizer state to the host "

@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         early_api = launch_early()  # before this process imports Prefect (processes/temporary_api.py)
         print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in {launch.paths.run_dir}",
               flush=True)
+        if config.rl.weight_sync_transport != "object_store":
+            from cli.manifest import describe_transport
+
+            print(f"weight sync: {describe_transport(config)}", flush=True)
         return run_flow(args, overrides, launch, early_api)
     finally:
         lock.release()  # nothing when the flow released it already

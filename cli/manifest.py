@@ -134,6 +134,7 @@ def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestRep
         )
     for mesh in role_meshes(plan).values():
         report.summary.append(f"mesh: {mesh.describe()}")
+    report.summary.append(f"weight sync: {describe_transport(config)}")
     if plan.uses_gpus:
         for group in plan.groups:
             if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):
@@ -456,6 +457,15 @@ def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestRepor
             f"rl.critic_warmup_iterations={rl.critic_warmup_iterations} covers every iteration: "
             "the actor is never updated"
         )
+
+
+def describe_transport(config: PPOConfig) -> str:
+    """How published weights reach the engines (S-XFER-1), as the manifest and the
+    command line's first lines say it."""
+    if config.rl.weight_sync_transport == "nixl":
+        network = "loopback only" if config.grid.num_nodes == 1 else "UCX_NET_DEVICES or every interface"
+        return f"nixl (engines READ the policy's registered memory over UCX, {network}; nothing in the object store)"
+    return "object_store (Ray's object store, bucket by bucket)"
 
 
 if __name__ == "__main__":

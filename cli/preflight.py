@@ -21,6 +21,7 @@ from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_me
 from views.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
+from trainer.nixl_package import unavailable_reason
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             "rl.minibatch_size",
             f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
             "whole minibatches",
+        ))
+    if config.grid.grouping != "per_role":  # S-XFER-2
+        problems.append(Problem(
+            "grid.grouping",
+            f"is {config.grid.grouping!r}, but PPO runs the policy, rollout, reference and critic as actor groups "
+            "of their own; set grid.grouping=per_role (the default)",
         ))
     if rl.rollout.max_staleness and plan.mode == "colocated" and plan.total_gpus > 0:  # S-ASYNC-1
         problems.append(Problem(
@@ -117,6 +124,10 @@ def machine_problems(
 ) -> list[Problem]:
     """A placement that cannot fit the machine a local launch would start Ray on.
     Joining a cluster is checked when its placement groups are reserved instead."""
+    if config.rl.weight_sync_transport == "nixl":  # S-XFER-1
+        reason = unavailable_reason()
+        if reason is not None:
+            return [Problem("rl.weight_sync_transport", f"is 'nixl', but {reason}; or use object_store")]
     if joins_cluster(config, environ):
         return []
     plan = plan_placement(config) if plan is None else plan

@@ -450,6 +450,12 @@ class RLConfig(Section):
         description="Colocated GPU placement only: the trainer parks its weights and optimizer state on the host while "
         "the rollout generates, and the engine sleeps while the trainer updates; false keeps both resident (S-RUN-4).",
     )
+    weight_sync_transport: Literal["object_store", "nixl"] = Field(
+        "object_store",
+        description="How each published policy version reaches the engines (S-XFER-1): Ray's object store, or NIXL "
+        "READs from the policy's registered memory (UCX; loopback-only on one node), with a version and checksum "
+        "checked per bucket. Allowed with both placements (docs/weight-transport.md).",
+    )
     data: DataConfig = Field(description="Prompt source (S-DATA).")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward rules (S-REW).")
     optimizer: OptimizerConfig = Field(
@@ -475,6 +481,11 @@ class RLConfig(Section):
 class GridConfig(Section):
     backend: Literal["ray", "local"] = Field(
         "ray", description="Who hosts the role bodies; PPO requires `ray` (S-RUN-5)."
+    )
+    grouping: Literal["per_role", "single"] = Field(
+        "per_role",
+        description="Actor groups: one per role (per_role), or every role in one group (single, the seed's value for "
+        "other algorithms); PPO requires per_role (S-XFER-2).",
     )
     gpu_placement: Literal["colocated", "disaggregated"] = Field(
         "colocated",

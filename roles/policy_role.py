@@ -241,7 +241,11 @@ class PolicyRole(TrainerRole):
         (trainer/weight_publication.py); on the host and unsharded, the model's own
         tensors (`.cpu()` copies nothing) until the object store takes each bucket."""
         bucket_bytes = int(self.rl.rollout.weight_sync_bucket_mib * 2**20)
-        return publish(full_weight_buckets(self.model, keep=self.rank == 0, bucket_bytes=bucket_bytes))
+        return publish(
+            full_weight_buckets(self.model, keep=self.rank == 0, bucket_bytes=bucket_bytes),
+            transport=self.rl.weight_sync_transport, version=self.policy_version,
+            loopback=self.config.grid.num_nodes == 1,
+        )
 
     def _saved_state(self) -> dict[str, Any]:
         return {"policy_version": self.policy_version}

@@ -16,6 +16,7 @@ from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
 from contracts.trajectory import PromptBatch, Trajectory
 from trainer.runtime import configure_torch_threads
+from trainer.nixl_transport import WeightTransferError
 from trainer.weight_publication import WeightPublication
 
 
@@ -199,12 +200,29 @@ class RolloutRole:
         A publication that misses a weight or carries one twice is refused before any
         is copied, and the engine keeps its version."""
         started = time.perf_counter()
-        published.check_covers(self.engine.weight_names(), f"rollout engine {self.rank}")
-        received = self.engine.load_weights(published.fetch())
+        receiver = f"rollout engine {self.rank}"
+        published.check_covers(self.engine.weight_names(), receiver)
+        if published.transport == "nixl":  # S-XFER-1: every bucket's header is checked against this version
+            stale = [bucket.version for bucket in published.stored if bucket.version != policy_version]
+            if stale:
+                raise WeightTransferError(
+                    f"weight sync over nixl: {receiver} was handed buckets of policy_version {stale[0]} "
+                    f"as policy_version {policy_version}"
+                )
+        # Over NIXL a stalled read fails this engine by name before the stage's own timeout.
+        timeout = self.config.rl.stage_timeout_seconds
+        buckets = published.fetch(
+            receiver, timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
+            owned=getattr(self.engine, "keeps_buckets", True),
+        )
+        received = self.engine.load_weights(buckets)
         self.policy_version = policy_version
         self.weight_loads += 1
-        return {
+        metrics = {
             "perf/weight_sync_bytes": float(received),
             "perf/weight_sync_buckets": float(published.buckets),
             "perf/weight_sync_load_seconds": time.perf_counter() - started,
         }
+        if published.transport == "nixl":
+            metrics["perf/weight_sync_nixl_bytes"] = float(sum(bucket.nbytes for bucket in published.stored))
+        return metrics

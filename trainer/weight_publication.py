@@ -4,15 +4,22 @@ Rank 0 puts each gathered bucket into the object store and drops it, so it holds
 shard and one bucket; it returns a small manifest of bucket references and the names
 each carries, which lets a receiver refuse a publication (a weight missing, twice, or
 unknown) before touching its model. In process the buckets are the dicts themselves.
-docs/architecture.md "Data flow" follows a version to the engines.
+With `rl.weight_sync_transport=nixl` a bucket is a NIXL descriptor instead
+(trainer/nixl_transport.py), in process too. docs/architecture.md "Data flow" follows
+a version to the engines.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
+
+from trainer.nixl_transport import NixlBucket, NixlPeer
+from trainer.nixl_transport import publisher as nixl_publisher
+from trainer.nixl_transport import reader as nixl_reader
 
 
 class WeightPublicationError(RuntimeError):
@@ -23,7 +30,12 @@ class WeightPublicationError(RuntimeError):
 class WeightPublication:
     names: tuple[tuple[str, ...], ...] = ()  # the weight names of each bucket, in gathering order
     sizes: tuple[int, ...] = ()  # bytes of each bucket
-    stored: tuple[Any, ...] = ()  # each bucket: an ObjectRef (from a Ray actor) or the {name: tensor} dict
+    stored: tuple[Any, ...] = ()  # each bucket: an ObjectRef (from a Ray actor), a NixlBucket, or the dict
+    peer: NixlPeer | None = None  # the publishing NIXL agent, when the buckets are NixlBuckets
+
+    @property
+    def transport(self) -> str:
+        return "nixl" if self.peer is not None else "object_store"
 
     @property
     def buckets(self) -> int:
@@ -61,11 +73,22 @@ class WeightPublication:
                 f"{receiver} refuses the published weights ({self.buckets} buckets): {'; '.join(problems)}"
             )
 
-    def fetch(self) -> Iterator[dict[str, torch.Tensor]]:
+    def fetch(
+        self, receiver: str = "the engine", timeout_s: float | None = None, loopback: bool = True,
+        owned: bool = True,
+    ) -> Iterator[dict[str, torch.Tensor]]:
         """Each bucket in turn, fetched only when the one before has been handed on;
-        a bucket that does not hold the names the manifest gives it is refused."""
+        a bucket that does not hold the names the manifest gives it is refused. Over
+        NIXL the whole fetch must end within `timeout_s`, and without `owned` a bucket's
+        tensors are valid only until the next one is fetched."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
         for index, (names, stored) in enumerate(zip(self.names, self.stored)):
-            bucket = stored if isinstance(stored, dict) else _object_store_get(stored)
+            if isinstance(stored, NixlBucket):
+                assert self.peer is not None
+                where = f"{receiver}, bucket {index} of {self.buckets}"
+                bucket = nixl_reader(loopback).read(self.peer, stored, where, deadline, owned)
+            else:
+                bucket = stored if isinstance(stored, dict) else _object_store_get(stored)
             if set(bucket) != set(names):
                 absent, extra = sorted(set(names) - set(bucket)), sorted(set(bucket) - set(names))
                 raise WeightPublicationError(
@@ -76,19 +99,25 @@ class WeightPublication:
             del bucket  # held by the consumer alone from here: one bucket at a time
 
 
-def publish(buckets: Iterable[dict[str, torch.Tensor]]) -> WeightPublication:
+def publish(
+    buckets: Iterable[dict[str, torch.Tensor]], transport: str = "object_store", version: int = 0,
+    loopback: bool = True,
+) -> WeightPublication:
     """The manifest of gathered buckets (empty buckets, those of ranks that keep
-    nothing, are left out), each stored as soon as it is gathered."""
-    store = _bucket_store()
+    nothing, are left out), each stored as soon as it is gathered: in the object
+    store, or staged for NIXL readers under `version`."""
+    staging = nixl_publisher(loopback) if transport == "nixl" else None
+    store = _bucket_store() if staging is None else None
     names, sizes, stored = [], [], []
     for bucket in buckets:
         if not bucket:
             continue
         names.append(tuple(bucket))
         sizes.append(sum(t.numel() * t.element_size() for t in bucket.values()))
-        stored.append(store(bucket))
+        stored.append(staging.stage(len(stored), bucket, version) if staging is not None else store(bucket))
         del bucket
-    return WeightPublication(tuple(names), tuple(sizes), tuple(stored))
+    peer = staging.peer if staging is not None and stored else None
+    return WeightPublication(tuple(names), tuple(sizes), tuple(stored), peer)
 
 
 def _bucket_store() -> Callable[[dict[str, torch.Tensor]], Any]:

@@ -22,6 +22,11 @@ class GenerationResult:
 
 
 class RolloutEngine(Protocol):
+    # True when load_weights still holds a bucket's tensors after taking the next one
+    # (vLLM stages every bucket for one reload); a NIXL fetch then gives each bucket
+    # tensors of its own instead of views of its one receive buffer.
+    keeps_buckets: bool
+
     def generate(
         self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
     ) -> GenerationResult:

@@ -12,6 +12,8 @@ from roles.rollout.engine import GenerationResult, response_mask_from_ids
 
 
 class HFEngine:
+    keeps_buckets = False  # each bucket is copied into the model before the next is fetched
+
     accepts_multimodal = True  # PackedPrompts.multimodal reaches `generate` (S-RUN-6)
 
     def __init__(self, model_path: str, dtype: str, eos_token_id: int, pad_token_id: int, device: str = "cpu"):

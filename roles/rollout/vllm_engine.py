@@ -68,6 +68,8 @@ class PolicyWeightReceiver:
 
 
 class VLLMEngine:
+    keeps_buckets = True  # staged in the workers until one reload installs the version
+
     def __init__(
         self,
         model_path: str,

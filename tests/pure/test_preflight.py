@@ -98,6 +98,8 @@ def _cli(*args: str, cwd) -> tuple[subprocess.CompletedProcess, float]:
             [],
             "error: grid.gpus_per_node: is 4: the colocated placement needs 4 GPUs, but this machine has 0",
         ),
+        # S-XFER-2
+        (TINY_PROFILE, ["grid.grouping=single"], "error: grid.grouping: is 'single', but PPO runs the policy"),
     ],
 )
 def test_the_cli_refuses_in_seconds_before_starting_anything_and_writes_nothing(profile, overrides, line, tmp_path):
@@ -128,3 +130,16 @@ def test_one_step_off_on_gpus_needs_the_engines_on_gpus_of_their_own():
     disaggregated = ["grid.gpu_placement=disaggregated", "grid.policy_gpus=1", "grid.rollout_gpus=1"]
     assert config_problems(load_config(PUBLIC_PROFILE, ["rl.rollout.max_staleness=1", *disaggregated])) == []
     assert config_problems(load_config(TINY_PROFILE, ["rl.rollout.max_staleness=1"])) == []
+
+
+def test_nixl_that_cannot_load_is_refused_before_anything_starts(monkeypatch):
+    """S-XFER-1: a machine without a loadable NIXL is told so by the key, with the
+    package each name gave; the object store needs nothing."""
+    from trainer import nixl_package
+
+    monkeypatch.setattr(nixl_package, "MODULES", ("nixl_not_installed_here",))
+    config = load_config(TINY_PROFILE, ["rl.weight_sync_transport=nixl"])
+    (problem,) = machine_problems(config)
+    assert problem.key == "rl.weight_sync_transport"
+    assert "No module named 'nixl_not_installed_here'" in problem.message and "pip install nixl-cu12" in problem.message
+    assert machine_problems(load_config(TINY_PROFILE, [])) == []

@@ -79,8 +79,11 @@ def golden_run(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_
     overrides = short_run_overrides(root, tiny_model_dir) + [
         "rl.max_steps=3", "rl.save_every=2", "job.name=golden",
         "job.iterations_per_block=2",
-        # The weights reach the engine in many buckets through the object store (S-SCALE-3).
+        # The weights reach the engine in many buckets (S-SCALE-3), read over NIXL from the
+        # policy's process (S-XFER-1); tests/in_process/test_nixl_transport.py shows a
+        # NIXL run equal to an object-store run.
         "rl.rollout.weight_sync_bucket_mib=0.05",
+        "grid.gpu_placement=disaggregated", "rl.weight_sync_transport=nixl",
     ]
     with keep_role_processes(role_process_pool):
         summary = ppo(profile=TINY_PROFILE, overrides=overrides, critic_warmup_iterations=0)

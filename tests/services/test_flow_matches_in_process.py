@@ -28,9 +28,11 @@ def test_flow_with_zero_warmup_equals_the_in_process_run(golden_run, tmp_path):
     records = metric_records(run_dir)
     assert [without_timings(r) for r in records] == [without_timings(r) for r in in_process]
     assert [sorted(r) for r in records] == [sorted(r) for r in in_process]  # time/* keys too
-    # S-SCALE-3: over Ray each version reached the engine as many object-store buckets,
-    # and the engine still computed exactly what the in-process one did.
+    # S-SCALE-3, S-XFER-1: over Ray each version reached the engine as many buckets read
+    # over NIXL from the policy's process, and the engine still computed exactly what
+    # the in-process one did.
     assert all(r["perf/weight_sync_buckets"] > 4 for r in records)
+    assert all(r["perf/weight_sync_nixl_bytes"] >= r["perf/weight_sync_bytes"] > 0 for r in records)
     # The flow's own keys (commit timing included) are all in the metrics catalogue.
     assert uncatalogued(records) == [] and "time/commit_seconds" in records[-1]
     final = boundary(run_dir, 3)
