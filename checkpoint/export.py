@@ -18,9 +18,9 @@ from typing import Any
 
 from checkpoint.boundary import CheckpointError, read_marker
 from checkpoint.dcp_io import load_tensors
+from checkpoint.role_layout import ADAPTER_CONFIG_FILE
 from checkpoint.role_state import MODEL_FILE, load_model_tensors, trained_names
 from checkpoint.sharded_role import SHARDED_MODEL_DIR, is_sharded_layout
-from models.lora import ADAPTER_CONFIG_FILE
 
 ADAPTER_DIR = "adapter"  # the exported adapter, in PEFT's own format, inside each role's folder
 

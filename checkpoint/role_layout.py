@@ -15,3 +15,6 @@ OPTIMIZER_PRUNED_NOTE = "OPTIMIZER_PRUNED"
 SHARDED_MODEL_DIR = "model"
 SHARDED_OPTIMIZER_DIR = "optimizer"
 PARAM_GROUPS_FILE = "optimizer_param_groups.json"
+
+# PEFT's description of a LoRA role's adapters (rank, targets, the base model's path), beside them.
+ADAPTER_CONFIG_FILE = "adapter_config.json"

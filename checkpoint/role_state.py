@@ -146,9 +146,9 @@ def model_tensors(model: torch.nn.Module, only: set[str] | None = None) -> dict[
 
 
 def check_trained_names(directory: str, saved: set[str], trained: set[str]) -> None:
-    """A LoRA model's boundary must hold exactly what it trains: a boundary of a full
-    fine-tuning run loaded into it (or one with other target modules) is refused
-    naming a weight, instead of half loading."""
+    """A LoRA model's boundary must hold exactly what it trains (S-LORA-2): a boundary
+    of a full fine-tuning run loaded into it (or one with other target modules) is
+    refused naming a weight, instead of half loading."""
     missing, unexpected = sorted(trained - saved), sorted(saved - trained)
     if missing or unexpected:
         first = f"it lacks {missing[0]!r}" if missing else f"it holds {unexpected[0]!r}, which this model lacks"

@@ -162,6 +162,13 @@ class LoraConfig(Section):
     def enabled(self) -> bool:
         return self.rank > 0
 
+    @property
+    def record(self) -> str:
+        """One line a boundary's marker keeps (a JSON scalar), so a resume under other
+        adapters is refused by name."""
+        return (f"rank={self.rank} alpha={self.alpha} dropout={self.dropout} "
+                f"target_modules={','.join(self.target_modules)}")
+
 
 class ModelConfig(Section):
     path: str = Field(

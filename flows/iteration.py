@@ -346,6 +346,8 @@ def save_on_cadence(
         loop_state: dict[str, Any] = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4
         if config.rl.rollout.max_staleness:  # recorded one step off only: absent means synchronous
             loop_state["max_staleness"] = config.rl.rollout.max_staleness
+        if config.model.lora.enabled:  # recorded with adapters only: absent means full fine-tuning (S-LORA-2)
+            loop_state["lora"] = config.model.lora.record
         return run.stage(
             commit_stage.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
             config.rl.keep_optim_last, record,

@@ -18,12 +18,12 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from checkpoint.role_layout import ADAPTER_CONFIG_FILE
 from configs.schema import LoraConfig
 from models.lora_targets import TARGETS_KEY, targets_message, unmatched_targets
 
 ADAPTER = "default"  # PEFT's name for a model's one adapter
 PEFT_PREFIX = "base_model.model."  # what PeftModel adds in front of the base model's names
-ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's own file, also kept beside a role's weights
 
 
 def add_adapters(
@@ -81,8 +81,8 @@ def merged_weights(named: Iterable[tuple[str, torch.Tensor]], scaling: float) ->
 
     A layer's base weight is held until its `lora_A` and `lora_B` have arrived (they
     follow it in state-dict order), so at most one layer is pending. Every rank of a
-    sharded model merges, kept or not: a rank that left its gathered tensors unread
-    while rank 0 read them put the next collectives out of step (gloo aborted).
+    sharded model merges, whether it keeps the result or not: the arithmetic is small
+    next to the gather, and one path is simpler to keep right.
     """
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named:

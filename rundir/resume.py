@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
+
 
 from algorithm.warmup import expected_policy_version
 from checkpoint.boundary import (
@@ -21,6 +23,7 @@ from checkpoint.boundary import (
     update_latest,
 )
 from checkpoint.boundary_files import verify_marker_files
+from checkpoint.role_layout import ADAPTER_CONFIG_FILE
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
@@ -121,6 +124,18 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
             f"{config.rl.rollout.max_staleness}, which would skip that batch; resume refused. Resume with "
             f"rl.rollout.max_staleness={recorded_lag} or start a new job.name."
         )
+    recorded_lora = (loop_state or {}).get("lora")
+    configured_lora = config.model.lora.record if config.model.lora.enabled else None
+    if recorded_lora is None and _has_adapters(boundary):
+        # Adapters from before the marker recorded them: the roles' load compares the weights instead.
+        _logger().warning(f"{boundary} records no model.lora; its adapters are checked as the roles load them")
+    elif recorded_lora != configured_lora:  # S-LORA-2: its weights are adapters for one setting, or full weights
+        off = "rank=0 (off: full fine-tuning)"
+        raise ResumeError(
+            f"{boundary} was written with model.lora {recorded_lora or off} but this run is configured with "
+            f"model.lora {configured_lora or off}; resume refused. Resume with the recorded model.lora or start "
+            "a new job.name."
+        )
     if loop_state is None or "critic_warmup_iterations" not in loop_state:
         # S-CW-10: unknown, not a mismatch; the derived policy_version check still runs.
         _logger().warning(
@@ -133,6 +148,11 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
             f"{boundary} was written with rl.critic_warmup_iterations={recorded} but this run is configured "
             f"with {configured}; resume refused (S-CW-9). Use the recorded value or start a new job.name."
         )
+
+
+def _has_adapters(boundary: str) -> bool:
+    fs, root = fsspec.core.url_to_fs(boundary)
+    return fs.exists(f"{root}/policy/{ADAPTER_CONFIG_FILE}")
 
 
 def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunPaths) -> int:

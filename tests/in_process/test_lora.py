@@ -166,3 +166,17 @@ def test_a_full_boundary_is_refused_by_a_lora_model_and_a_weights_only_save_is_m
     runtime.save_model(str(tmp_path / "artifact"))
     assert not [n for n in load_file(tmp_path / "artifact" / "model.safetensors") if "lora_" in n]
     AutoModelForCausalLM.from_pretrained(tmp_path / "artifact")
+
+
+@pytest.mark.parametrize("changed", ["model.lora.alpha=32", "model.lora.rank=0"])
+def test_resuming_under_another_lora_setting_is_refused_and_writes_nothing(runs, changed):
+    """S-LORA-2: a boundary holds adapters for one setting (or full weights); the resume
+    check refuses another before any role starts, naming the key."""
+    from rundir.resume import ResumeError
+    from tests.support.helpers import run_dir_snapshot
+
+    before = run_dir_snapshot(runs["straight"])
+    refusal = r"written with model.lora rank=8 alpha=16.0 .* but this run is configured with model.lora rank="
+    with pytest.raises(ResumeError, match=refusal):
+        _run(runs["root"], runs["model"], "straight", "rl.max_steps=5", *LORA, changed)
+    assert run_dir_snapshot(runs["straight"]) == before
