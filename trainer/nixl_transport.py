@@ -11,6 +11,7 @@ or the object store. docs/weight-transport.md says what each side holds.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -61,17 +62,39 @@ class NixlBucket:
 _agents: dict[str, Any] = {}
 
 
-def process_agent(role: str, loopback: bool) -> Any:
+PUMP_INTERVAL_S = 0.002
+
+
+def process_agent(role: str, loopback: bool, serves: bool = False) -> Any:
     """This process's agent for `role`, created on first use and kept: one per actor
     process (two in an in-process run, which hosts both ends). A single-node run keeps
-    UCX's listening sockets on loopback unless UCX_NET_DEVICES says otherwise."""
+    UCX's listening sockets on loopback unless UCX_NET_DEVICES says otherwise.
+
+    NIXL's own progress thread polls without pause, a whole core per agent, so it is
+    off: a reader progresses its transfers while it polls them, and an agent that
+    `serves` reads (the publisher, whose peers need its progress to connect, and over
+    TCP to read) is progressed by a thread of ours every few milliseconds."""
     if role not in _agents:
         if loopback:
             os.environ.setdefault("UCX_NET_DEVICES", "lo")
         module = nixl_module()
         name = f"{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        _agents[role] = module.nixl_agent(name, module.nixl_agent_config(backends=["UCX"]))
+        config = module.nixl_agent_config(
+            enable_prog_thread=False, backends=["UCX"],
+            # The pump thread and the role's own calls share the agent.
+            sync_mode=module.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if serves else None,
+        )
+        agent = module.nixl_agent(name, config)
+        if serves:
+            threading.Thread(target=_pump, args=(agent,), name=f"nixl-progress-{role}", daemon=True).start()
+        _agents[role] = agent
     return _agents[role]
+
+
+def _pump(agent: Any) -> None:
+    while True:
+        agent.get_new_notifs()  # drives the UCX worker: connection requests, and TCP reads
+        time.sleep(PUMP_INTERVAL_S)
 
 
 def _payload_layout(bucket: dict[str, torch.Tensor]) -> tuple[tuple[TensorSlot, ...], int]:
@@ -218,7 +241,7 @@ _readers: dict[int, NixlReader] = {}
 
 
 def publisher(loopback: bool) -> NixlPublisher:
-    agent = process_agent("policy", loopback)
+    agent = process_agent("policy", loopback, serves=True)
     return _publishers.setdefault(id(agent), NixlPublisher(agent))
 
 
