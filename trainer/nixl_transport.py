@@ -193,7 +193,7 @@ class NixlReader:
         if checksum != bucket.checksum:
             raise WeightTransferError(
                 f"weight sync over nixl: {where} arrived corrupted (checksum {checksum:#018x}, published "
-                f"{bucket.checksum:#018x}); the engine keeps its weights"
+                f"{bucket.checksum:#018x}); the engine does not take this version"
             )
         tensors = {
             slot.name: region[slot.offset : slot.offset + slot.nbytes].view(getattr(torch, slot.dtype)).reshape(
