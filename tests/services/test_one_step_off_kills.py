@@ -21,7 +21,9 @@ from tests.support.helpers import boundary, metric_records, weights_digest
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 10
+# Four kills each let a launch write one row and up to a second more (1-3 rows on a quiet
+# machine): 16 leaves the last run something to finish.
+ITERATIONS = 16
 
 
 def _overrides(root: Path, model_dir: str) -> list[str]:
