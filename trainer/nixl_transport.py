@@ -10,6 +10,7 @@ or the object store. docs/weight-transport.md says what each side holds.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -86,15 +87,31 @@ def process_agent(role: str, loopback: bool, serves: bool = False) -> Any:
         )
         agent = module.nixl_agent(name, config)
         if serves:
-            threading.Thread(target=_pump, args=(agent,), name=f"nixl-progress-{role}", daemon=True).start()
+            if not _pumps:
+                atexit.register(_stop_pumps)
+            pump = threading.Thread(target=_pump, args=(agent,), name=f"nixl-progress-{role}", daemon=True)
+            pump.start()
+            _pumps.append(pump)
         _agents[role] = agent
     return _agents[role]
 
 
+_pumps: list[threading.Thread] = []
+_stopping = threading.Event()
+
+
 def _pump(agent: Any) -> None:
-    while True:
+    while not _stopping.wait(PUMP_INTERVAL_S):
         agent.get_new_notifs()  # drives the UCX worker: connection requests, and TCP reads
-        time.sleep(PUMP_INTERVAL_S)
+
+
+def _stop_pumps() -> None:
+    """At exit, before the agents are destroyed: a pump still inside NIXL while its
+    agent is torn down aborts the process ("terminate called without an active
+    exception")."""
+    _stopping.set()
+    for pump in _pumps:
+        pump.join(timeout=5)
 
 
 def _payload_layout(bucket: dict[str, torch.Tensor]) -> tuple[tuple[TensorSlot, ...], int]:
