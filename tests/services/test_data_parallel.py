@@ -104,6 +104,7 @@ def test_the_controller_refuses_ranks_that_disagree_on_the_step():
         check_receipts([TrainReceipt("policy", batch, 0, 4, {}), TrainReceipt("policy", batch, 1, 3, {})], batch, 3)
 
 
+@pytest.mark.slow  # the default suite keeps two ranks through the flow in test_two_ranks_train_exactly_like_one
 def test_a_two_rank_run_commits_and_resumes(prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path):
     from flows.training import ppo
 
