@@ -81,7 +81,7 @@ class Publisher:
             version=self.version,
         )
         seconds = time.perf_counter() - started
-        staged = sum(r.numel() for p in nixl_transport._publishers.values() for r in p.regions)
+        staged, _ = nixl_transport.held_bytes()
         return publication, seconds, staged
 
 
@@ -113,7 +113,7 @@ class Engine:
         state = self.engine.model.state_dict()
         from trainer import nixl_transport
 
-        buffer = sum(r.buffer.numel() for r in nixl_transport._readers.values() if r.buffer is not None)
+        _, buffer = nixl_transport.held_bytes()
         return {"seconds": seconds, "peak_rise": (peak - before) * 1024, "received": received, "buffer": buffer,
                 "equal": all(torch.equal(state[name], tensor) for name, tensor in self.want.items())}
 

@@ -265,3 +265,11 @@ def publisher(loopback: bool) -> NixlPublisher:
 def reader(loopback: bool) -> NixlReader:
     agent = process_agent("rollout", loopback)
     return _readers.setdefault(id(agent), NixlReader(agent))
+
+
+def held_bytes() -> tuple[int, int]:
+    """(bytes this process keeps staged for readers, bytes of its receive buffers):
+    the memory the transport holds between versions."""
+    staged = sum(region.numel() for p in _publishers.values() for region in p.regions)
+    received = sum(r.buffer.numel() for r in _readers.values() if r.buffer is not None)
+    return staged, received
