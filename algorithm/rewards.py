@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from algorithm.reward_rules import (
@@ -55,8 +55,8 @@ class RewardConfigError(ValueError):
 # --- terminal rule resolution -------------------------------------------------------
 
 
-def _callable_matcher(path: str) -> TerminalMatcher:
-    fn = import_callable(path, key="rl.reward.terminal_callable", error=RewardConfigError)
+def _callable_matcher(path: str, trusted: Iterable[str]) -> TerminalMatcher:
+    fn = import_callable(path, key="rl.reward.terminal_callable", error=RewardConfigError, trusted=trusted)
     # S-REW-2: a callable needs the reference unless it says otherwise, because
     # guessing "no" would hand it None where it expected the ground truth.
     needs_reference = getattr(fn, "needs_reference", True)
@@ -68,7 +68,9 @@ def _callable_matcher(path: str) -> TerminalMatcher:
     return TerminalMatcher(name=path, needs_reference=needs_reference, match=fn)
 
 
-def resolve_terminal(terminal: str, terminal_callable: str | None = None) -> TerminalMatcher | None:
+def resolve_terminal(
+    terminal: str, terminal_callable: str | None = None, trusted: Iterable[str] = ()
+) -> TerminalMatcher | None:
     """The matcher for `rl.reward.terminal` / `rl.reward.terminal_callable`, or None.
 
     None means no terminal reward. A callable overrides PPO's own matchers but is
@@ -87,7 +89,7 @@ def resolve_terminal(terminal: str, terminal_callable: str | None = None) -> Ter
                 f"rl.reward.terminal_callable={terminal_callable!r} (S-REW-4); unset one of them, or set "
                 f"rl.reward.terminal to one of {', '.join(PPO_RULE_NAMES)} to let the callable override it"
             )
-        return _callable_matcher(terminal_callable)
+        return _callable_matcher(terminal_callable, trusted)
     if terminal == "none":
         return None
     return RULES[terminal]

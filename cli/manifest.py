@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from configs.callables import PROJECT_CALLABLE_MODULES, within
 from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
 from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
@@ -252,7 +253,7 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
     if "rl.reward.terminal_callable" in report.keys():  # already refused: its module cannot be found
         return None, False
     try:
-        matcher = resolve_terminal(reward.terminal, reward.terminal_callable)
+        matcher = resolve_terminal(reward.terminal, reward.terminal_callable, config.job.trusted_modules)
     except RewardConfigError as error:
         if reward.terminal_callable is not None and reward.terminal in SHARED_RULE_NAMES:
             key = "rl.reward.terminal_callable"  # S-REW-4: the callable is what cannot join a shared rule
@@ -370,6 +371,13 @@ def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, repor
     data = config.rl.data
     assert data.factory is not None
     if "rl.data.factory" in report.keys():  # already refused: its module cannot be found
+        return
+    if not within(data.factory.partition(":")[0], PROJECT_CALLABLE_MODULES):
+        # Validation never calls user code in the driver (S-SEC-3): the data role reads
+        # and projects its rows, row 0 first, when it starts.
+        report.summary.append(
+            f"data: factory {data.factory} (user code: its rows are checked when the data role starts)"
+        )
         return
     try:
         factory = import_callable(data.factory, key="rl.data.factory")

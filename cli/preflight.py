@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from configs.callables import check_callable_module
+from configs.callables import check_callable_module, code_reference_keys, value_at
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
 from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_message, unmatched_targets
@@ -61,16 +61,13 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             "grid.gpu_placement=disaggregated (with grid.rollout_gpus) or rl.rollout.max_staleness=0",
         ))
     problems += lora_problems(config)
-    # User code named in the config must at least be findable before any worker starts
-    # (data_packer.factory is checked by the schema itself).
+    # Code named in the config must at least be findable before any worker starts;
+    # the values already passed the trust check, so finding their parents is safe.
     missing = missing_tracker_packages(config.job.trackers)
     if missing:
         problems.append(Problem("job.trackers", tracker_message(missing).removeprefix("job.trackers: ")))
-    for key, path in (
-        ("rl.data.factory", rl.data.factory),
-        ("rl.validation.data.factory", rl.validation.data.factory if rl.validation else None),
-        ("rl.reward.terminal_callable", rl.reward.terminal_callable),
-    ):
+    for key in code_reference_keys(type(config)):
+        path = value_at(config, key)
         if path is not None:
             try:
                 check_callable_module(path, key=key)

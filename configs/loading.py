@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
+from configs.callables import override_trust_problems
 from configs.schema import PPOConfig
 
 
@@ -133,7 +134,12 @@ def apply_overrides(config: PPOConfig, overrides: Iterable[str]) -> PPOConfig:
         except ConfigError as error:
             problems.extend(p for p in error.problems if p not in problems)
         raise ConfigError(problems)
-    return validate_tree(tree)
+    final = validate_tree(tree)
+    # S-SEC-3: before anything named by a value is found or imported.
+    untrusted = override_trust_problems(config, final)
+    if untrusted:
+        raise ConfigError(untrusted)
+    return final
 
 
 def validate_tree(tree: dict[str, Any]) -> PPOConfig:

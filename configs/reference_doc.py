@@ -13,6 +13,10 @@ from configs.schema import PPOConfig
 
 
 def _type_name(annotation: object) -> str:
+    if any(typing.get_origin(arg) is typing.Annotated for arg in (annotation, *typing.get_args(annotation))):
+        # A `CallablePath`: a string naming code, trusted only as configs/callables.py says.
+        optional = type(None) in typing.get_args(annotation)
+        return "callable path | None" if optional else "callable path"
     text = str(annotation).replace("typing.", "")
     if isinstance(annotation, type):
         text = annotation.__name__

@@ -9,11 +9,16 @@ because a user editing an override on the Prefect form should not need the sourc
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from configs.callables import check_callable_module
+from configs.callables import CallablePath
+
+
+_MODULE_PREFIX = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 class Section(BaseModel):
@@ -192,7 +197,7 @@ class ModelConfig(Section):
 class DataPackerConfig(Section):
     """Which DataPacker turns projected prompts into model inputs (S-RUN-6)."""
 
-    factory: str | None = Field(
+    factory: CallablePath | None = Field(
         None,
         description="`package.module:callable` called as `factory(model_path, **factory_kwargs)` and returning a "
         "DataPacker (see docs/howto/custom-datapacker.md). Unset: the chat-template text packer for causal LMs, the "
@@ -201,15 +206,6 @@ class DataPackerConfig(Section):
     factory_kwargs: dict[str, int | float | str | bool] = Field(
         default_factory=dict, description="Keyword arguments passed to `factory` after the model path."
     )
-
-    @field_validator("factory")
-    @classmethod
-    def _factory_reference(cls, value: str | None) -> str | None:
-        # Resolvable without importing the module (cheap enough for --validate-manifest);
-        # the attribute itself is looked up when the rollout role builds the packer.
-        if value is None:
-            return value
-        return check_callable_module(value, key="data_packer.factory")
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -255,6 +251,13 @@ class JobConfig(Section):
         "iteration it is in, commits it and exits within this many seconds; past them, or at a second signal, it "
         "stops at once, keeping the previous boundary (S-STOP-1). The Kubernetes and Prefect worker default.",
     )
+    trusted_modules: list[str] = Field(
+        default_factory=list,
+        description="Module prefixes (`my_pkg`, `my_pkg.rewards`) whose callables an override or a deployment "
+        "parameter may name in a key that names code (the factories, `rl.reward.terminal_callable`), beside the "
+        "project's own factory and reward modules. Only the profile sets it; a value written in the profile "
+        "itself is trusted as it is (S-SEC-3, docs/reliability.md).",
+    )
     time_limit_minutes: float | None = Field(
         None,
         gt=0,
@@ -279,6 +282,26 @@ class JobConfig(Section):
             )
         return value
 
+    @field_validator("trusted_modules")
+    @classmethod
+    def _module_prefixes(cls, value: list[str]) -> list[str]:
+        for prefix in value:
+            if not _MODULE_PREFIX.match(prefix):
+                raise ValueError(f"job.trusted_modules: {prefix!r} is not a module name (e.g. 'my_pkg.rewards')")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _one_path_segment(cls, value: str) -> str:
+        # S-SEC-5: the name becomes a folder under job.output_root and the Ray namespace;
+        # `..` or a separator would write outside the root.
+        if not _RUN_NAME.match(value) or value in (".", ".."):
+            raise ValueError(
+                f"job.name: {value!r} must be one folder name: letters, digits, '.', '_' and '-' "
+                "(no '/', no '..', no spaces)"
+            )
+        return value
+
     @field_validator("trackers")
     @classmethod
     def _each_tracker_once(cls, value: list[str]) -> list[str]:
@@ -296,7 +319,7 @@ class DataConfig(Section):
         None, description="Hugging Face dataset name, loaded through `datasets` from the local cache."
     )
     split: str = Field("train", description="Dataset split when `name` is set.")
-    factory: str | None = Field(
+    factory: CallablePath | None = Field(
         None,
         description="`package.module:callable` returning an iterable of row dicts.",
     )
@@ -354,7 +377,7 @@ class RewardConfig(Section):
         "arithmetic_exact_match",
         description="Terminal reward rule: PPO's `arithmetic_exact_match` or `none`, or a shared rule name.",
     )
-    terminal_callable: str | None = Field(
+    terminal_callable: CallablePath | None = Field(
         None, description="`package.module:callable` overriding PPO's matcher; not allowed with a shared rule."
     )
     correct_reward: float = Field(1.0, description="Reward for a correct completion (PPO's scale).")

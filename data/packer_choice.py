@@ -8,7 +8,7 @@ those imports the other back.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from data.packing import DataPacker, chat_text_packer
 from data.vision_packer import qwen_vl_packer
@@ -18,7 +18,10 @@ QWEN_VL_MODEL_TYPES = frozenset({"qwen2_5_vl"})
 
 
 def build_packer(
-    model_path: str, factory: str | None = None, factory_kwargs: Mapping[str, Any] | None = None
+    model_path: str,
+    factory: str | None = None,
+    factory_kwargs: Mapping[str, Any] | None = None,
+    trusted: Iterable[str] = (),
 ) -> DataPacker:
     """The DataPacker of a run (`data_packer.factory`, `data_packer.factory_kwargs`).
 
@@ -31,7 +34,7 @@ def build_packer(
     if factory:
         from configs.callables import import_callable
 
-        build = import_callable(factory, key="data_packer.factory")
+        build = import_callable(factory, key="data_packer.factory", trusted=trusted)
         try:
             packer = build(model_path, **kwargs)
         except TypeError as error:

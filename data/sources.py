@@ -4,7 +4,7 @@ human-readable position so any refusal can say where the row came from."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from configs.callables import import_callable
 from configs.schema import DataConfig
@@ -16,9 +16,11 @@ class SourcedRow:
     where: str  # e.g. "prompts.jsonl row 3 (line 7, column 1)" or "factory data.synthetic:copy_digit row 3"
 
 
-def iter_source_rows(data: DataConfig, key: str = "rl.data") -> Iterator[SourcedRow]:
+def iter_source_rows(
+    data: DataConfig, key: str = "rl.data", trusted: Iterable[str] = ()
+) -> Iterator[SourcedRow]:
     """`key`: the config section `data` came from (`rl.validation.data` for evaluation
-    prompts), so a refusal names the key to change."""
+    prompts), so a refusal names the key to change; `trusted`: `job.trusted_modules`."""
     if data.path:
         from data.row_reader import iter_rows
 
@@ -26,7 +28,7 @@ def iter_source_rows(data: DataConfig, key: str = "rl.data") -> Iterator[Sourced
             pos = row.position
             yield SourcedRow(row.value, f"{pos.path} row {pos.row} (line {pos.line}, column {pos.column})")
     elif data.factory:
-        factory = import_callable(data.factory, key=f"{key}.factory")
+        factory = import_callable(data.factory, key=f"{key}.factory", trusted=trusted)
         for index, value in enumerate(factory(**data.factory_kwargs)):
             where = f"{key}.factory {data.factory} row {index}"
             if not isinstance(value, dict):

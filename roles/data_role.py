@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import fsspec
 import torch
@@ -32,11 +32,13 @@ class ProjectedRow:
     where: str
 
 
-def load_rows(data: DataConfig, reference_required: bool, key: str) -> list[ProjectedRow]:
+def load_rows(
+    data: DataConfig, reference_required: bool, key: str, trusted: Iterable[str] = ()
+) -> list[ProjectedRow]:
     """Every row of a source, projected while loading, row 0 first, so a bad file fails
     when the role is built, before any model is trained (S-DATA-5)."""
     rows: list[ProjectedRow] = []
-    for sourced in iter_source_rows(data, key):
+    for sourced in iter_source_rows(data, key, trusted):
         prompt = project_prompt(sourced.value, prompt_key=data.prompt_key, where=sourced.where)
         reference_key = reference_key_for(sourced.value, data.reference_key, required=reference_required)
         reference = project_reference(sourced.value, reference_key=reference_key, where=sourced.where)
@@ -50,9 +52,10 @@ def load_rows(data: DataConfig, reference_required: bool, key: str) -> list[Proj
 class DataRole:
     def __init__(self, config: PPOConfig):
         data = config.rl.data
-        matcher = resolve_terminal(config.rl.reward.terminal, config.rl.reward.terminal_callable)
+        trusted = config.job.trusted_modules
+        matcher = resolve_terminal(config.rl.reward.terminal, config.rl.reward.terminal_callable, trusted)
         reference_required = matcher is not None and matcher.needs_reference
-        self.rows = load_rows(data, reference_required, "rl.data")
+        self.rows = load_rows(data, reference_required, "rl.data", trusted)
         self.shuffle = data.shuffle
         self.cursor = DataCursor(shuffle_seed=config.job.seed)
         self._order = self._epoch_order(0)
@@ -61,7 +64,7 @@ class DataRole:
         self.validation_rows: list[ProjectedRow] = []
         validation = config.rl.validation
         if validation is not None:
-            rows = load_rows(validation.data, reference_required, "rl.validation.data")
+            rows = load_rows(validation.data, reference_required, "rl.validation.data", trusted)
             if validation.data.shuffle:
                 generator = torch.Generator().manual_seed(config.job.seed * 7919 + 104_729)
                 rows = [rows[i] for i in torch.randperm(len(rows), generator=generator).tolist()]

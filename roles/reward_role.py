@@ -16,7 +16,9 @@ from contracts.trajectory import Trajectory
 class RewardRole:
     def __init__(self, config: PPOConfig):
         self.reward = config.rl.reward
-        self.matcher = resolve_terminal(self.reward.terminal, self.reward.terminal_callable)
+        self.matcher = resolve_terminal(
+            self.reward.terminal, self.reward.terminal_callable, config.job.trusted_modules
+        )
 
     def ready(self) -> dict[str, Any]:
         return {"role": "reward", "terminal": self.matcher.name if self.matcher else "none"}

@@ -96,7 +96,9 @@ class RolloutRole:
         self.tokenizer = load_tokenizer(model_path)
         # S-RUN-6: the packer alone turns prompts into model inputs; a configured
         # factory replaces the default chosen from the model's config.json.
-        self.packer = build_packer(model_path, config.data_packer.factory, config.data_packer.factory_kwargs)
+        self.packer = build_packer(
+            model_path, config.data_packer.factory, config.data_packer.factory_kwargs, config.job.trusted_modules
+        )
         self.engine = build_engine(config, placement, model_path, self.tokenizer)
         # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
         self.sleep_between_rollouts = placement.parks

@@ -40,6 +40,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
+# The tiny profile with tests/ trusted: overrides may name callables of tests/ (S-SEC-3).
+TRUSTING_TINY_PROFILE = str(REPO_ROOT / "tests" / "support" / "profiles" / "tiny_trusting_tests.py")
 TEST_FOLDERS = ("pure", "in_process", "services")
 # A pure test builds no model: these fixtures belong to tests/in_process and tests/services.
 MODEL_FIXTURES = {"tiny_model_dir", "tiny_overrides"}

@@ -26,7 +26,7 @@ from roles.rollout_role import RolloutRole
 from tests.conftest import REPO_ROOT, first_rank
 from tests.support.vlm_rows import mixed_rows, write_rows
 
-VLM_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_vlm_cpu.py")
+VLM_PROFILE = str(REPO_ROOT / "tests" / "support" / "profiles" / "vlm_trusting_tests.py")  # names tests/ callables
 
 
 class RecordingPacker:

@@ -19,6 +19,8 @@ from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
 SHARED_RULE_CALLABLE = "tests.pure.test_rewards:half_credit"
+# The public profile with tests/ trusted, for overrides naming the callables of tests/ (S-SEC-3).
+TRUSTING_PUBLIC_PROFILE = str(REPO_ROOT / "tests" / "support" / "profiles" / "public_trusting_tests.py")
 
 
 def run_validate(profile: str, overrides: list[str]) -> tuple[int, str, str]:
@@ -163,7 +165,7 @@ def test_every_problem_is_listed_not_just_the_first(public_overrides):
         "rl.minibatch_size=48",
         "rl.micro_batch_size=8",
     ]
-    code, out, err = run_validate(PUBLIC_PROFILE, overrides)
+    code, out, err = run_validate(TRUSTING_PUBLIC_PROFILE, overrides)
     assert code != 0
     assert set(error_keys(err)) == {
         "grid.backend",
@@ -261,7 +263,7 @@ def test_callable_declaring_no_reference_needs_no_column(tmp_path, public_overri
     path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "hello"}])
     overrides = [f"rl.data.path={path}", "rl.reward.terminal_callable=tests.pure.test_rewards:says_hello",
                  "rl.data.reference_key=null"]
-    code, _, err = run_validate(PUBLIC_PROFILE, public_overrides + overrides)
+    code, _, err = run_validate(TRUSTING_PUBLIC_PROFILE, public_overrides + overrides)
     assert code == 0, err
 
 

@@ -100,6 +100,11 @@ def _cli(*args: str, cwd) -> tuple[subprocess.CompletedProcess, float]:
         ),
         # S-XFER-2
         (TINY_PROFILE, ["grid.grouping=single"], "error: grid.grouping: is 'single', but PPO runs the policy"),
+        # S-SEC-3: the shell command never runs (the test's folder stays empty).
+        (TINY_PROFILE, ["rl.data.factory=os:system", 'rl.data.factory_kwargs={"command": "touch marker.txt"}'],
+         "error: rl.data.factory: 'os:system' names code in module 'os', which an override may not name"),
+        # S-SEC-5
+        (TINY_PROFILE, ["job.name=../../elsewhere"], "error: job.name: '../../elsewhere' must be one folder name"),
     ],
 )
 def test_the_cli_refuses_in_seconds_before_starting_anything_and_writes_nothing(profile, overrides, line, tmp_path):
@@ -115,9 +120,11 @@ def test_the_cli_refuses_in_seconds_before_starting_anything_and_writes_nothing(
 
 @pytest.mark.parametrize("key", ["rl.reward.terminal_callable", "rl.data.factory"])
 def test_user_code_that_cannot_be_found_is_refused_before_any_worker(key):
-    config = load_config(TINY_PROFILE, [f"{key}=no_such_package.rewards:score"])
+    # A module the profile trusts (S-SEC-3), so the override reaches the find check.
+    trusting = str(REPO_ROOT / "tests" / "support" / "profiles" / "tiny_trusting_tests.py")
+    config = load_config(trusting, [f"{key}=tests.no_such_package.rewards:score"])
     problems = [p for p in config_problems(config) if p.key == key]
-    assert len(problems) == 1 and "cannot find module 'no_such_package.rewards'" in problems[0].message
+    assert len(problems) == 1 and "cannot find module 'tests.no_such_package.rewards'" in problems[0].message
     report = check_manifest(config)
     assert [str(p) for p in report.problems if p.key == key] == [str(problems[0])]  # reported once
 

@@ -46,7 +46,7 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
         "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "60",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides],
+        [sys.executable, "-m", "flows.ppo", "--config", TRUSTING_TINY_PROFILE, "--", *overrides],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 1, result.stderr[-3000:]
@@ -89,7 +89,7 @@ def test_the_in_process_runner_names_the_failed_stage_the_same_way(tiny_override
     from flows.failures import StageFailed
     from flows.in_process import run_in_process
 
-    config = load_config(TINY_PROFILE, tiny_overrides + [
+    config = load_config(TRUSTING_TINY_PROFILE, tiny_overrides + [
         "rl.max_steps=1", "rl.reward.terminal_callable=tests.services.test_stage_failure:exploding_rule",
     ])
     with pytest.raises(StageFailed, match=r"^reward\[iter=1\] failed: ZeroDivisionError: the user's reward rule"):
