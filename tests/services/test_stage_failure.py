@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import TINY_PROFILE
+from tests.conftest import TRUSTING_TINY_PROFILE
 
 
 def exploding_rule(ctx) -> bool:

@@ -1,4 +1,4 @@
-"""configs/ppo_qwen06b_public_4gpu.py with the project's tests/ trusted: their overrides may name `tests.…` callables."""
+"""configs/ppo_qwen06b_public_4gpu.py with tests/ trusted: overrides may name `tests.…` callables."""
 
 from configs.ppo_qwen06b_public_4gpu import CONFIG as BASE
 
