@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from models.tiny_spec import tiny_spec_differences
 from configs.callables import check_callable_module, code_reference_keys, value_at
 from configs.loading import ConfigError
 from configs.schema import PPOConfig
@@ -61,6 +62,7 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             "grid.gpu_placement=disaggregated (with grid.rollout_gpus) or rl.rollout.max_staleness=0",
         ))
     problems += lora_problems(config)
+    problems += [Problem(key, message) for key, message in tiny_spec_differences(config.model)]
     # Code named in the config must at least be findable before any worker starts;
     # the values already passed the trust check, so finding their parents is safe.
     missing = missing_tracker_packages(config.job.trackers)

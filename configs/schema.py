@@ -185,6 +185,12 @@ class ModelConfig(Section):
         description="If set and `path` does not exist, build a tiny Qwen3 model (a Qwen2.5-VL with "
         "`model.tiny.vision`) and character tokenizer there first (CPU profile; no download).",
     )
+    revision: str | None = Field(
+        None,
+        description="For a hub id in `path`: the branch, tag or commit to load. The launch resolves it (unset: the "
+        "default branch) to a commit in the local Hugging Face cache and every role loads exactly that snapshot; "
+        "the commit is part of the run's base-model fingerprint (S-SEC-4).",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype for all roles."
     )

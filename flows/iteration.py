@@ -24,6 +24,7 @@ from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from flows.blocks import iteration_blocks
 from flows.stopping import StopRequest, Stopped
 from placement.plan import TRAINER_ROLES
+from rundir.base_model import LOOP_STATE_KEY as BASE_MODEL_KEY, current_fingerprint, record_in_boundary
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages
@@ -348,6 +349,9 @@ def save_on_cadence(
             loop_state["max_staleness"] = config.rl.rollout.max_staleness
         if config.model.lora.enabled:  # recorded with adapters only: absent means full fine-tuning (S-LORA-2)
             loop_state["lora"] = config.model.lora.record
+        base_model = current_fingerprint(config.model)
+        if base_model is not None:  # S-SEC-4: what a resume must find at model.path
+            loop_state[BASE_MODEL_KEY] = record_in_boundary(boundary, base_model)
         return run.stage(
             commit_stage.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
             config.rl.keep_optim_last, record,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from cli.preflight import require_runnable
 from configs.schema import PPOConfig
+from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
 from rundir.run_config import resolve_config
 from rundir.run_lock import RunLock
@@ -43,7 +44,7 @@ def plan_launch(
 ) -> Launch:
     """Everything a run can be refused for before it starts anything: a config it cannot
     run here, a resume point it cannot use."""
-    config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
+    config = pin_hub_model(resolve_config(profile, overrides, critic_warmup_iterations, run_name))
     require_runnable(config)
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)

@@ -24,6 +24,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
 
 from configs.schema import TinyModelSpec
 from models.tiny_pretrain import pretrain
+from models.tiny_spec import write_tiny_spec
 
 PAD, EOS, BOS, UNK = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|unk|>"
 SPECIAL_TOKENS = [PAD, EOS, BOS, UNK]
@@ -92,7 +93,7 @@ def build_once(path: str | Path, write: Callable[[Path], None]) -> Path:
 
 def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
     """Write the tiny model and tokenizer to `path` (once; see `build_once`)."""
-    return build_once(path, lambda staging: _write(staging, spec))
+    return build_once(path, lambda staging: (_write(staging, spec), write_tiny_spec(staging, spec)))
 
 
 def text_model_kwargs(spec: TinyModelSpec, tokenizer) -> dict:

@@ -18,6 +18,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from configs.schema import TinyModelSpec
 from data.vision_packer import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START
 from models.tiny_model import build_once, build_tokenizer, seeded_model, text_model_kwargs
+from models.tiny_spec import write_tiny_spec
 
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN]
 
@@ -55,7 +56,7 @@ def build_tiny_vlm(path: str | Path, spec: TinyModelSpec) -> Path:
     `models.tiny_model.build_once`)."""
     if spec.vision is None:
         raise ValueError("model.tiny.vision is not set: the tiny model is text-only (models/tiny_model.py)")
-    return build_once(path, lambda staging: _write(staging, spec))
+    return build_once(path, lambda staging: (_write(staging, spec), write_tiny_spec(staging, spec)))
 
 
 def _write(directory: Path, spec: TinyModelSpec) -> None:

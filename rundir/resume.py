@@ -26,6 +26,7 @@ from checkpoint.boundary_files import verify_marker_files
 from checkpoint.role_layout import ADAPTER_CONFIG_FILE
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
+from rundir.base_model import base_model_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from roles.experience import remove_experience_after, set_aside_experience
 
@@ -96,6 +97,9 @@ def resume_boundary(
     marker = read_marker(boundary)
     assert marker is not None  # read_latest and chosen_boundary refuse uncommitted boundaries
     check_loop_state(marker, config, boundary)
+    changed = base_model_problem(marker, config, boundary)  # S-SEC-4: before any role loads the model
+    if changed:
+        raise ResumeError(changed)
     return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,
                        went_back=resume_from is not None)
 

@@ -1,0 +1,108 @@
+"""The base model is part of a run's identity (S-SEC-4): every boundary records the
+content fingerprint of the model the run started from, and a resume over other
+content is refused before any role loads, naming the first file that differs.
+
+The policy's initial weights, the critic's, the reference and a LoRA base all load
+`model.path`, so one check covers them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from configs.loading import ConfigError
+from configs.schema import ModelConfig, PPOConfig
+from models.fingerprint import ModelFingerprint, fingerprint_folder, read_fingerprint
+
+BASE_MODEL_FILE = "base_model.json"  # in every boundary: the per-file record behind the marker's digest
+LOOP_STATE_KEY = "base_model"  # the marker's loop_state: the digest alone (a JSON scalar, S-CKPT-4)
+
+
+def model_folder(model: ModelConfig) -> Path | None:
+    """The local folder `model.path` names, or None while a tiny model is not built yet."""
+    folder = Path(model.path)
+    return folder if (folder / "config.json").is_file() else None
+
+
+def current_fingerprint(model: ModelConfig, *, build: bool = False) -> ModelFingerprint | None:
+    """The fingerprint of the model the roles would load now; with `build`, a tiny
+    model not on disk yet is built first (it is deterministic from its spec)."""
+    folder = model_folder(model)
+    if folder is None and build and model.tiny is not None:
+        from models.model_io import ensure_model
+
+        ensure_model(model)
+        folder = model_folder(model)
+    if folder is None:
+        return None
+    return fingerprint_folder(folder, revision=model.revision)
+
+
+def base_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: str) -> str | None:
+    """Why a resume from `boundary` is refused because `model.path` holds other content
+    than the model the boundary was trained from, or None. A boundary from before the
+    record cannot be verified and is not refused."""
+    recorded_digest = (marker.get("loop_state") or {}).get(LOOP_STATE_KEY)
+    if recorded_digest is None:
+        return None
+    current = current_fingerprint(config.model, build=True)
+    if current is None:
+        return (
+            f"model.path: {config.model.path!r} holds no model (no config.json), but {boundary} was trained from "
+            f"the model with fingerprint {recorded_digest}; resume refused. Put that model back at model.path, or "
+            "start a new job.name."
+        )
+    if current.digest == recorded_digest:
+        return None
+    recorded = read_fingerprint(f"{boundary}/{BASE_MODEL_FILE}")
+    comparable = recorded is not None and recorded.digest == recorded_digest
+    differs = current.first_difference(recorded) if comparable else None
+    first = f"; first differing file: {differs}" if differs else ""
+    return (
+        f"model.path: {config.model.path!r} now has content fingerprint sha256:{current.short}…, but {boundary} was "
+        f"trained from sha256:{recorded_digest.removeprefix('sha256:')[:16]}…{first}. Resuming would train another "
+        "model under this run's name; resume refused. Point model.path at the recorded model, or start a new "
+        "job.name for the new one."
+    )
+
+
+def pin_hub_model(config: PPOConfig) -> PPOConfig:
+    """A hub id in `model.path` becomes the local snapshot folder of one commit, so
+    every role loads exactly the content that was fingerprinted, whatever the hub's
+    branch points at later. The local Hugging Face cache is tried first (no network);
+    a cluster's nodes need that cache on shared storage (docs/reliability.md)."""
+    model = config.model
+    if model.tiny is not None or Path(model.path).exists() or model.path.count("/") != 1:
+        return config
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(model.path, revision=model.revision, local_files_only=True)
+    except Exception:
+        try:
+            folder = snapshot_download(model.path, revision=model.revision)
+        except Exception as error:
+            at = f" at revision {model.revision!r}" if model.revision else ""
+            raise ConfigError([
+                f"model.path: {model.path!r}{at} is neither a local folder nor in the Hugging Face cache, and the "
+                f"hub could not provide it ({type(error).__name__}); download it first or name a local folder"
+            ]) from None
+    pinned = model.model_copy(update={"path": folder, "revision": Path(folder).name})
+    return config.model_copy(update={"model": pinned})
+
+
+def record_in_boundary(boundary: str, fingerprint: ModelFingerprint) -> str:
+    """Write the per-file record into `boundary` (before its marker, which then vouches
+    for it) and return the digest for the marker's loop_state."""
+    fs, root = fsspec.core.url_to_fs(boundary)
+    fs.makedirs(root, exist_ok=True)
+    staging = f"{root}/{BASE_MODEL_FILE}.tmp.{os.getpid()}"
+    with fs.open(staging, "w") as handle:
+        handle.write(json.dumps(fingerprint.to_json(), indent=1, sort_keys=True) + "\n")
+    fs.mv(staging, f"{root}/{BASE_MODEL_FILE}")
+    return fingerprint.digest
