@@ -18,9 +18,10 @@ from typing import Any
 
 from checkpoint.boundary import CheckpointError, read_marker
 from checkpoint.dcp_io import load_tensors
-from checkpoint.role_layout import ADAPTER_CONFIG_FILE
+from checkpoint.role_layout import ADAPTER_CONFIG_FILE, BASE_MODEL_FILE, BASE_MODEL_KEY
 from checkpoint.role_state import MODEL_FILE, load_model_tensors, trained_names
 from checkpoint.sharded_role import SHARDED_MODEL_DIR, is_sharded_layout
+from models.fingerprint import ModelFingerprint, fingerprint_folder, read_fingerprint
 
 ADAPTER_DIR = "adapter"  # the exported adapter, in PEFT's own format, inside each role's folder
 
@@ -59,6 +60,7 @@ def _export_lora(auto_class: Any, source: str, target: str) -> str:
     from transformers import AutoConfig
 
     lora = LoraConfig.from_pretrained(source)
+    base_model = _base_model_for(source, lora.base_model_name_or_path)
     try:
         base = auto_class.from_pretrained(lora.base_model_name_or_path, config=AutoConfig.from_pretrained(source))
     except OSError as error:
@@ -75,12 +77,35 @@ def _export_lora(auto_class: Any, source: str, target: str) -> str:
         weights = load_file(f"{source}/{MODEL_FILE}")
     load_model_tensors(source, model, weights)
     model.save_pretrained(str(Path(target) / ADAPTER_DIR))
+    if base_model is not None:  # what a merge of this adapter must be put over
+        (Path(target) / ADAPTER_DIR / BASE_MODEL_FILE).write_text(json.dumps(base_model.to_json(), indent=1) + "\n")
     model.merge_and_unload().save_pretrained(target)
     if (Path(source) / "tokenizer_config.json").exists():
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(source).save_pretrained(target)
     return target
+
+
+def _base_model_for(source: str, base_path: str) -> ModelFingerprint | None:
+    """The base model's fingerprint, refused when it is not the one the boundary was
+    trained from (S-SEC-4): merging adapters onto another base gives another model
+    under the run's name. None when the boundary records none (an older one)."""
+    boundary = str(Path(source).parent)
+    recorded = ((read_marker(boundary) or {}).get("loop_state") or {}).get(BASE_MODEL_KEY)
+    if recorded is None or not Path(base_path).is_dir():
+        return None
+    current = fingerprint_folder(base_path)
+    if current.digest != recorded:
+        record = read_fingerprint(f"{boundary}/{BASE_MODEL_FILE}")
+        differs = current.first_difference(record) if record is not None and record.digest == recorded else None
+        raise CheckpointError(
+            f"{source}: its adapters were trained on the base model at {base_path!r} with fingerprint "
+            f"sha256:{recorded.removeprefix('sha256:')[:16]}…, but that folder now holds sha256:{current.short}…"
+            f"{f' (first differing file: {differs})' if differs else ''}; merging them onto it would export another "
+            "model. Put the original base model back at that path to export this boundary."
+        )
+    return current
 
 
 def _from_shards(auto_class: Any, source: str) -> Any:

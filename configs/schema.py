@@ -569,6 +569,9 @@ class GridConfig(Section):
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
 
 
+LOCKABLE_SCHEMES = ("file", "local")  # fsspec schemes that are paths on a mounted filesystem
+
+
 class PPOConfig(Section):
     job: JobConfig = Field(default_factory=JobConfig, description="Run identity and outputs.")
     model: ModelConfig = Field(description="The model every role loads.")
@@ -588,5 +591,12 @@ class PPOConfig(Section):
             raise ValueError(
                 f"job.output_root: {self.job.output_root!r} is an object store ({scheme}://); multi-role "
                 "checkpoints need a local or shared filesystem path (S-CKPT-7)"
+            )
+        if scheme not in LOCKABLE_SCHEMES:
+            # S-SEC-5: the run lock and the atomic renames need a filesystem path; any
+            # other scheme would put the lock at a relative path on this machine's disk.
+            raise ValueError(
+                f"job.output_root: {self.job.output_root!r} uses {scheme}://, where the run lock and the commit "
+                "protocol's atomic renames cannot be kept; use a local or shared filesystem path (or file://)"
             )
         return self

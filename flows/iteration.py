@@ -24,7 +24,8 @@ from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from flows.blocks import iteration_blocks
 from flows.stopping import StopRequest, Stopped
 from placement.plan import TRAINER_ROLES
-from rundir.base_model import LOOP_STATE_KEY as BASE_MODEL_KEY, current_fingerprint, record_in_boundary
+from checkpoint.role_layout import BASE_MODEL_KEY
+from rundir.base_model import current_fingerprint, record_in_boundary
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages

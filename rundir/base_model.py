@@ -15,12 +15,11 @@ from typing import Any
 
 import fsspec
 
+from checkpoint.role_layout import BASE_MODEL_FILE, BASE_MODEL_KEY
 from configs.loading import ConfigError
 from configs.schema import ModelConfig, PPOConfig
 from models.fingerprint import ModelFingerprint, fingerprint_folder, read_fingerprint
 
-BASE_MODEL_FILE = "base_model.json"  # in every boundary: the per-file record behind the marker's digest
-LOOP_STATE_KEY = "base_model"  # the marker's loop_state: the digest alone (a JSON scalar, S-CKPT-4)
 
 
 def model_folder(model: ModelConfig) -> Path | None:
@@ -47,7 +46,7 @@ def base_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: str)
     """Why a resume from `boundary` is refused because `model.path` holds other content
     than the model the boundary was trained from, or None. A boundary from before the
     record cannot be verified and is not refused."""
-    recorded_digest = (marker.get("loop_state") or {}).get(LOOP_STATE_KEY)
+    recorded_digest = (marker.get("loop_state") or {}).get(BASE_MODEL_KEY)
     if recorded_digest is None:
         return None
     current = current_fingerprint(config.model, build=True)

@@ -27,6 +27,7 @@ def test_a_stopped_one_step_off_run_resumes_to_the_uninterrupted_run(tiny_overri
     whole, whole_roles = run_in_process(whole_config, paths=RunPaths.for_config(whole_config))
     assert [r["rollout/staleness"] for r in whole] == [0.0, 1.0, 1.0]
     assert all("train/behaviour_weight_truncated_fraction" in r for r in whole)
+    _assert_the_decoupled_correction_is_applied(whole_roles.policy)
 
     config = load_config(TINY_PROFILE, tiny_overrides + ONE_STEP_OFF + ["job.name=split"])
     paths = RunPaths.for_config(config)
@@ -54,3 +55,18 @@ def test_a_stopped_one_step_off_run_resumes_to_the_uninterrupted_run(tiny_overri
     synchronous = load_config(TINY_PROFILE, tiny_overrides + ["rl.max_steps=6", "job.name=split"])
     with pytest.raises(ResumeError, match="rl.rollout.max_staleness=0, which would skip that batch"):
         find_resume_point(synchronous, RunPaths.for_config(synchronous), resume=True)
+
+
+def _assert_the_decoupled_correction_is_applied(policy) -> None:
+    """S-ASYNC-2: iteration 3 trained on samples of version 1 with the weights at 2, so
+    pi_prox/pi_behav is not 1, and the loss the policy trained with carries it: a
+    correction replaced by ones, or computed and then left out of the loss, fails here."""
+    targets = policy.targets
+    real = targets.response_mask.bool()
+    assert targets.behaviour_weights is not None
+    assert not torch.allclose(targets.behaviour_weights[real], torch.ones(int(real.sum())))
+    everything = torch.arange(targets.input_ids.shape[0])
+    with torch.no_grad():
+        weighted, _ = policy._loss(targets, everything)
+        plain, _ = policy._loss(dataclasses.replace(targets, behaviour_weights=None), everything)
+    assert not torch.isclose(weighted, plain)
