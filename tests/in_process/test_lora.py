@@ -8,12 +8,15 @@ after iteration 2 and rerun to 4."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
+from checkpoint.boundary import CheckpointError
 from checkpoint.export import ADAPTER_DIR, export_boundary
 from cli.preflight import config_problems
 from configs.loading import load_config
@@ -94,6 +97,8 @@ def test_the_export_is_a_merged_model_and_a_peft_adapter(runs):
 
     out = runs["root"] / "export"
     export_boundary(str(boundary(runs["straight"], 4)), str(out))
+    recorded = json.loads((boundary(runs["straight"], 4) / "_SUCCESS").read_text())["loop_state"]["base_model"]
+    assert json.loads((out / "policy" / ADAPTER_DIR / "base_model.json").read_text())["digest"] == recorded  # S-SEC-4
     assert not [n for n in load_file(out / "policy" / "model.safetensors") if "lora_" in n or "base_model" in n]
     merged = AutoModelForCausalLM.from_pretrained(out / "policy")
     start = AutoModelForCausalLM.from_pretrained(runs["model"])
@@ -180,3 +185,23 @@ def test_resuming_under_another_lora_setting_is_refused_and_writes_nothing(runs,
     with pytest.raises(ResumeError, match=refusal):
         _run(runs["root"], runs["model"], "straight", "rl.max_steps=5", *LORA, changed)
     assert run_dir_snapshot(runs["straight"]) == before
+
+
+def test_an_export_refuses_to_merge_onto_another_base(runs, tmp_path):
+    """S-SEC-4: the base at the path PEFT recorded changed since training (one tensor):
+    the export refuses instead of merging the adapters onto it."""
+    base = tmp_path / "base"
+    shutil.copytree(runs["model"], base)
+    weights = load_file(base / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1e-3
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    copied = tmp_path / "checkpoints" / "iter_000004"
+    shutil.copytree(boundary(runs["straight"], 4), copied)
+    for role in ("policy", "critic"):
+        adapter_config = copied / role / "adapter_config.json"
+        settings = json.loads(adapter_config.read_text())
+        adapter_config.write_text(json.dumps({**settings, "base_model_name_or_path": str(base)}))
+    with pytest.raises(CheckpointError, match=r"first differing file: model.safetensors\).*original base model back"):
+        export_boundary(str(copied), str(tmp_path / "export"))
+    assert not (tmp_path / "export" / "policy").exists()
