@@ -172,6 +172,21 @@ def three_iterations(stack, tiny_model_dir, tmp_path_factory) -> dict:
     return {"flow_run_id": flow_run_id, "run_dir": output_root / "deploy-e2e", "stdout": result.stdout}
 
 
+def test_a_deployment_parameter_naming_code_runs_nothing(stack, tmp_path):
+    """S-SEC-3: anyone who can open the UI can start the deployment with parameters; a
+    parameter naming a shell command is refused by key, and the command never runs."""
+    marker = tmp_path / "marker.txt"
+    params = {"overrides": ["rl.data.factory=os:system", f'rl.data.factory_kwargs={{"command": "touch {marker}"}}',
+                            f"job.output_root={tmp_path / 'outputs'}"], "run_name": "deploy-untrusted"}
+    flow_run_id, result = _deployment_run(stack, params, timeout=300)
+    assert result.returncode != 0
+    with _client(stack) as client:
+        state = client.read_flow_run(uuid.UUID(flow_run_id)).state
+    assert state.is_failed(), state
+    assert "rl.data.factory: 'os:system' names code in module 'os'" in (state.message or ""), state.message
+    assert not marker.exists() and not (tmp_path / "outputs").exists()
+
+
 def test_deployment_run_completes_and_names_every_stage_of_every_iteration(stack, three_iterations):
     with _client(stack) as client:
         flow_run = client.read_flow_run(uuid.UUID(three_iterations["flow_run_id"]))
