@@ -71,3 +71,26 @@ def test_the_same_spec_a_new_path_or_a_users_own_model_is_accepted(tmp_path):
     (own / "config.json").write_text(json.dumps({"model_type": "qwen3"}))  # no recorded spec: taken as it is
     assert not (own / TINY_SPEC_FILE).exists()
     assert config_problems(load_config(TINY_PROFILE, [f"model.path={own}"])) == []
+
+
+def test_a_hub_id_is_pinned_to_one_cached_snapshot(tmp_path, monkeypatch):
+    """S-SEC-4: every role loads the snapshot of one commit, whatever the branch says later."""
+    from rundir.base_model import pin_hub_model
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network in a test
+    config = load_config(TINY_PROFILE, ["model.path=acme/tiny", "model.tiny=null"])
+    pinned = pin_hub_model(config)
+    assert pinned.model.path == str(repo / "snapshots" / commit) and pinned.model.revision == commit
+    with pytest.raises(ConfigError, match=r"model.path: 'acme/tiny' at revision 'v9' is neither a local folder"):
+        pin_hub_model(load_config(TINY_PROFILE, ["model.path=acme/tiny", "model.tiny=null", "model.revision=v9"]))
