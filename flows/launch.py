@@ -44,8 +44,9 @@ def plan_launch(
 ) -> Launch:
     """Everything a run can be refused for before it starts anything: a config it cannot
     run here, a resume point it cannot use."""
-    config = pin_hub_model(resolve_config(profile, overrides, critic_warmup_iterations, run_name))
+    config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
     require_runnable(config)
+    config = pin_hub_model(config)  # after the checks that answer in a second: this may download
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
     return Launch(config, paths, point, stop=stop_request(config))
