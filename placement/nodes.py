@@ -16,7 +16,7 @@ def actor_whereabouts(actors: dict[str, Any], timeout_s: float = 30.0) -> dict[s
     def whereabouts(_self: Any) -> tuple[str | None, str]:
         import ray
 
-        from adapters.ray_adapter import current_actor
+        from compat.ray_compat import current_actor
 
         return current_actor(), ray.get_runtime_context().get_node_id()
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from adapters.ray_adapter import fork_launch_supported, stop_autoscaler_monitor, worker_python
+from compat.ray_compat import fork_launch_supported, stop_autoscaler_monitor, worker_python
 from processes.fork_client import SOCKET_ENV
 from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
 

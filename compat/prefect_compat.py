@@ -17,7 +17,7 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from adapters.versions import within
+from compat.versions import within
 
 WRITTEN_FOR = SpecifierSet(">=3.7,<3.10")
 

@@ -1,6 +1,6 @@
-"""Contract tests of the adapters (S-DEP-2): each fails when an internal its adapter
+"""Contract tests of compat/ (S-DEP-2): each fails when an internal a compat module
 relies on is gone from the installed version, or when the installed version left the
-range the adapter was written for, so `make lock` to a new Ray or Prefect fails here,
+range the module was written for, so `make lock` to a new Ray or Prefect fails here,
 loudly, instead of running slower or wrong."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import textwrap
 
 import pytest
 
-from adapters import prefect_adapter, ray_adapter
-from adapters.versions import installed_version
+from compat import prefect_compat, ray_compat
+from compat.versions import installed_version
 from tests.conftest import REPO_ROOT
 
 
-@pytest.mark.parametrize("adapter, distribution", [(ray_adapter, "ray"), (prefect_adapter, "prefect")])
-def test_the_installed_version_is_one_the_adapter_was_written_for(adapter, distribution):
+@pytest.mark.parametrize("module, distribution", [(ray_compat, "ray"), (prefect_compat, "prefect")])
+def test_the_installed_version_is_one_the_module_was_written_for(module, distribution):
     found = installed_version(distribution)
-    assert found is not None and adapter.WRITTEN_FOR.contains(found), (
-        f"{distribution} {found} is outside {adapter.__name__}.WRITTEN_FOR ({adapter.WRITTEN_FOR}): check each "
+    assert found is not None and module.WRITTEN_FOR.contains(found), (
+        f"{distribution} {found} is outside {module.__name__}.WRITTEN_FOR ({module.WRITTEN_FOR}): check each "
         "internal it uses against the new version, then widen the range"
     )
 
@@ -46,7 +46,7 @@ def test_prefect_keeps_its_server_app_and_answers_a_locked_database_with_a_retry
     from prefect.server.api import server
 
     assert callable(server.create_app)
-    body = prefect_adapter.locked_database_body()
+    body = prefect_compat.locked_database_body()
     assert isinstance(body, dict) and body  # what processes/temporary_server.py retries on
 
 
@@ -77,8 +77,8 @@ def test_transformers_models_still_name_their_blocks(tiny_model_dir):
 def test_a_version_outside_the_range_says_which_public_path_it_takes(monkeypatch, capsys):
     from packaging.specifiers import SpecifierSet
 
-    monkeypatch.setattr(prefect_adapter, "WRITTEN_FOR", SpecifierSet("<1"))
-    assert not prefect_adapter.temporary_api_supported()
+    monkeypatch.setattr(prefect_compat, "WRITTEN_FOR", SpecifierSet("<1"))
+    assert not prefect_compat.temporary_api_supported()
     line = capsys.readouterr().err.strip()
     assert line.startswith("prefect 3.") and "written for prefect<1" in line and "Prefect starts its own server" in line
 

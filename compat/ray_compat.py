@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from packaging.specifiers import SpecifierSet
 
-from adapters.versions import within
+from compat.versions import within
 
 WRITTEN_FOR = SpecifierSet(">=2.60,<2.61")
 
