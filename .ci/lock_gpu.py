@@ -16,6 +16,9 @@ manylinux x86_64 is the CUDA build; its nvidia-*/cuda-* runtime wheels and trito
 in as its dependencies, with the exact versions its metadata pins.
 
 Usage: python .ci/lock_gpu.py [--out requirements-gpu.lock] [--index-url URL]
+       python .ci/lock_gpu.py --print-requirements [--without NAME ...]
+(the second prints those requirements on one line, for an install line:
+`make test-gpu-lock-versions` installs them without vllm and torch)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,10 +38,26 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPI = "https://pypi.org/simple"
 
 
+def name_of(requirement: str) -> str:
+    """The normalised project name of a requirement: `nixl-cu12` for `nixl_cu12==1.5.1`."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0]).lower()
+
+
+def cuda_family(requirement: str) -> str | None:
+    """`nixl` for `nixl-cu12==1.5.1`: the package a `-cuNN` build is one CUDA build of."""
+    match = re.fullmatch(r"(.+)-cu\d+", name_of(requirement))
+    return match.group(1) if match else None
+
+
 def requirements(pyproject: Path) -> list[str]:
+    """The `gpu` extra, the dev extra (test-gpu-env runs the suite) and the dependencies,
+    less any dependency that is another CUDA build of a package the `gpu` extra names
+    (the CPU install's nixl-cu12 where the GPU install takes nixl-cu13 for torch's CUDA)."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
-    return list(extras["gpu"]) + list(extras["dev"]) + list(project["dependencies"])  # dev: test-gpu-env runs the suite
+    rebuilt = {cuda_family(r) for r in extras["gpu"]} - {None}
+    dependencies = [r for r in project["dependencies"] if cuda_family(r) not in rebuilt]
+    return list(extras["gpu"]) + list(extras["dev"]) + dependencies
 
 
 def isolated_env() -> dict[str, str]:
@@ -54,7 +74,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "requirements-gpu.lock"))
     parser.add_argument("--index-url", default=PYPI)
+    parser.add_argument("--print-requirements", action="store_true")
+    parser.add_argument("--without", nargs="*", default=[])
     args = parser.parse_args()
+
+    if args.print_requirements:
+        left_out = {name_of(name) for name in args.without}
+        print(" ".join(f"'{r}'" for r in requirements(ROOT / "pyproject.toml") if name_of(r) not in left_out))
+        return 0
 
     if sys.version_info[:2] != (3, 11) or sys.platform != "linux" or platform.machine() != "x86_64":
         print(f"lock_gpu: needs CPython 3.11 on Linux x86_64 (the GPU target); this is Python "
