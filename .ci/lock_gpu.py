@@ -80,7 +80,7 @@ def main() -> int:
 
     if args.print_requirements:
         left_out = {name_of(name) for name in args.without}
-        print(" ".join(f"'{r}'" for r in requirements(ROOT / "pyproject.toml") if name_of(r) not in left_out))
+        print(" ".join(r for r in requirements(ROOT / "pyproject.toml") if name_of(r) not in left_out))
         return 0
 
     if sys.version_info[:2] != (3, 11) or sys.platform != "linux" or platform.machine() != "x86_64":
