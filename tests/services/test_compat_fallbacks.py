@@ -80,3 +80,26 @@ def test_an_artifact_is_created_through_prefects_public_path_too(prefect_api, mo
     make_artifacts()
     assert Artifact.get("compat-in-range").data == "inside"
     assert Artifact.get("compat-public-path").data == "public"
+
+
+def test_a_flows_logs_are_flushed_through_prefects_public_path_too(prefect_api, monkeypatch):
+    """Outside compat/prefect_compat.py's range `APILogHandler.flush()` sends the queued
+    logs (the events are left to Prefect's exit handlers)."""
+    from packaging.specifiers import SpecifierSet
+    from prefect import flow, get_run_logger
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.runtime import flow_run
+
+    from compat import prefect_compat
+
+    @flow
+    def logs_then_flushes() -> str:
+        get_run_logger().info("sent by the public flush")
+        monkeypatch.setattr(prefect_compat, "WRITTEN_FOR", SpecifierSet("<1"))
+        prefect_compat.drain_logs_and_events(timeout_s=5)
+        with get_client(sync_client=True) as client:  # read before the flow's own end drains anything
+            return " | ".join(log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))))
+
+    assert "sent by the public flush" in logs_then_flushes()
