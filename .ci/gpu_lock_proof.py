@@ -10,8 +10,9 @@ Run with the python of the environment under test (the Makefile's GPU_LOCK_VENV:
    job.name=gpu-lock-proof job.output_root=OUT` must end at policy_version 2;
 3. the same with rl.max_steps=3 must resume from the boundary of iteration 2 and end
    at policy_version 3;
-4. then (with --record) writes the record: what ran, when, and the environment's full
-   `name==version` list. tests/pure/test_locks.py fails when requirements-gpu.lock pins
+4. then (with --record) writes the record: what ran, when, the resolver's proof of the
+   lock (--resolver-record, written by `.ci/lock_gpu.py --check`) and the environment's
+   full `name==version` list. tests/pure/test_locks.py fails when requirements-gpu.lock pins
    another version of a package in that list, so a lock that moves needs this rerun.
 """
 
@@ -85,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", help="write the record here on success (docs/gpu-lock-proof.txt)")
     parser.add_argument("--output-root", default="/tmp/gpu-lock-proof")
+    parser.add_argument("--resolver-record", help="comment lines of `.ci/lock_gpu.py --check`, copied into the record")
     args = parser.parse_args()
 
     pins = lock_pins(ROOT / "requirements-gpu.lock")
@@ -145,6 +147,7 @@ def main() -> int:
             f"#   {resumed.group(0).strip()}",
             f"#   {last(second, r'^iter +3/3')}",
             f"#   {last(second, r'^done: run')}",
+            *(Path(args.resolver_record).read_text().splitlines() if args.resolver_record else []),
             "# the environment:",
         ]
         lines = [f"{name}=={version}" for _, (name, version) in sorted(have.items())

@@ -17,13 +17,16 @@ in as its dependencies, with the exact versions its metadata pins.
 
 Usage: python .ci/lock_gpu.py [--out requirements-gpu.lock] [--index-url URL]
        python .ci/lock_gpu.py --print-requirements [--without NAME ...]
+       python .ci/lock_gpu.py --check RECORD
 (the second prints those requirements on one line, for an install line:
-`make test-gpu-lock-versions` installs them without vllm and torch)
+`make test-gpu-lock-versions` installs them without vllm and torch; the third resolves
+them with the lock as constraints and fails unless the lock is exactly the result)
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -31,6 +34,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -70,12 +74,59 @@ def isolated_env() -> dict[str, str]:
     return env
 
 
+def resolve(reqs: list[str], index_url: str, *pip_options: str) -> dict:
+    """pip's report of resolving `reqs` on PyPI, installing nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report_path), "--index-url", index_url, *pip_options, *reqs]
+        print("lock_gpu: resolving (about 1-3 min):", " ".join(cmd[3:]), flush=True)
+        subprocess.run(cmd, check=True, env=isolated_env())
+        return json.loads(report_path.read_text())
+
+
+def check(reqs: list[str], index_url: str, record: Path) -> int:
+    """The resolver's proof of the lock as it is: pip resolves the requirements the lock
+    was made from with the lock as constraints; the lock is a solution exactly when
+    that succeeds and installs every pinned package at its pin and nothing else. The
+    record is a few comment lines (make test-gpu-lock-versions puts them in
+    docs/gpu-lock-proof.txt)."""
+    lock = ROOT / "requirements-gpu.lock"
+    pinned = {name_of(line): line.split("==", 1)[1].strip() for line in lock.read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    started = time.monotonic()
+    report = resolve(reqs, index_url, "-c", str(lock))
+    took = time.monotonic() - started
+    resolved = {name_of(item["metadata"]["name"]): item["metadata"]["version"] for item in report["install"]}
+    extra = sorted(f"{name}=={version}" for name, version in resolved.items() if pinned.get(name) != version)
+    missing = sorted(f"{name}=={version}" for name, version in pinned.items() if resolved.get(name) != version)
+    if extra or missing:
+        print(f"lock_gpu: requirements-gpu.lock is not what pip resolves: resolved but not pinned {extra}; "
+              f"pinned but not resolved {missing}", file=sys.stderr)
+        return 1
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# resolver: {stamp}, pip {report.get('pip_version', '?')} install --dry-run --ignore-installed --report",
+        f"#   --index-url {index_url} -c requirements-gpu.lock, with no pip configuration, of the {len(reqs)}",
+        "#   requirements the lock is made from (.ci/lock_gpu.py requirements(): the gpu and dev extras",
+        f"#   and the dependencies, {' '.join(r for r in reqs if cuda_family(r))} as the NIXL build):",
+        f"#   resolved, for CPython 3.11 on Linux x86_64, to exactly the lock's {len(pinned)} pins (torch",
+        f"#   {resolved.get('torch')} from PyPI, so its CUDA build) in {took:.0f} s. So the lock is one consistent",
+        "#   solution of pyproject.toml's GPU requirements on PyPI.",
+    ]
+    record.write_text("\n".join(lines) + "\n")
+    print(f"lock_gpu: requirements-gpu.lock is a resolution of its {len(reqs)} requirements: wrote {record}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "requirements-gpu.lock"))
     parser.add_argument("--index-url", default=PYPI)
     parser.add_argument("--print-requirements", action="store_true")
     parser.add_argument("--without", nargs="*", default=[])
+    parser.add_argument("--check", metavar="RECORD",
+                        help="resolve with the lock as constraints, fail unless that is the lock; record it here")
     args = parser.parse_args()
 
     if args.print_requirements:
@@ -89,13 +140,9 @@ def main() -> int:
         return 2
 
     reqs = requirements(ROOT / "pyproject.toml")
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report_path), "--index-url", args.index_url, *reqs]
-        print("lock_gpu: resolving (about 1-3 min):", " ".join(cmd[3:]), flush=True)
-        subprocess.run(cmd, check=True, env=isolated_env())
-        report = json.loads(report_path.read_text())
+    if args.check:
+        return check(reqs, args.index_url, Path(args.check))
+    report = resolve(reqs, args.index_url)
 
     pins: dict[str, str] = {}
     for item in report["install"]:
