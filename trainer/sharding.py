@@ -63,8 +63,8 @@ def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     stacks = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)]
     if not stacks:
         raise ValueError(
-            f"{type(model).__name__} names no blocks to shard (no `_no_split_modules`, no ModuleList of layers): "
-            "FSDP would gather the whole model at once"
+            f"{type(model).__name__} names no blocks to shard (it declares no unsplittable blocks and has no "
+            "ModuleList of layers): FSDP would gather the whole model at once"
         )
     return list(max(stacks, key=len))
 
