@@ -80,7 +80,7 @@ def resolve(reqs: list[str], index_url: str, *pip_options: str) -> dict:
         report_path = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                "--report", str(report_path), "--index-url", index_url, *pip_options, *reqs]
-        print("lock_gpu: resolving (about 1-3 min):", " ".join(cmd[3:]), flush=True)
+        print("lock_gpu: resolving (a few minutes):", " ".join(cmd[3:]), flush=True)
         subprocess.run(cmd, check=True, env=isolated_env())
         return json.loads(report_path.read_text())
 
