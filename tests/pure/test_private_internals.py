@@ -235,7 +235,9 @@ class Finder(ast.NodeVisitor):
             self.file_names.append((node.lineno, text))
 
 
-def findings() -> list[str]:
+@cache
+def findings() -> tuple[str, ...]:
+    """`file:line: what` for each private internal outside compat/."""
     found = []
     for path in production_files():
         where = str(path.relative_to(REPO_ROOT))
@@ -248,7 +250,7 @@ def findings() -> list[str]:
             if name in private_files:
                 finder.found.append((line, f"{name!r} (names {private_files[name]})"))
         found += [f"{where}:{line}: {what}" for line, what in sorted(set(finder.found))]
-    return found
+    return tuple(found)
 
 
 def test_no_private_internal_of_a_dependency_outside_compat():
