@@ -31,9 +31,9 @@ from tests.conftest import REPO_ROOT
 
 DEPENDENCIES = ("torch", "transformers", "vllm", "ray", "prefect", "peft", "nixl", "nixl_cu12", "nixl_cu13")
 COMPAT = "compat"
-# Public-looking paths their projects document as internal.
-PRIVATE_PATHS = ("prefect.server", "prefect._internal", "vllm.model_executor", "vllm.v1", "vllm.engine",
-                 "vllm.worker", "ray._private", "ray._raylet", "ray.core")
+# Paths their projects document as internal: Prefect's server implementation (clients
+# use prefect.client), vLLM's model executor (users go through vllm.LLM).
+PRIVATE_PATHS = ("prefect.server", "prefect._internal", "vllm.model_executor", "ray._private", "ray._raylet")
 # Names reached through a public name whose definition is private: the test cannot see
 # through the class, so they are listed with where they really live.
 DOCUMENTED_PRIVATE = {
