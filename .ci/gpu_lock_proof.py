@@ -4,13 +4,15 @@ Run with the python of the environment under test (the Makefile's GPU_LOCK_VENV:
 2.13.0+cpu, everything else constrained to the GPU lock). From the repository root:
 
 1. checks that torch is a CPU build and that every installed package the GPU lock also
-   pins has the GPU lock's version (torch itself excepted);
+   pins has the GPU lock's version (torch itself excepted), and that the NIXL package
+   the transport loads (trainer/nixl_package.py) is the GPU lock's build;
 2. `python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2
    job.name=gpu-lock-proof job.output_root=OUT` must end at policy_version 2;
 3. the same with rl.max_steps=3 must resume from the boundary of iteration 2 and end
    at policy_version 3;
-4. then (with --record) writes the record: what ran, when, and the environment's full
-   `name==version` list. tests/pure/test_locks.py fails when requirements-gpu.lock pins
+4. then (with --record) writes the record: what ran, when, the resolver's proof of the
+   lock (--resolver-record, written by `.ci/lock_gpu.py --check`) and the environment's
+   full `name==version` list. tests/pure/test_locks.py fails when requirements-gpu.lock pins
    another version of a package in that list, so a lock that moves needs this rerun.
 """
 
@@ -84,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", help="write the record here on success (docs/gpu-lock-proof.txt)")
     parser.add_argument("--output-root", default="/tmp/gpu-lock-proof")
+    parser.add_argument("--resolver-record", help="comment lines of `.ci/lock_gpu.py --check`, copied into the record")
     args = parser.parse_args()
 
     pins = lock_pins(ROOT / "requirements-gpu.lock")
@@ -100,6 +103,14 @@ def main() -> int:
         raise SystemExit(f"gpu_lock_proof: environment differs from requirements-gpu.lock: {wrong}; missing {missing}")
     print("gpu_lock_proof: torch", torch.__version__, "|",
           ", ".join(f"{k} {have[k][1]}" for k in KEY), flush=True)
+    sys.path.insert(0, str(ROOT))
+    from trainer.nixl_package import nixl_module
+
+    nixl = nixl_module().__name__
+    locked_nixl = [name.replace("-", "_") for name in pins if name.startswith("nixl-cu")]
+    if [nixl] != locked_nixl:
+        raise SystemExit(f"gpu_lock_proof: the NIXL transport loads {nixl}, the GPU lock pins {locked_nixl}")
+    print(f"gpu_lock_proof: the NIXL transport loads {nixl} {have[canonical(nixl)][1]}", flush=True)
 
     output_root = Path(args.output_root)
     shutil.rmtree(output_root / JOB, ignore_errors=True)
@@ -127,6 +138,7 @@ def main() -> int:
             "# tests/pure/test_locks.py fails when requirements-gpu.lock pins another version of any",
             "# package listed below (torch excepted): rerun `make test-gpu-lock-versions` and commit this file.",
             f"# when: {stamp}; {os.cpu_count()} cores; load average {load_before} before, {load_after} after",
+            f"# NIXL: trainer/nixl_package.py loads {nixl} {have[canonical(nixl)][1]}, the GPU lock's build",
             f"# run 1: python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2 job.name={JOB}"
             f" job.output_root={output_root} (PREFECT_HOME={prefect_home}): exit 0 in {t1:.1f} s",
             f"#   {last(first, r'^iter +2/2')}",
@@ -135,6 +147,7 @@ def main() -> int:
             f"#   {resumed.group(0).strip()}",
             f"#   {last(second, r'^iter +3/3')}",
             f"#   {last(second, r'^done: run')}",
+            *(Path(args.resolver_record).read_text().splitlines() if args.resolver_record else []),
             "# the environment:",
         ]
         lines = [f"{name}=={version}" for _, (name, version) in sorted(have.items())

@@ -16,17 +16,25 @@ manylinux x86_64 is the CUDA build; its nvidia-*/cuda-* runtime wheels and trito
 in as its dependencies, with the exact versions its metadata pins.
 
 Usage: python .ci/lock_gpu.py [--out requirements-gpu.lock] [--index-url URL]
+       python .ci/lock_gpu.py --print-requirements [--without NAME ...]
+       python .ci/lock_gpu.py --check RECORD
+(the second prints those requirements on one line, for an install line:
+`make test-gpu-lock-versions` installs them without vllm and torch; the third resolves
+them with the lock as constraints and fails unless the lock is exactly the result)
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -34,10 +42,26 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPI = "https://pypi.org/simple"
 
 
+def name_of(requirement: str) -> str:
+    """The normalised project name of a requirement: `nixl-cu12` for `nixl_cu12==1.5.1`."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0]).lower()
+
+
+def cuda_family(requirement: str) -> str | None:
+    """`nixl` for `nixl-cu12==1.5.1`: the package a `-cuNN` build is one CUDA build of."""
+    match = re.fullmatch(r"(.+)-cu\d+", name_of(requirement))
+    return match.group(1) if match else None
+
+
 def requirements(pyproject: Path) -> list[str]:
+    """The `gpu` extra, the dev extra (test-gpu-env runs the suite) and the dependencies,
+    less any dependency that is another CUDA build of a package the `gpu` extra names
+    (the CPU install's nixl-cu12 where the GPU install takes nixl-cu13 for torch's CUDA)."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
-    return list(extras["gpu"]) + list(extras["dev"]) + list(project["dependencies"])  # dev: test-gpu-env runs the suite
+    rebuilt = {cuda_family(r) for r in extras["gpu"]} - {None}
+    dependencies = [r for r in project["dependencies"] if cuda_family(r) not in rebuilt]
+    return list(extras["gpu"]) + list(extras["dev"]) + dependencies
 
 
 def isolated_env() -> dict[str, str]:
@@ -50,11 +74,65 @@ def isolated_env() -> dict[str, str]:
     return env
 
 
+def resolve(reqs: list[str], index_url: str, *pip_options: str) -> dict:
+    """pip's report of resolving `reqs` on PyPI, installing nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report_path), "--index-url", index_url, *pip_options, *reqs]
+        print("lock_gpu: resolving (a few minutes):", " ".join(cmd[3:]), flush=True)
+        subprocess.run(cmd, check=True, env=isolated_env())
+        return json.loads(report_path.read_text())
+
+
+def check(reqs: list[str], index_url: str, record: Path) -> int:
+    """The resolver's proof of the lock as it is: pip resolves the requirements the lock
+    was made from with the lock as constraints; the lock is a solution exactly when
+    that succeeds and installs every pinned package at its pin and nothing else. The
+    record is a few comment lines (make test-gpu-lock-versions puts them in
+    docs/gpu-lock-proof.txt)."""
+    lock = ROOT / "requirements-gpu.lock"
+    pinned = {name_of(line): line.split("==", 1)[1].strip() for line in lock.read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    started = time.monotonic()
+    report = resolve(reqs, index_url, "-c", str(lock))
+    took = time.monotonic() - started
+    resolved = {name_of(item["metadata"]["name"]): item["metadata"]["version"] for item in report["install"]}
+    extra = sorted(f"{name}=={version}" for name, version in resolved.items() if pinned.get(name) != version)
+    missing = sorted(f"{name}=={version}" for name, version in pinned.items() if resolved.get(name) != version)
+    if extra or missing:
+        print(f"lock_gpu: requirements-gpu.lock is not what pip resolves: resolved but not pinned {extra}; "
+              f"pinned but not resolved {missing}", file=sys.stderr)
+        return 1
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# resolver: {stamp}, pip {report.get('pip_version', '?')} install --dry-run --ignore-installed --report",
+        f"#   --index-url {index_url} -c requirements-gpu.lock, with no pip configuration, of the {len(reqs)}",
+        "#   requirements the lock is made from (.ci/lock_gpu.py requirements(): the gpu and dev extras",
+        f"#   and the dependencies, {' '.join(r for r in reqs if cuda_family(r))} as the NIXL build):",
+        f"#   resolved, for CPython 3.11 on Linux x86_64, to exactly the lock's {len(pinned)} pins (torch",
+        f"#   {resolved.get('torch')} from PyPI, so its CUDA build) in {took:.0f} s. So the lock is one consistent",
+        "#   solution of pyproject.toml's GPU requirements on PyPI.",
+    ]
+    record.write_text("\n".join(lines) + "\n")
+    print(f"lock_gpu: requirements-gpu.lock is a resolution of its {len(reqs)} requirements: wrote {record}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "requirements-gpu.lock"))
     parser.add_argument("--index-url", default=PYPI)
+    parser.add_argument("--print-requirements", action="store_true")
+    parser.add_argument("--without", nargs="*", default=[])
+    parser.add_argument("--check", metavar="RECORD",
+                        help="resolve with the lock as constraints, fail unless that is the lock; record it here")
     args = parser.parse_args()
+
+    if args.print_requirements:
+        left_out = {name_of(name) for name in args.without}
+        print(" ".join(r for r in requirements(ROOT / "pyproject.toml") if name_of(r) not in left_out))
+        return 0
 
     if sys.version_info[:2] != (3, 11) or sys.platform != "linux" or platform.machine() != "x86_64":
         print(f"lock_gpu: needs CPython 3.11 on Linux x86_64 (the GPU target); this is Python "
@@ -62,13 +140,9 @@ def main() -> int:
         return 2
 
     reqs = requirements(ROOT / "pyproject.toml")
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report_path), "--index-url", args.index_url, *reqs]
-        print("lock_gpu: resolving (about 1-3 min):", " ".join(cmd[3:]), flush=True)
-        subprocess.run(cmd, check=True, env=isolated_env())
-        report = json.loads(report_path.read_text())
+    if args.check:
+        return check(reqs, args.index_url, Path(args.check))
+    report = resolve(reqs, args.index_url)
 
     pins: dict[str, str] = {}
     for item in report["install"]:

@@ -17,18 +17,19 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-METADATA_FILE = ".metadata"
+from compat.torch_compat import METADATA_FILE as METADATA_FILE  # the file name sharded_role.py looks for
+from compat.torch_compat import dcp_metadata_path, dcp_metadata_private_globals
 
-_ALLOWED_GLOBALS = {
+
+# DCP's public metadata classes; the private ones its pickle names come from compat/.
+_PUBLIC_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", name)
     for name in (
         "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
+        "ChunkStorageMetadata", "BytesStorageMetadata",
     )
 } | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
     ("pathlib", "PosixPath"),
     ("pathlib", "PurePosixPath"),
 }
@@ -44,7 +45,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
+        if (module, name) in _PUBLIC_GLOBALS or (module, name) in dcp_metadata_private_globals():
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
@@ -57,8 +58,7 @@ class SafeReader(FileSystemReader):
     """DCP's file reader with `.metadata` read through the restricted unpickler."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")
-        path = self._get_metadata_path(rank)
+        path = dcp_metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as handle:
             metadata = _MetadataUnpickler(handle, str(path)).load()
         if not isinstance(metadata, Metadata):

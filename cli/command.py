@@ -199,11 +199,9 @@ def drain_prefect(timeout_s: float = 5.0) -> None:
     by Prefect's exit handlers, or retried for a minute against a stopped API."""
     if "prefect.logging.handlers" not in sys.modules:  # the command never got as far as Prefect
         return
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
+    from compat.prefect_compat import drain_logs_and_events
 
-    APILogWorker.drain_all(timeout=timeout_s)
-    EventsWorker.drain_all(timeout=timeout_s)
+    drain_logs_and_events(timeout_s)
 
 
 def refuse(problems: list[str]) -> int:

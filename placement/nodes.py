@@ -9,18 +9,24 @@ from typing import Any
 
 def actor_whereabouts(actors: dict[str, Any], timeout_s: float = 30.0) -> dict[str, tuple[str, str]]:
     """Actor key -> (its Ray actor id, the id of the node its process runs on), asked of
-    each actor itself (Ray's public runtime context). Best effort: an actor that does
-    not answer in time is left out, and its failures are then named without it."""
+    each actor itself (Ray's public runtime context, run inside it through
+    compat/ray_compat.py). Best effort: an actor that does not answer in time, or any
+    actor on a Ray that module was not written for, is left out, and its failures are
+    then named without it."""
     import ray
+
+    from compat.ray_compat import call_inside
 
     def whereabouts(_self: Any) -> tuple[str | None, str]:
         import ray
 
-        from adapters.ray_adapter import current_actor
+        from compat.ray_compat import current_actor
 
         return current_actor(), ray.get_runtime_context().get_node_id()
 
-    asked = {actors[key].__ray_call__.remote(whereabouts): key for key in actors}
+    asked = {ref: key for key in actors if (ref := call_inside(actors[key], whereabouts)) is not None}
+    if not asked:
+        return {}
     answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
     found: dict[str, tuple[str, str]] = {}
     for ref in answered:

@@ -14,14 +14,16 @@ import struct
 import sys
 
 SOCKET_ENV = "PPO_FORK_SERVER_SOCKET"
-WORKER_SCRIPT = "default_worker.py"  # Ray's worker entry point: the one command that is forked
+# The file name of Ray's worker script, handed down beside the socket by the Ray session
+# (compat/ray_compat.py knows it): the one command that is forked. Unset: none is.
+WORKER_SCRIPT_ENV = "PPO_FORK_WORKER_SCRIPT"
 
 
 def is_worker_command(argv: list[str]) -> bool:
     """Ray's worker command (its script, after any interpreter flags), not a daemon's
-    or the runtime-environment shim's (`setup_worker.py`)."""
+    or the runtime-environment shim's."""
     script = next((arg for arg in argv if not arg.startswith("-")), "")
-    return os.path.basename(script) == WORKER_SCRIPT
+    return bool(script) and os.path.basename(script) == os.environ.get(WORKER_SCRIPT_ENV)
 
 
 def main(argv: list[str]) -> None:

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from adapters.ray_adapter import fork_launch_supported, stop_autoscaler_monitor, worker_python
-from processes.fork_client import SOCKET_ENV
+from compat.ray_compat import fork_launch_supported, stop_autoscaler_monitor, worker_python, worker_script
+from processes.fork_client import SOCKET_ENV, WORKER_SCRIPT_ENV
 from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     socket_path = _fork_socket(address)
     if socket_path is not None:
         env_vars[SOCKET_ENV] = socket_path
+        env_vars[WORKER_SCRIPT_ENV] = worker_script() or ""  # "": nothing is forked
     for key, value in RAY_DEFAULTS.items():
         os.environ.setdefault(key, value)
     options: dict[str, Any] = {

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.prefect_adapter import temporary_api_supported
+from compat.prefect_compat import SERVER_ENV, standing_api_possible, temporary_api_supported
 from processes.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -75,12 +75,6 @@ class TemporaryApi:
                 self.process.wait()
 
 
-# What Prefect's SubprocessASGIServer gives its server, beside the settings: no UI, ephemeral mode.
-SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-# Settings that decide whether a run has a standing API (or may start a temporary one).
-DECIDING_ENV = ("PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_API_SERVICES_EPHEMERAL_ENABLED")
-
-
 def launch_early() -> TemporaryApi | None:
     """The temporary API, launched without importing Prefect, when nothing in sight
     could name a standing API; None leaves the decision to `start_temporary_api`.
@@ -89,29 +83,6 @@ def launch_early() -> TemporaryApi | None:
     if standing_api_possible(os.environ, Path.cwd()) or not temporary_api_supported():
         return None
     return _launch_api(server_command(), {**os.environ, **SERVER_ENV})
-
-
-def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Path) -> bool:
-    """False only when no setting that could name an API (or turn temporary ones off)
-    is in the environment, the active profiles file, or a settings file Prefect reads
-    from the working directory: a plain read of their text, no Prefect import. True
-    may be wrong (Prefect then decides); False is right for every source it names."""
-    if any(environ.get(key) for key in DECIDING_ENV):
-        return True
-    home = Path(os.path.expanduser(environ.get("PREFECT_HOME") or "~/.prefect"))
-    profiles = Path(os.path.expanduser(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml"))
-    sources = [(profiles, ("API_URL", "EPHEMERAL")), (cwd / ".env", ("PREFECT_",)),
-               (cwd / "prefect.toml", ("",)), (cwd / "pyproject.toml", ("tool.prefect",))]
-    for path, markers in sources:
-        try:
-            text = path.read_text(errors="replace")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            continue
-        except OSError:
-            return True
-        if any(marker in text for marker in markers):
-            return True
-    return False
 
 
 def server_command() -> list[str]:

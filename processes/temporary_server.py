@@ -109,6 +109,6 @@ def _is_locked(held: list[Message], locked_body: Any) -> bool:
 
 def create_app() -> App:
     """The uvicorn factory of the temporary API (processes/temporary_api.py)."""
-    from adapters.prefect_adapter import locked_database_body, server_app
+    from compat.prefect_compat import locked_database_body, server_app
 
     return RetryLockedDatabase(server_app(), locked_body=locked_database_body())

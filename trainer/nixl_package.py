@@ -7,7 +7,10 @@ import importlib
 import os
 from types import ModuleType
 
-MODULES = ("nixl_cu12", "nixl_cu13", "nixl")  # the CUDA-variant wheels, then the meta package
+# NIXL's CUDA builds, then its meta package. Each install path has one build: the CPU lock
+# nixl-cu12, the GPU lock nixl-cu13 (for the CUDA 13 runtime of PyPI's torch 2.13.0), so
+# the CUDA 13 build comes first where `pip install .[gpu]` added it beside the other.
+MODULES = ("nixl_cu13", "nixl_cu12", "nixl")
 
 
 def nixl_module() -> ModuleType:
@@ -19,7 +22,10 @@ def nixl_module() -> ModuleType:
             return importlib.import_module(name)
         except ImportError as error:  # absent, or present but its native library does not load
             errors.append(f"{name}: {error}")
-    raise ImportError("NIXL does not load here (" + "; ".join(errors) + "); install it with pip install nixl-cu12")
+    raise ImportError(
+        "NIXL does not load here (" + "; ".join(errors) + "); install the build for torch's CUDA: "
+        "pip install nixl-cu13 (CUDA 13) or nixl-cu12 (CUDA 12, or no GPU)"
+    )
 
 
 def unavailable_reason() -> str | None:

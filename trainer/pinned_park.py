@@ -69,9 +69,9 @@ def move_state(
         if param.grad is not None:
             param.grad = param.grad.to(device)  # rare: a park drops gradients first
     for module_name, module in model.named_modules():
-        for buffer_name, buffer in module._buffers.items():
-            if buffer is not None:
-                module._buffers[buffer_name] = move(("buffer", module_name, buffer_name), buffer)
+        # Assigning a registered buffer's name replaces the buffer and keeps whether it is persistent.
+        for buffer_name, buffer in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, buffer_name, move(("buffer", module_name, buffer_name), buffer))
     for slot, state, key in optimizer_state_slots(optimizer):
         state[key] = move(slot, state[key])
     if to_host and torch.cuda.is_available():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from compat.transformers_compat import declared_blocks
 from models.lora import is_lora_model, lora_scaling, merged_weights
 
 if TYPE_CHECKING:
@@ -52,18 +53,18 @@ def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
 def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks, each its own FSDP unit (gathered one at a time in
     forward and backward): the classes a transformers model declares unsplittable
-    (its `_no_split_modules`), else the entries of its longest `ModuleList` (the
+    (compat/transformers_compat.py), else the entries of its longest `ModuleList` (the
     layer stack). Without either the whole model would be one unit: the peak memory
     of an unsharded model, with nothing failing, so that is refused."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
+    names = declared_blocks(model)
     blocks = [module for module in model.modules() if type(module).__name__ in names]
     if blocks:
         return blocks
     stacks = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)]
     if not stacks:
         raise ValueError(
-            f"{type(model).__name__} names no blocks to shard (no `_no_split_modules`, no ModuleList of layers): "
-            "FSDP would gather the whole model at once"
+            f"{type(model).__name__} names no blocks to shard (it declares no unsplittable blocks and has no "
+            "ModuleList of layers): FSDP would gather the whole model at once"
         )
     return list(max(stacks, key=len))
 

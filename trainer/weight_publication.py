@@ -130,7 +130,7 @@ def _bucket_store() -> Callable[[dict[str, torch.Tensor]], Any]:
     try:
         import ray
 
-        from adapters.ray_adapter import current_actor
+        from compat.ray_compat import current_actor
     except ImportError:
         return _keep
     if current_actor() is not None:

@@ -24,7 +24,7 @@ from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger
 
-from adapters.prefect_adapter import create_artifact
+from compat.prefect_compat import create_artifact
 from views.curves import CURVE_FILE, latest_per_iteration, write_reward_curve
 from rundir.run_outputs import RunPaths, read_metrics
 from views.artifact_writes import artifact_writes

@@ -13,7 +13,7 @@ from prefect import get_run_logger
 from prefect.artifacts import TableArtifact
 from prefect.context import TaskRunContext
 
-from adapters.prefect_adapter import create_artifact
+from compat.prefect_compat import create_artifact
 from roles.replay_role import ExperienceReceipt
 from views.artifact_writes import artifact_writes
 from views.run_artifacts import run_flow_run_id

@@ -1,6 +1,7 @@
 """vLLM's `LLM` as a rollout engine, under the transformers engine's contract (roles/rollout/engine.py).
 
-The one module that knows vLLM, and it uses only vLLM's public surface (S-DEP-2). vLLM is
+The one module that knows vLLM, and it uses only vLLM's public surface, but for the one
+internal compat/vllm_compat.py reads (S-DEP-2). vLLM is
 imported in the constructor, so the default CPU install never needs it. docs/launch.md
 section 4 describes the contract kept: per-prompt seeds, log-probs after temperature,
 weights staged bucket by bucket and installed at once, sleep under colocation.
@@ -15,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
+from compat.vllm_compat import executor_backend
 from data.packing import PackedPrompts
 from roles.rollout.engine import GenerationResult
 
@@ -117,7 +119,7 @@ class VLLMEngine:
             options["enforce_eager"] = True
         options.update(engine_kwargs or {})
         self.llm = LLM(**options)
-        self.executor = self.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
+        self.executor = executor_backend(self.llm)  # None: staged through a file, whichever it is
 
     def generate(
         self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False

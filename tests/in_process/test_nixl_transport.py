@@ -17,11 +17,13 @@ from flows.in_process import run_in_process
 from rundir.run_outputs import RunPaths
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.support.helpers import without_timings
-from trainer import nixl_transport
+from trainer import nixl_package, nixl_transport
 from trainer.nixl_transport import WeightTransferError
 from trainer.weight_publication import publish
 
-pytest.importorskip("nixl_cu12")
+UNAVAILABLE = nixl_package.unavailable_reason()  # either CUDA build of NIXL, as the transport loads it
+if UNAVAILABLE:
+    pytest.skip(UNAVAILABLE, allow_module_level=True)
 
 
 def buckets(version: int) -> list[dict[str, torch.Tensor]]:

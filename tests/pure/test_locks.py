@@ -46,15 +46,34 @@ def read_pins(path: Path) -> dict[str, str]:
     return pins
 
 
+def ci_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / ".ci" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def project() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def direct(extra: str | None = None) -> dict[str, Requirement]:
-    reqs = [Requirement(d) for d in project()["dependencies"] + project()["optional-dependencies"]["dev"]]
-    if extra:
-        reqs += [Requirement(d) for d in project()["optional-dependencies"][extra]]
+    """What a lock was resolved from: the dependencies and the dev extra; for the `gpu`
+    extra, the requirements .ci/lock_gpu.py resolves (its NIXL build replaces the CPU one)."""
+    if extra == "gpu":
+        reqs = [Requirement(d) for d in ci_module("lock_gpu").requirements(ROOT / "pyproject.toml")]
+    else:
+        reqs = [Requirement(d) for d in project()["dependencies"] + project()["optional-dependencies"]["dev"]]
     return {canonicalize_name(r.name): r for r in reqs}
+
+
+def test_each_lock_pins_one_nixl_build_for_its_cuda():
+    """The CPU lock keeps NIXL's CUDA 12 build (it loads without a GPU); the GPU lock's
+    must match the CUDA 13 runtime its torch pins."""
+    cpu, gpu = read_pins(CPU_LOCK), read_pins(GPU_LOCK)
+    assert [name for name in cpu if name.startswith("nixl")] == ["nixl-cu12"]
+    assert [name for name in gpu if name.startswith("nixl")] == ["nixl-cu13"]
+    assert gpu["nvidia-cuda-runtime"].startswith("13.") and gpu["nixl-cu13"] == cpu["nixl-cu12"]
 
 
 @pytest.mark.parametrize("lock, extra", [(CPU_LOCK, None), (GPU_LOCK, "gpu")], ids=["cpu", "gpu"])
@@ -102,6 +121,8 @@ def test_gpu_lock_matches_the_recorded_proof():
     recorded = read_pins(PROOF)
     gpu = read_pins(GPU_LOCK)
     assert "resume: from" in text and "done: run gpu-lock-proof at policy_version 3" in text
+    # The resolver's proof (.ci/lock_gpu.py --check) of this lock: as many pins as it has now.
+    assert "# resolver:" in text and f"to exactly the lock's {len(gpu)} pins" in text
     assert recorded.get("torch", "").endswith("+cpu"), "the proof ran on torch's CPU build"
     moved = {name: (version, gpu.get(name)) for name, version in recorded.items()
              if name != "torch" and name not in TOOLS and gpu.get(name) != version}
@@ -120,9 +141,7 @@ def test_docs_name_the_proven_versions():
 
 
 def test_constraints_for_cpu_torch_keep_the_gpu_versions():
-    spec = importlib.util.spec_from_file_location("gpu_lock_constraints", ROOT / ".ci" / "gpu_lock_constraints.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = ci_module("gpu_lock_constraints")
     kept = {canonicalize_name(line.split("==")[0]): line.split("==")[1] for line in module.constraint_lines()}
     assert not [n for n in kept if n in ("torch", "vllm", "triton") or n.startswith(("nvidia-", "cuda-"))]
     gpu = read_pins(GPU_LOCK)

@@ -148,5 +148,6 @@ def test_nixl_that_cannot_load_is_refused_before_anything_starts(monkeypatch):
     config = load_config(TINY_PROFILE, ["rl.weight_sync_transport=nixl"])
     (problem,) = machine_problems(config)
     assert problem.key == "rl.weight_sync_transport"
-    assert "No module named 'nixl_not_installed_here'" in problem.message and "pip install nixl-cu12" in problem.message
+    assert "No module named 'nixl_not_installed_here'" in problem.message
+    assert "pip install nixl-cu13 (CUDA 13) or nixl-cu12" in problem.message
     assert machine_problems(load_config(TINY_PROFILE, [])) == []

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from processes.temporary_api import TemporaryApi, TemporaryApiFailed, standing_api_possible, start_temporary_api
+from compat.prefect_compat import standing_api_possible
+from processes.temporary_api import TemporaryApi, TemporaryApiFailed, start_temporary_api
 from tests.conftest import REPO_ROOT
 
 

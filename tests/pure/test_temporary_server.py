@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from adapters.prefect_adapter import locked_database_body
+from compat.prefect_compat import locked_database_body
 from processes.temporary_server import RetryLockedDatabase
 
 LOCKED_BODY = locked_database_body()

@@ -96,7 +96,7 @@ def test_wheel_holds_and_imports_every_package(tmp_path):
     files = project_files(ROOT)
     copy_tree(ROOT, files, src)
     packages = top_level_packages(src)
-    assert {"flows", "processes", "adapters", "roles", "trainer"} <= set(packages), packages
+    assert {"flows", "processes", "compat", "roles", "trainer"} <= set(packages), packages
 
     dist = tmp_path / "dist"
     dist.mkdir()

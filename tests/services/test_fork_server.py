@@ -161,11 +161,14 @@ def test_a_killed_driver_leaves_neither_the_fork_server_nor_its_workers():
 def test_without_a_reachable_server_a_worker_starts_as_ray_starts_it(tmp_path):
     """The client falls back to an ordinary `python default_worker.py ...` start: a
     stopped or crashed server costs start-up time, never a run."""
+    from compat.ray_compat import WORKER_SCRIPT
+
     marker = tmp_path / "argv.txt"
-    script = tmp_path / "default_worker.py"  # the name of Ray's worker script: a command the client forks
+    script = tmp_path / WORKER_SCRIPT  # the name of Ray's worker script: a command the client forks
     script.write_text(f"import sys; open({str(marker)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
     client = REPO_ROOT / "processes" / "fork_client.py"
-    env = {**os.environ, "PPO_FORK_SERVER_SOCKET": str(tmp_path / "no-such.sock")}
+    env = {**os.environ, "PPO_FORK_SERVER_SOCKET": str(tmp_path / "no-such.sock"),
+           "PPO_FORK_WORKER_SCRIPT": WORKER_SCRIPT}
     done = subprocess.run([sys.executable, "-S", str(client), str(script), "--flag=1"], env=env, timeout=60)
     assert done.returncode == 0
     assert marker.read_text() == "--flag=1"

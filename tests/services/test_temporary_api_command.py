@@ -8,7 +8,8 @@ import json
 import os
 import urllib.request
 
-from processes.temporary_api import SERVER_ENV, _launch_api, server_command
+from compat.prefect_compat import SERVER_ENV
+from processes.temporary_api import _launch_api, server_command
 
 
 def test_the_real_temporary_api_command_serves_prefects_api_through_the_retry(prefect_api):

@@ -1,4 +1,4 @@
-"""Which installed versions an adapter's internals were written against."""
+"""Which installed versions a compat module's internals were written against."""
 
 from __future__ import annotations
 

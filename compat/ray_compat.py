@@ -2,9 +2,11 @@
 
 Two start-up and shutdown cuts of a local Ray need them (docs/architecture.md, "How a
 run starts"): the raylet's Python replaced by the fork launcher while `ray.init`
-starts the daemons, and the autoscaler monitor stopped before the GCS. Outside
-`WRITTEN_FOR` the workers start as Ray starts them and the monitor is left to
-`ray.shutdown()`: slower, never wrong.
+starts the daemons (the launcher forks the one command that runs Ray's worker script),
+and the autoscaler monitor stopped before the GCS. The run also asks each actor where
+it is through Ray's `__ray_call__`. Outside `WRITTEN_FOR` the workers start as Ray
+starts them, the monitor is left to `ray.shutdown()`, and a failure names no node:
+slower or less precise, never wrong.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Iterator
 
 from packaging.specifiers import SpecifierSet
 
-from adapters.versions import within
+from compat.versions import within
 
 WRITTEN_FOR = SpecifierSet(">=2.60,<2.61")
 
@@ -24,10 +26,21 @@ def internals_usable(what: str, public_path: str) -> bool:
     return within("ray", WRITTEN_FOR, what, public_path)
 
 
+# The script, in ray/_private/workers/, that a raylet's command for each Python worker
+# runs: the one command the fork launcher forks (processes/fork_client.py).
+WORKER_SCRIPT = "default_worker.py"
+
+
 def fork_launch_supported() -> bool:
     """Whether a local Ray's workers can be forked from the fork server (they need the
     launcher to stand in for the raylet's `python`, see `worker_python`)."""
     return internals_usable("forking workers from the fork server", "workers start as Ray starts them")
+
+
+def worker_script() -> str | None:
+    """The file name of Ray's worker script for the fork client to recognise, or None
+    (outside `WRITTEN_FOR`: no command is taken for a worker, each runs as plain Python)."""
+    return WORKER_SCRIPT if fork_launch_supported() else None
 
 
 @contextlib.contextmanager
@@ -76,6 +89,15 @@ def stop_autoscaler_monitor() -> None:
     except Exception as error:  # noqa: BLE001  (ray.shutdown() stops it the slow way)
         print(f"ray: could not stop the autoscaler monitor first: {type(error).__name__}: {error}",
               file=sys.stderr, flush=True)
+
+
+def call_inside(actor: Any, function: Any) -> Any | None:
+    """`function(instance)` run inside `actor`'s process, whatever its class (Ray's
+    undocumented `__ray_call__`): an ObjectRef, or None outside `WRITTEN_FOR`, where
+    the caller does without the answer."""
+    if not internals_usable("asking an actor where it runs", "failures are named without the actor's node"):
+        return None
+    return actor.__ray_call__.remote(function)
 
 
 def current_actor() -> str | None:

@@ -1,7 +1,7 @@
-"""The public paths the adapters fall back to (S-DEP-2), run for real: a Ray outside
-the range the Ray adapter was written for starts its workers unforked and still runs
+"""The public paths the compat modules fall back to (S-DEP-2), run for real: a Ray outside
+the range compat/ray_compat.py was written for starts its workers unforked and still runs
 actors; a failing monitor kill leaves the rest of the shutdown to run; a Prefect
-outside its adapter's range still gets its artifacts created."""
+outside its compat module's range still gets its artifacts created."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ DRIVER = textwrap.dedent(
     from cli.environment import apply_default_environment
     apply_default_environment()
     from packaging.specifiers import SpecifierSet
-    from adapters import ray_adapter
+    from compat import ray_compat
     from processes import ray_session
 
-    written_for = ray_adapter.WRITTEN_FOR
-    ray_adapter.WRITTEN_FOR = SpecifierSet("<2")  # as if the installed Ray were newer than the adapter
+    written_for = ray_compat.WRITTEN_FOR
+    ray_compat.WRITTEN_FOR = SpecifierSet("<2")  # as if the installed Ray were newer than the module
     ray_session.init_ray(num_cpus=1)
     import ray
 
@@ -38,7 +38,7 @@ DRIVER = textwrap.dedent(
     print("unforked workers run", ray_session._fork_server is None and ray.get(probe.pid.remote(), timeout=120) > 0)
 
     # Back in range, with the monitor's kill failing: the rest of the shutdown still runs.
-    ray_adapter.WRITTEN_FOR = written_for
+    ray_compat.WRITTEN_FOR = written_for
     from ray._private import node
 
     def broken_kill(self, check_alive=True):
@@ -51,7 +51,7 @@ DRIVER = textwrap.dedent(
 )
 
 
-# A Ray of its own (about 10 s); the contract tests in tests/in_process/test_adapters.py run by default.
+# A Ray of its own (about 10 s); the contract tests in tests/in_process/test_compat.py run by default.
 @pytest.mark.slow
 def test_rays_public_paths_start_run_and_stop_a_local_ray():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
@@ -69,14 +69,37 @@ def test_an_artifact_is_created_through_prefects_public_path_too(prefect_api, mo
     from prefect import flow
     from prefect.artifacts import Artifact, MarkdownArtifact
 
-    from adapters import prefect_adapter
+    from compat import prefect_compat
 
     @flow
     def make_artifacts() -> None:
-        prefect_adapter.create_artifact(MarkdownArtifact(markdown="inside", key="adapter-in-range"))
-        monkeypatch.setattr(prefect_adapter, "WRITTEN_FOR", SpecifierSet("<1"))
-        prefect_adapter.create_artifact(MarkdownArtifact(markdown="public", key="adapter-public-path"))
+        prefect_compat.create_artifact(MarkdownArtifact(markdown="inside", key="compat-in-range"))
+        monkeypatch.setattr(prefect_compat, "WRITTEN_FOR", SpecifierSet("<1"))
+        prefect_compat.create_artifact(MarkdownArtifact(markdown="public", key="compat-public-path"))
 
     make_artifacts()
-    assert Artifact.get("adapter-in-range").data == "inside"
-    assert Artifact.get("adapter-public-path").data == "public"
+    assert Artifact.get("compat-in-range").data == "inside"
+    assert Artifact.get("compat-public-path").data == "public"
+
+
+def test_a_flows_logs_are_flushed_through_prefects_public_path_too(prefect_api, monkeypatch):
+    """Outside compat/prefect_compat.py's range `APILogHandler.flush()` sends the queued
+    logs (the events are left to Prefect's exit handlers)."""
+    from packaging.specifiers import SpecifierSet
+    from prefect import flow, get_run_logger
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.runtime import flow_run
+
+    from compat import prefect_compat
+
+    @flow
+    def logs_then_flushes() -> str:
+        get_run_logger().info("sent by the public flush")
+        monkeypatch.setattr(prefect_compat, "WRITTEN_FOR", SpecifierSet("<1"))
+        prefect_compat.drain_logs_and_events(timeout_s=5)
+        with get_client(sync_client=True) as client:  # read before the flow's own end drains anything
+            return " | ".join(log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))))
+
+    assert "sent by the public flush" in logs_then_flushes()

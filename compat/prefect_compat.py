@@ -1,0 +1,115 @@
+"""Prefect's internals, used only on the Prefect versions they were written against.
+
+Three things need them: the command line's own temporary API (Prefect's server app
+behind the retry of processes/temporary_server.py, the private settings Prefect gives
+its own temporary server, and a read of Prefect's settings files before Prefect is
+imported; docs/architecture.md), creating an artifact synchronously from a thread
+Prefect might take for async, and draining the log and event workers when a command
+ends. Outside `WRITTEN_FOR` the run lets Prefect start its own temporary server,
+artifacts are created through the plain public `.create()`, and the logs are flushed
+through the public `APILogHandler.flush()` (events then go with Prefect's exit handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+
+from compat.versions import within
+
+WRITTEN_FOR = SpecifierSet(">=3.7,<3.10")
+
+
+# What Prefect's SubprocessASGIServer gives its temporary server beside the settings: no
+# UI, and Prefect's private ephemeral-mode switches. Launched only when
+# `temporary_api_supported()`.
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+# Settings that decide whether a run has a standing API (or may start a temporary one).
+DECIDING_ENV = ("PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_API_SERVICES_EPHEMERAL_ENABLED")
+
+
+def temporary_api_supported() -> bool:
+    return within("prefect", WRITTEN_FOR, "the command line's own temporary API", "Prefect starts its own server")
+
+
+def standing_api_possible(environ: "os._Environ[str] | dict[str, str]", cwd: Path) -> bool:
+    """False only when no setting that could name an API (or turn temporary ones off)
+    is in the environment, the active profiles file, or a settings file Prefect reads
+    from the working directory: a plain read of their text, where Prefect's settings
+    sources look for them, without importing Prefect (it is slow to import). True may
+    be wrong (Prefect then decides, as it always does outside `WRITTEN_FOR`); False is
+    right for every source it names."""
+    if not temporary_api_supported() or any(environ.get(key) for key in DECIDING_ENV):
+        return True
+    home = Path(os.path.expanduser(environ.get("PREFECT_HOME") or "~/.prefect"))
+    profiles = Path(os.path.expanduser(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml"))
+    sources = [(profiles, ("API_URL", "EPHEMERAL")), (cwd / ".env", ("PREFECT_",)),
+               (cwd / "prefect.toml", ("",)), (cwd / "pyproject.toml", ("tool.prefect",))]
+    for path, markers in sources:
+        try:
+            text = path.read_text(errors="replace")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            continue
+        except OSError:
+            return True
+        if any(marker in text for marker in markers):
+            return True
+    return False
+
+
+def server_app() -> Any:
+    """Prefect's own API server app, as its `prefect server start` and its temporary
+    server serve it."""
+    from prefect.server.api.server import create_app
+
+    return create_app()
+
+
+def locked_database_body() -> Any:
+    """The JSON body of the 503 that Prefect's own exception handler answers to a
+    request that met a locked SQLite database: asked of the handler, so the retry
+    keys on whatever the installed Prefect sends."""
+    import sqlite3
+
+    import sqlalchemy.exc
+    from prefect.server.api.server import custom_internal_exception_handler
+
+    locked = sqlalchemy.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+    with ThreadPoolExecutor(1) as thread:  # uvicorn calls the app factory inside its own event loop
+        response = thread.submit(asyncio.run, custom_internal_exception_handler(None, locked)).result()
+    if response.status_code != 503:
+        raise RuntimeError(f"Prefect answers a locked database with {response.status_code}, not a retryable 503")
+    return json.loads(bytes(response.body))
+
+
+def create_artifact(artifact: Any) -> Any:
+    """`artifact.create()`, run to completion whichever context calls it (a background
+    thread with a copied Prefect context included): Prefect decides sync or async from
+    that context, and its private `_sync` says which."""
+    if within("prefect", WRITTEN_FOR, "creating an artifact synchronously", "the public create()"):
+        return artifact.create(_sync=True)
+    created = artifact.create()
+    return asyncio.run(created) if inspect.isawaitable(created) else created
+
+
+def drain_logs_and_events(timeout_s: float) -> None:
+    """Send the logs and events Prefect has queued now, each worker given `timeout_s`
+    (`drain_all` is the queue services' own, defined in `prefect._internal`). Outside
+    `WRITTEN_FOR`: the public `APILogHandler.flush()` for the logs; the events are
+    left to Prefect's exit handlers."""
+    from prefect.logging.handlers import APILogHandler, APILogWorker
+
+    if not within("prefect", WRITTEN_FOR, "draining the log and event workers", "APILogHandler.flush()"):
+        APILogHandler().flush()
+        return
+    from prefect.events.worker import EventsWorker
+
+    APILogWorker.drain_all(timeout=timeout_s)
+    EventsWorker.drain_all(timeout=timeout_s)
