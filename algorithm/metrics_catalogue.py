@@ -15,13 +15,13 @@ from dataclasses import dataclass
 # When a record carries a key. A missing key is information ("the actor did not
 # update"), never a zero written in its place.
 EVERY_ITERATION = "every iteration"
-ACTOR_UPDATES = "iterations where the actor updates (not during critic warmup, S-CW-6)"
+ACTOR_UPDATES = "iterations where the actor updates (not during critic warmup)"
 WITH_MATCHER = "every iteration with a terminal matcher (absent with rl.reward.terminal=none: no verdict)"
 DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of that role)"
 POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
 SEVERAL_ENGINES = "only with more than one rollout engine"
 ONE_STEP_OFF = "only one step off (rl.rollout.max_staleness=1, S-ASYNC)"
-OVER_NIXL = "iterations where the actor updates, with rl.weight_sync_transport=nixl (S-XFER-1)"
+OVER_NIXL = "iterations where the actor updates, with rl.weight_sync_transport=nixl"
 SAVE_ITERATIONS = "save iterations only (rl.save_every, and the final iteration with rl.save_final)"
 EVALUATIONS = (
     "evaluation iterations only (rl.validation: every rl.validation.every-th iteration, and iteration 0 with "
@@ -54,7 +54,7 @@ def _stage_time(stage: str, what: str, when: str = EVERY_ITERATION) -> Metric:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("iteration", "the outer iteration (S-CW-4): the metric step and the checkpoint boundary's name",
+    Metric("iteration", "the outer iteration: the metric step and the checkpoint boundary's name",
            "count (from 1)", EVERY_ITERATION, "flows/iteration.py"),
     # data
     Metric("data/epoch", "the data cursor's epoch after this batch was drawn", "count (from 0)",
@@ -66,7 +66,7 @@ METRICS: tuple[Metric, ...] = (
            "tokens", EVERY_ITERATION, "roles/rollout_role.py"),
     Metric("rollout/generate_seconds", "time inside the engine's generate (the slowest engine's, with several)",
            "seconds", EVERY_ITERATION, "roles/rollout_role.py"),
-    Metric("rollout/policy_version", "the policy version whose weights sampled this batch (S-FLOW-6)",
+    Metric("rollout/policy_version", "the policy version whose weights sampled this batch",
            "version number", EVERY_ITERATION, "roles/rollout_role.py"),
     Metric("rollout/engines", "how many rollout engines generated a shard of the batch", "count",
            SEVERAL_ENGINES, "roles/rollout_role.py"),
@@ -76,11 +76,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("perf/rollout_weight_loads", "weight loads engine 0 has received since its process started "
            "(process-local: restarts with the actor)", "count", EVERY_ITERATION, "roles/rollout_role.py"),
     # reward
-    Metric("train/reward_mean", "mean terminal reward of the batch on PPO's scale (S-REW-3)", "reward",
+    Metric("train/reward_mean", "mean terminal reward of the batch on PPO's scale", "reward",
            EVERY_ITERATION, "roles/reward_role.py"),
     Metric("reward/terminal_mean", "mean terminal reward of the batch (same value as train/reward_mean)",
            "reward", EVERY_ITERATION, "roles/reward_role.py"),
-    Metric("reward/process_mean", "mean per-sequence sum of the process shaping term (S-REW-5)", "reward",
+    Metric("reward/process_mean", "mean per-sequence sum of the process shaping term", "reward",
            EVERY_ITERATION, "roles/reward_role.py"),
     Metric("reward/fraction_correct",
            "fraction of completions the terminal matcher judged correct (a full score of 1.0; its verdict, "
@@ -147,18 +147,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("perf/weight_sync_bytes", "bytes of policy weights engine 0 loaded", "bytes", ACTOR_UPDATES,
            "roles/rollout_role.py"),
     Metric("perf/weight_sync_buckets", "buckets the new weights reached engine 0 in, each fetched and copied in "
-           "before the next (rl.rollout.weight_sync_bucket_mib, S-SCALE-3)", "count", ACTOR_UPDATES,
+           "before the next (rl.rollout.weight_sync_bucket_mib)", "count", ACTOR_UPDATES,
            "roles/rollout_role.py"),
     Metric("perf/weight_sync_nixl_bytes", "bytes engine 0 read from the policy's registered memory over NIXL "
            "(the buckets with their version headers and alignment): none of them went through the object store",
            "bytes", OVER_NIXL, "roles/rollout_role.py"),
     Metric("perf/weight_sync_load_seconds", "engine 0's time fetching and loading the new weights, bucket by bucket",
            "seconds", ACTOR_UPDATES, "roles/rollout_role.py"),
-    Metric("perf/policy_park_seconds", "policy rank 0's time moving weights and optimizer state to the host "
-           "(S-RUN-4)", "seconds", POLICY_PARKS, "roles/policy_role.py"),
+    Metric("perf/policy_park_seconds", "policy rank 0's time moving weights and optimizer state to the host",
+           "seconds", POLICY_PARKS, "roles/policy_role.py"),
     Metric("perf/policy_parked_bytes", "bytes policy rank 0 moved to the host when parking", "bytes",
            POLICY_PARKS, "roles/policy_role.py"),
-    Metric("train/actor_warmup", "1.0 on a critic-only warmup iteration, 0.0 when the actor updated (S-CW-6)",
+    Metric("train/actor_warmup", "1.0 on a critic-only warmup iteration, 0.0 when the actor updated",
            "1.0 or 0.0", EVERY_ITERATION, "flows/iteration.py"),
     Metric("train/policy_version", "the policy version after this iteration (unchanged during warmup)",
            "version number", EVERY_ITERATION, "flows/iteration.py"),
@@ -170,7 +170,7 @@ METRICS: tuple[Metric, ...] = (
     _stage_time("prepare_batch", "advantages, returns and the frozen targets"),
     _stage_time("train", "the policy's and the critic's updates, side by side"),
     _stage_time("weight_sync", "publishing the policy's weights to the engines and the park", ACTOR_UPDATES),
-    _stage_time("evaluate", "the held-out evaluation (S-OPS-2)", EVALUATIONS),
+    _stage_time("evaluate", "the held-out evaluation", EVALUATIONS),
     _stage_time("commit", "the committed checkpoint boundary of this iteration", SAVE_ITERATIONS),
     _stage_time("save_artifact", "the weights-only artifact of this iteration (rl.save_plan=model)", SAVE_ITERATIONS),
     # held-out evaluation (S-OPS-2)

@@ -299,7 +299,7 @@ def _reference(ctx: RewardContext, rule: str) -> str:
     # in the framework or a test, so it is loud instead of a silent zero reward.
     if ctx.reference is None:
         raise ValueError(
-            f"rule {rule!r} needs a reference (S-REW-2) but RewardContext.reference is None; "
+            f"rule {rule!r} needs a reference but RewardContext.reference is None; "
             "set rl.data.reference_key to the row key holding the ground truth"
         )
     return str(ctx.reference)

@@ -86,7 +86,7 @@ def resolve_terminal(
         if terminal in SHARED_RULE_NAMES:
             raise RewardConfigError(
                 f"rl.reward.terminal={terminal!r} is a shared rule and cannot be combined with "
-                f"rl.reward.terminal_callable={terminal_callable!r} (S-REW-4); unset one of them, or set "
+                f"rl.reward.terminal_callable={terminal_callable!r}; unset one of them, or set "
                 f"rl.reward.terminal to one of {', '.join(PPO_RULE_NAMES)} to let the callable override it"
             )
         return _callable_matcher(terminal_callable, trusted)
@@ -126,7 +126,7 @@ def terminal_score(matcher: TerminalMatcher | None, ctx: RewardContext) -> float
         return None
     if matcher.needs_reference and ctx.reference is None:
         raise ValueError(
-            f"terminal matcher {matcher.name!r} needs a reference (S-REW-2) but RewardContext.reference "
+            f"terminal matcher {matcher.name!r} needs a reference but RewardContext.reference "
             "is None; set rl.data.reference_key to the row key holding the ground truth"
         )
     return _match_score(matcher.name, matcher.match(ctx))
@@ -245,7 +245,7 @@ def _cli_context(args: argparse.Namespace, matcher: TerminalMatcher | None) -> R
         metadata["numbers"] = _parse_numbers(args.numbers)
     if matcher is not None and matcher.needs_reference and reference is None:
         flag = "--target" if matcher.name == "countdown" else "--reference"
-        raise _UsageError(f"rule {matcher.name!r} needs a reference (S-REW-2): pass {flag}")
+        raise _UsageError(f"rule {matcher.name!r} needs a reference: pass {flag}")
     if matcher is not None and matcher.name == "countdown" and "numbers" not in metadata:
         raise _UsageError("rule 'countdown' needs the usable numbers: pass --numbers 3,5,7")
     completion = sys.stdin.read() if args.completion == "-" else args.completion

@@ -81,7 +81,7 @@ def write_marker(
     marker version stays 1 and older markers stay readable."""
     for key, value in loop_state.items():
         if not isinstance(value, (str, int, float, bool, type(None))):
-            raise CheckpointError(f"loop_state[{key!r}] must be a JSON scalar, got {type(value).__name__} (S-CKPT-4)")
+            raise CheckpointError(f"loop_state[{key!r}] must be a JSON scalar, got {type(value).__name__}")
     marker = {"version": MARKER_VERSION, "iteration": iteration, "role_steps": role_steps, "loop_state": loop_state}
     if files is not None:
         marker["files"] = files

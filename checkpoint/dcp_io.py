@@ -50,7 +50,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeCheckpointFile(
-            f"{self.path} is not DCP metadata: it names {module}.{name}, which is not loaded (S-SEC-2)"
+            f"{self.path} is not DCP metadata: it names {module}.{name}, which is not loaded"
         )
 
 
@@ -74,7 +74,7 @@ class TensorOnlyLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: Any, value: Any) -> None:
         raise UnsafeCheckpointFile(
-            f"{read_item.dest_index.fqn} is stored as pickled bytes; only tensors are loaded (S-SEC-2)"
+            f"{read_item.dest_index.fqn} is stored as pickled bytes; only tensors are loaded"
         )
 
 

@@ -108,7 +108,7 @@ def _torch_load(path: str) -> Any:
         reason = reason.removeprefix("WeightsUnpickler error: ").rstrip(".").split(". ")[0]
         raise RoleCheckpointError(
             f"{path} is not a tensor-only torch file and was not loaded ({reason}); "
-            "only weights_only=True loads are allowed (S-SEC-2)"
+            "only weights_only=True loads are allowed"
         ) from None
 
 

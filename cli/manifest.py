@@ -292,7 +292,7 @@ def _check_data(
     if needs_reference and data.reference_key is None:
         report.problem(
             "rl.data.reference_key",
-            f"is null, but the reward {_rule_text(config, matcher)} needs a reference answer in every row (S-REW-2); "
+            f"is null, but the reward {_rule_text(config, matcher)} needs a reference answer in every row; "
             "set rl.data.reference_key to the column that holds it, or choose a rule that needs none "
             "(nonempty, constant)",
         )
@@ -331,7 +331,7 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
         if not reward_resolved:
             why = "the data role reads it at start-up"
         elif matcher is not None and matcher.needs_reference:
-            why = f"the reward {_rule_text(config, matcher)} needs it (S-REW-2)"
+            why = f"the reward {_rule_text(config, matcher)} needs it"
         else:
             reason = f"{_rule_text(config, matcher)} needs" if matcher is not None else "rl.reward.terminal=none needs"
             why = f"{reason} no reference: set rl.data.reference_key=null"
@@ -415,7 +415,7 @@ def _check_checkpoints(config: PPOConfig, report: ManifestReport) -> None:
     if scheme not in ("file", "local"):
         report.notes.append(
             f"job.output_root uses {scheme}://; the commit protocol needs atomic renames and was exercised on local "
-            "and shared filesystems only (S-CKPT-2)"
+            "and shared filesystems only"
         )
         return
     local = Path(root.split("://", 1)[1] if "://" in root else root)

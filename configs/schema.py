@@ -189,7 +189,7 @@ class ModelConfig(Section):
         None,
         description="For a hub id in `path`: the branch, tag or commit to load. The launch resolves it (unset: the "
         "default branch) to a commit in the local Hugging Face cache and every role loads exactly that snapshot; "
-        "the commit is part of the run's base-model fingerprint (S-SEC-4).",
+        "the commit is part of the run's base-model fingerprint.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype for all roles."
@@ -248,32 +248,32 @@ class JobConfig(Section):
         "`mlflow` (a local SQLite store `<run>/mlflow.db`; needs the `mlflow` extra). [] writes metrics.jsonl only.",
     )
     experience: ExperienceConfig = Field(
-        default_factory=ExperienceConfig, description="Each iteration's samples kept as experience files (S-OPS-3)."
+        default_factory=ExperienceConfig, description="Each iteration's samples kept as experience files."
     )
     stop_grace_seconds: float = Field(
         30.0,
         gt=0,
         description="After SIGTERM or SIGINT (preemption, Ctrl-C, Cancel in the Prefect UI) the run finishes the "
         "iteration it is in, commits it and exits within this many seconds; past them, or at a second signal, it "
-        "stops at once, keeping the previous boundary (S-STOP-1). The Kubernetes and Prefect worker default.",
+        "stops at once, keeping the previous boundary. The Kubernetes and Prefect worker default.",
     )
     trusted_modules: list[str] = Field(
         default_factory=list,
         description="Module prefixes (`my_pkg`, `my_pkg.rewards`) whose callables an override or a deployment "
         "parameter may name in a key that names code (the factories, `rl.reward.terminal_callable`), beside the "
         "project's own factory and reward modules. Only the profile sets it; a value written in the profile "
-        "itself is trusted as it is (S-SEC-3, docs/reliability.md).",
+        "itself is trusted as it is (docs/reliability.md).",
     )
     time_limit_minutes: float | None = Field(
         None,
         gt=0,
         description="Stop cleanly at the first iteration end past this many minutes from the launch, committing "
-        "that iteration; a rerun continues (S-STOP-3). Unset: no limit.",
+        "that iteration; a rerun continues. Unset: no limit.",
     )
     iterations_per_block: int = Field(
         50,
         description="Iterations per block subflow in the Prefect UI: the run's graph is one node per block, each "
-        f"block's graph its iterations' stage tasks (S-OPS-1). 1..{MAX_ITERATIONS_PER_BLOCK}.",
+        f"block's graph its iterations' stage tasks. 1..{MAX_ITERATIONS_PER_BLOCK}.",
     )
 
     @field_validator("iterations_per_block")
@@ -421,26 +421,26 @@ class RolloutConfig(Section):
         256.0,
         gt=0,
         description="Largest bucket of full policy weights (MiB) gathered from the shards and sent to the engines "
-        "at once; a larger single tensor is a bucket of its own (S-SCALE-3).",
+        "at once; a larger single tensor is a bucket of its own.",
     )
     max_staleness: int = Field(
         0,
         ge=0,
         le=1,
         description="Published policy versions a sample may lag behind the policy that trains on it. 0: synchronous "
-        "PPO. 1: one step off, iteration N+1's batch is generated while iteration N trains (S-ASYNC-1).",
+        "PPO. 1: one step off, iteration N+1's batch is generated while iteration N trains.",
     )
     behaviour_weight_cap: float = Field(
         2.0,
         ge=1.0,
         description="One step off: each token's loss is weighted by pi_prox/pi_behav (the policy before this update "
-        "over the one that sampled the token), truncated at this cap (decoupled PPO, S-ASYNC-2).",
+        "over the one that sampled the token), truncated at this cap (decoupled PPO).",
     )
 
 
 class RLConfig(Section):
     max_steps: int = Field(20, ge=1, description="Outer PPO iterations in the run.")
-    batch_size: int = Field(32, ge=1, description="Prompts per iteration (one completion each, S-FLOW-7).")
+    batch_size: int = Field(32, ge=1, description="Prompts per iteration (one completion each).")
     epochs: int = Field(2, ge=1, description="Passes over the batch per iteration (update plan).")
     minibatch_size: int = Field(16, ge=1, description="Samples per optimizer step (update plan).")
     micro_batch_size: int = Field(
@@ -455,7 +455,7 @@ class RLConfig(Section):
         True, description="Normalise advantages to zero mean, unit variance over the batch."
     )
     critic_warmup_iterations: int = Field(
-        0, ge=0, strict=True, description="Outer iterations 1..N train only the critic (S-CW-1)."
+        0, ge=0, strict=True, description="Outer iterations 1..N train only the critic."
     )
     save_every: int = Field(
         5, ge=0, description="Commit a checkpoint boundary every N iterations (0: only the final one)."
@@ -464,19 +464,19 @@ class RLConfig(Section):
     save_plan: Literal["full", "model"] = Field(
         "full",
         description="What cadence saves write: `full` (model + optimizer + training state, exact resume) or "
-        "`model` (weights only, written under checkpoint_artifacts/ and never resumable, S-CKPT-5).",
+        "`model` (weights only, written under checkpoint_artifacts/ and never resumable).",
     )
     keep_optim_last: int | None = Field(
         None,
         ge=0,
         description="Keep optimizer state only in the newest K committed boundaries "
-        "(unset: newest only; 0: keep all, S-CKPT-6).",
+        "(unset: newest only; 0: keep all).",
     )
     stage_timeout_seconds: float | None = Field(
         3600.0,
         gt=0,
         description="A stage whose actor calls have not finished after this many seconds fails its task, naming the "
-        "stage, the stuck role and this key, and the stuck actors are killed (S-FAULT-1); null waits forever.",
+        "stage, the stuck role and this key, and the stuck actors are killed; null waits forever.",
     )
     threads_per_role: int = Field(
         1, ge=1, description="torch threads inside each role actor (1 is stable on a 2-core machine)."
@@ -484,11 +484,11 @@ class RLConfig(Section):
     colocated_offload: bool = Field(
         True,
         description="Colocated GPU placement only: the trainer parks its weights and optimizer state on the host while "
-        "the rollout generates, and the engine sleeps while the trainer updates; false keeps both resident (S-RUN-4).",
+        "the rollout generates, and the engine sleeps while the trainer updates; false keeps both resident.",
     )
     weight_sync_transport: Literal["object_store", "nixl"] = Field(
         "object_store",
-        description="How each published policy version reaches the engines (S-XFER-1): Ray's object store, or NIXL "
+        description="How each published policy version reaches the engines: Ray's object store, or NIXL "
         "READs from the policy's registered memory (UCX; loopback-only on one node), with a version and checksum "
         "checked per bucket. Allowed with both placements (docs/weight-transport.md).",
     )
@@ -499,7 +499,7 @@ class RLConfig(Section):
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine settings.")
     validation: ValidationConfig | None = Field(
-        None, description="Held-out evaluation as an `evaluate[iter=N]` task logging `val/*` (S-OPS-2); null: none."
+        None, description="Held-out evaluation as an `evaluate[iter=N]` task logging `val/*`; null: none."
     )
 
     @model_validator(mode="after")
@@ -516,16 +516,16 @@ class RLConfig(Section):
 
 class GridConfig(Section):
     backend: Literal["ray", "local"] = Field(
-        "ray", description="Who hosts the role bodies; PPO requires `ray` (S-RUN-5)."
+        "ray", description="Who hosts the role bodies; PPO requires `ray`."
     )
     grouping: Literal["per_role", "single"] = Field(
         "per_role",
         description="Actor groups: one per role (per_role), or every role in one group (single, the seed's value for "
-        "other algorithms); PPO requires per_role (S-XFER-2).",
+        "other algorithms); PPO requires per_role.",
     )
     gpu_placement: Literal["colocated", "disaggregated"] = Field(
         "colocated",
-        description="Policy and rollout share one device group (colocated) or all four roles own one (S-RUN-4).",
+        description="Policy and rollout share one device group (colocated) or all four roles own one.",
     )
     gpus_per_node: int = Field(0, ge=0, description="GPUs the profile declares; 0 runs every role on CPU.")
     num_nodes: int = Field(
@@ -558,7 +558,7 @@ class GridConfig(Section):
         1,
         ge=1,
         description="Ranks (gloo) of the frozen reference when its group has no GPU, its model sharded over them "
-        "(FSDP2, S-SCALE-1); a GPU group has one rank per GPU.",
+        "(FSDP2); a GPU group has one rank per GPU.",
     )
     ray_address: str | None = Field(
         None, description="Join this Ray cluster instead of starting a local one (RAY_ADDRESS also works)."
@@ -578,7 +578,7 @@ class PPOConfig(Section):
     rl: RLConfig = Field(description="PPO algorithm, data, reward and rollout.")
     data_packer: DataPackerConfig = Field(
         default_factory=DataPackerConfig,
-        description="How prompts become model inputs: tokens, and pixels for VLMs (S-RUN-6).",
+        description="How prompts become model inputs: tokens, and pixels for VLMs.",
     )
     grid: GridConfig = Field(default_factory=GridConfig, description="Backend and device placement.")
 
@@ -590,7 +590,7 @@ class PPOConfig(Section):
             # has no atomic rename for the marker and pointer, so refuse before any worker.
             raise ValueError(
                 f"job.output_root: {self.job.output_root!r} is an object store ({scheme}://); multi-role "
-                "checkpoints need a local or shared filesystem path (S-CKPT-7)"
+                "checkpoints need a local or shared filesystem path"
             )
         if scheme not in LOCKABLE_SCHEMES:
             # S-SEC-5: the run lock and the atomic renames need a filesystem path; any

@@ -187,7 +187,7 @@ class ChatTextPacker:
             if part is not None:
                 raise UnsupportedPromptError(
                     f"{prompt_location(sources, index)}: {part} cannot be packed by the text-only ChatTextPacker; "
-                    "configure a multimodal DataPacker for image and video prompts (S-RUN-6)"
+                    "configure a multimodal DataPacker for image and video prompts"
                 )
         texts = [
             self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations

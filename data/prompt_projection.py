@@ -31,7 +31,7 @@ PAYLOAD_KEYS = ("text", "image", "image_url", "video", "video_url", "url", "path
 _ACCEPTED_PROMPT = (
     "accepted: a non-empty string (one user turn) or a non-empty list of messages "
     '{"role": "...", "content": ...} whose content is a non-empty string or a non-empty '
-    "list of content parts (S-DATA-2)"
+    "list of content parts"
 )
 _ACCEPTED_PART = (
     "accepted: an object with a string `type` among "
@@ -42,7 +42,7 @@ _ACCEPTED_PART = (
 _NULL_FILL = (
     "this is the null-fill signature of a columnar reader (Arrow/`datasets`), which adds "
     "every key any part has to every part; remove the key, and read local files with the "
-    "project's row reader (S-DATA-5)"
+    "project's row reader"
 )
 
 

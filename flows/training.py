@@ -73,10 +73,10 @@ def ppo(
         run_name: if set, overrides job.name.
         resume_from: an earlier committed boundary of this run (`iter_000010`) to go
             back to, verified first; the metrics rows after it are set aside and the
-            later boundaries are replaced as the run commits them anew (S-FAULT-3).
+            later boundaries are replaced as the run commits them anew.
         auto_resume_attempts: when a stage fails (a dead or hung actor, a lost node,
             a failed save), start the role actors afresh and resume from the last
-            committed boundary, up to this many times, within this flow run (S-FAULT-5).
+            committed boundary, up to this many times, within this flow run.
             Refusals (config, checkpoint, a live run of the same name) are never retried.
     """
     logger = get_run_logger()

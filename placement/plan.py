@@ -165,7 +165,7 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
     if config.grid.backend != "ray":
         problems.append(
             ("grid.backend", f"{grid.backend!r} is not supported: PPO runs each role as its own Ray actor "
-             "group (S-RUN-5); use grid.backend=ray")
+             "group; use grid.backend=ray")
         )
     if plan.mode == "colocated" and grid.rollout_gpus:
         problems.append(

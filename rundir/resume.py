@@ -150,7 +150,7 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
     if recorded != configured:
         raise ResumeError(
             f"{boundary} was written with rl.critic_warmup_iterations={recorded} but this run is configured "
-            f"with {configured}; resume refused (S-CW-9). Use the recorded value or start a new job.name."
+            f"with {configured}; resume refused. Use the recorded value or start a new job.name."
         )
 
 
@@ -191,14 +191,14 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
         if saved_shape is not None and list(saved_shape) != configured_shape:
             raise ResumeError(
                 f"{boundary}: {role} was trained with update plan (epochs, minibatch, micro-batch) = "
-                f"{tuple(saved_shape)}, this run is configured with {tuple(configured_shape)} (S-FLOW-4)"
+                f"{tuple(saved_shape)}, this run is configured with {tuple(configured_shape)}"
             )
     policy_version = int(policy_state["policy_version"])
     expected = expected_policy_version(point.iteration, config.rl.critic_warmup_iterations)
     if policy_version != expected:
         raise ResumeError(
             f"{boundary}: restored policy_version {policy_version} but iteration {point.iteration} with "
-            f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected} (S-CW-9)"
+            f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected}"
         )
     # Every policy rank gathers (a collective on sharded ranks); rank 0's are the weights.
     weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.ranks("policy")][0]

@@ -71,7 +71,7 @@ def prepare_batch(
     batch_ids = {held["batch_id"] for held in installs}
     if len(batch_ids) != 1:  # S-FLOW-5
         raise RuntimeError(
-            f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)} (S-FLOW-5)"
+            f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)}"
         )
     return batch_ids.pop(), numeric_metrics(summary)
 

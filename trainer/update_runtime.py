@@ -154,7 +154,7 @@ class UpdateRuntime:
         if self.plan_shape is not None and tuple(self.plan_shape) != plan.shape:
             raise ValueError(
                 f"{self.role}: update plan shape {plan.shape} (epochs, minibatch, micro-batch) differs from "
-                f"{tuple(self.plan_shape)} this role was trained and checkpointed with (S-FLOW-4)"
+                f"{tuple(self.plan_shape)} this role was trained and checkpointed with"
             )
         dp = self.data_parallel
         # Cut first: a batch the plan cannot cut is refused before the role records

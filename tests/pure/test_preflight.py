@@ -39,7 +39,7 @@ def test_a_minibatch_that_does_not_divide_the_batch_is_refused_at_config():
 
 def test_the_local_backend_does_nothing_and_is_refused():
     problems = config_problems(load_config(TINY_PROFILE, ["grid.backend=local"]))
-    assert _keys(problems) == ["grid.backend"] and "S-RUN-5" in problems[0].message
+    assert _keys(problems) == ["grid.backend"] and "its own Ray actor group" in problems[0].message
 
 
 def test_a_gpu_placement_must_fit_the_machine_it_starts_on():
