@@ -16,7 +16,7 @@ from typing import Any
 import fsspec
 import torch
 
-from checkpoint.role_state import RoleCheckpointError, _read_bytes, _torch_load, write_file
+from checkpoint.role_files import RoleCheckpointError, read_bytes, torch_load, write_file
 from contracts.trajectory import PromptBatch, Trajectory
 from data.packing import MultimodalInputs
 
@@ -61,10 +61,10 @@ def save_in_flight(directory: str, trajectory: Trajectory, summaries: dict[str, 
 
 
 def load_in_flight(directory: str) -> tuple[Trajectory, dict[str, dict[str, Any]]]:
-    stored = _torch_load(f"{directory}/{BATCH_FILE}")
+    stored = torch_load(f"{directory}/{BATCH_FILE}")
     try:
         trajectory = _rebuilt(stored)
-        summaries = json.loads(_read_bytes(f"{directory}/{SUMMARY_FILE}"))
+        summaries = json.loads(read_bytes(f"{directory}/{SUMMARY_FILE}"))
     except (KeyError, TypeError, ValueError) as error:
         raise RoleCheckpointError(f"{directory}: the in-flight batch cannot be read back: {error}") from error
     if not isinstance(trajectory, Trajectory):

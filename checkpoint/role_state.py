@@ -8,14 +8,11 @@ copies into the live objects, keeping each tensor on its parameter's device.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import torch
@@ -23,6 +20,14 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from checkpoint.digest import state_digest
+from checkpoint.role_files import (
+    RoleCheckpointError,
+    read_bytes,
+    saving,
+    torch_bytes,
+    torch_load,
+    write_file,
+)
 from checkpoint.role_layout import (  # noqa: F401 (the names of a role save, for its callers too)
     MODEL_FILE,
     OPTIMIZER_FILE,
@@ -38,16 +43,6 @@ from checkpoint.role_layout import (  # noqa: F401 (the names of a role save, fo
 
 
 
-class RoleCheckpointError(RuntimeError):
-    pass
-
-
-class RoleSaveFailed(RoleCheckpointError):
-    """A write into a role's folder failed part way. It names the role and the file,
-    because the commit task's failure is all the user sees of it (S-FAULT-1): a bare
-    `OSError: No space left on device` names neither."""
-
-
 @dataclass(frozen=True)
 class RoleSaveReport:
     role: str
@@ -56,60 +51,6 @@ class RoleSaveReport:
     optimizer_pristine: bool
     model_digest: str
     optimizer_digest: str
-
-
-def write_file(path: str, payload: bytes | str) -> None:
-    try:
-        with fsspec.open(path, "wb" if isinstance(payload, bytes) else "w") as handle:
-            handle.write(payload)
-    except Exception as error:
-        raise RoleSaveFailed(f"writing {path} failed: {type(error).__name__}: {error}") from error
-
-
-@contextmanager
-def saving(role: str, directory: str) -> Iterator[None]:
-    """Every failure of a role's save names the role (and the file, or the folder)."""
-    try:
-        yield
-    except RoleSaveFailed as error:
-        raise RoleSaveFailed(f"{role}: {error}") from error.__cause__
-    except RoleCheckpointError:
-        raise  # verification errors name the role already
-    except Exception as error:
-        raise RoleSaveFailed(f"{role}: saving into {directory} failed: {type(error).__name__}: {error}") from error
-
-
-def _read_bytes(path: str) -> bytes:
-    try:
-        with fsspec.open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        raise RoleCheckpointError(f"missing checkpoint file {path}") from None
-
-
-def _torch_bytes(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _torch_load(path: str) -> Any:
-    """A `.pt` file of tensors and plain containers. weights_only: nothing in a
-    checkpoint is unpickled as code (S-SEC-2); a file holding anything else (a
-    malicious `__reduce__`, a damaged archive) is refused naming it."""
-    payload = _read_bytes(path)
-    try:
-        # map_location: a file that does hold device tensors still opens without a GPU.
-        return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as error:
-        # torch's own message suggests weights_only=False; name only what was refused.
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler" in line), lines[0])
-        reason = reason.removeprefix("WeightsUnpickler error: ").rstrip(".").split(". ")[0]
-        raise RoleCheckpointError(
-            f"{path} is not a tensor-only torch file and was not loaded ({reason}); "
-            "only weights_only=True loads are allowed"
-        ) from None
 
 
 def state_on_host(value: Any) -> Any:
@@ -253,25 +194,25 @@ def write_trainable_role_files(
     fs.makedirs(root, exist_ok=True)
     write_file(f"{directory}/{MODEL_FILE}", save_safetensors(tensors, metadata={"format": "pt"}))
     write_file(f"{directory}/config.json", model.config.to_json_string())
-    write_file(f"{directory}/{OPTIMIZER_FILE}", _torch_bytes(optimizer_state))
-    write_file(f"{directory}/{SCHEDULER_FILE}", _torch_bytes(scheduler.state_dict()))
-    write_file(f"{directory}/{RNG_FILE}", _torch_bytes({"torch": torch.get_rng_state()}))
+    write_file(f"{directory}/{OPTIMIZER_FILE}", torch_bytes(optimizer_state))
+    write_file(f"{directory}/{SCHEDULER_FILE}", torch_bytes(scheduler.state_dict()))
+    write_file(f"{directory}/{RNG_FILE}", torch_bytes({"torch": torch.get_rng_state()}))
     write_file(f"{directory}/{TRAINER_STATE_FILE}", json.dumps(trainer_state, indent=2, sort_keys=True))
 
 
 def verify_trainable_role(report: RoleSaveReport) -> None:
     """Re-read every file and compare digests with what was in memory at save time."""
     directory = report.path
-    tensors = load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}"))
+    tensors = load_safetensors(read_bytes(f"{directory}/{MODEL_FILE}"))
     if state_digest(tensors) != report.model_digest:
         raise RoleCheckpointError(f"{report.role}: {directory}/{MODEL_FILE} does not re-read to the saved weights")
-    optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
+    optimizer_state = torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if state_digest(optimizer_state) != report.optimizer_digest:
         raise RoleCheckpointError(
             f"{report.role}: {directory}/{OPTIMIZER_FILE} does not re-read to the saved optimizer"
         )
-    _torch_load(f"{directory}/{SCHEDULER_FILE}")
-    _torch_load(f"{directory}/{RNG_FILE}")
+    torch_load(f"{directory}/{SCHEDULER_FILE}")
+    torch_load(f"{directory}/{RNG_FILE}")
     state = read_trainer_state(directory)
     if int(state.get("optimizer_step", -1)) != report.optimizer_step:
         raise RoleCheckpointError(f"{report.role}: {directory}/{TRAINER_STATE_FILE} records the wrong optimizer step")
@@ -279,7 +220,7 @@ def verify_trainable_role(report: RoleSaveReport) -> None:
 
 def read_trainer_state(directory: str) -> dict[str, Any]:
     try:
-        return json.loads(_read_bytes(f"{directory}/{TRAINER_STATE_FILE}").decode())
+        return json.loads(read_bytes(f"{directory}/{TRAINER_STATE_FILE}").decode())
     except json.JSONDecodeError as error:
         raise RoleCheckpointError(f"{directory}/{TRAINER_STATE_FILE} is not valid JSON: {error}") from None
 
@@ -306,8 +247,8 @@ def load_trainable_role(
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
     from torch.distributed.fsdp import FSDPModule
 
-    weights = load_safetensors(_read_bytes(f"{directory}/{MODEL_FILE}"))
-    optimizer_state = _torch_load(f"{directory}/{OPTIMIZER_FILE}")
+    weights = load_safetensors(read_bytes(f"{directory}/{MODEL_FILE}"))
+    optimizer_state = torch_load(f"{directory}/{OPTIMIZER_FILE}")
     if isinstance(model, FSDPModule):
         return _load_full_into_shards(state, model, optimizer, weights, optimizer_state, scheduler, directory)
     load_model_tensors(directory, model, weights)
@@ -315,8 +256,8 @@ def load_trainable_role(
         restore_param_groups(optimizer, optimizer_state["param_groups"])
     else:
         set_optimizer_state_dict(model, optimizer, optimizer_state)
-    scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
-    torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
+    scheduler.load_state_dict(torch_load(f"{directory}/{SCHEDULER_FILE}"))
+    torch.set_rng_state(torch_load(f"{directory}/{RNG_FILE}")["torch"])
     return state
 
 
@@ -359,6 +300,6 @@ def _load_full_into_shards(
         restore_param_groups(optimizer, optimizer_state["param_groups"])
     else:
         set_optimizer_state_dict(model, optimizer, optimizer_state if first else {}, options=options)
-    scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
-    torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
+    scheduler.load_state_dict(torch_load(f"{directory}/{SCHEDULER_FILE}"))
+    torch.set_rng_state(torch_load(f"{directory}/{RNG_FILE}")["torch"])
     return state

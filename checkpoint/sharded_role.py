@@ -25,22 +25,17 @@ from torch.distributed.tensor import DTensor
 from checkpoint.dcp_io import METADATA_FILE, UnsafeCheckpointFile, load_tensors, save_tensors
 from checkpoint.digest import state_digest
 from checkpoint.role_layout import PARAM_GROUPS_FILE, SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR
+from checkpoint.role_files import RoleCheckpointError, read_bytes, torch_bytes, torch_load, saving, write_file
 from checkpoint.role_state import (
     OPTIMIZER_PRUNED_NOTE,
     RNG_FILE,
     SCHEDULER_FILE,
     TRAINER_STATE_FILE,
-    RoleCheckpointError,
     RoleSaveReport,
-    _read_bytes,
-    _torch_bytes,
-    _torch_load,
     optimizer_state_for_save,
     read_trainer_state,
     restore_param_groups,
-    saving,
     trained_names,
-    write_file,
 )
 
 
@@ -104,8 +99,8 @@ def save_sharded_role(
         if rank == 0:
             write_file(f"{directory}/config.json", model_config_json)
             write_file(f"{directory}/{PARAM_GROUPS_FILE}", _json_groups(optimizer_state["param_groups"]))
-            write_file(f"{directory}/{SCHEDULER_FILE}", _torch_bytes(scheduler.state_dict()))
-            write_file(f"{directory}/{RNG_FILE}", _torch_bytes({"torch": torch.get_rng_state()}))
+            write_file(f"{directory}/{SCHEDULER_FILE}", torch_bytes(scheduler.state_dict()))
+            write_file(f"{directory}/{RNG_FILE}", torch_bytes({"torch": torch.get_rng_state()}))
             state = dict(trainer_state, optimizer_pristine=pristine, sharded_ranks=_world())
             write_file(f"{directory}/{TRAINER_STATE_FILE}", json.dumps(state, indent=2, sort_keys=True))
     model_digest = _verify(role, model_state, f"{directory}/{SHARDED_MODEL_DIR}")
@@ -153,7 +148,7 @@ def load_sharded_role(
     model_state, options = _model_state(model)
     load_tensors(model_state, f"{directory}/{SHARDED_MODEL_DIR}")
     set_model_state_dict(model, model_state, options=options)
-    groups = json.loads(_read_bytes(f"{directory}/{PARAM_GROUPS_FILE}"))
+    groups = json.loads(read_bytes(f"{directory}/{PARAM_GROUPS_FILE}"))
     if state.get("optimizer_pristine"):
         restore_param_groups(optimizer, groups)
     else:
@@ -165,8 +160,8 @@ def load_sharded_role(
             if "betas" in group:
                 group["betas"] = tuple(group["betas"])
         set_optimizer_state_dict(model, optimizer, {"state": target["state"], "param_groups": groups})
-    scheduler.load_state_dict(_torch_load(f"{directory}/{SCHEDULER_FILE}"))
-    torch.set_rng_state(_torch_load(f"{directory}/{RNG_FILE}")["torch"])
+    scheduler.load_state_dict(torch_load(f"{directory}/{SCHEDULER_FILE}"))
+    torch.set_rng_state(torch_load(f"{directory}/{RNG_FILE}")["torch"])
     return state
 
 

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import fsspec
 import torch
 
-from checkpoint.role_state import saving, write_file
+from checkpoint.role_files import saving, write_file
 from configs.schema import DataConfig, PPOConfig
 from algorithm.rewards import resolve_terminal
 from data.prompt_projection import project_prompt, project_reference, reference_key_for

@@ -25,7 +25,8 @@ from algorithm.ppo_math import (
     masked_mean,
     whiten,
 )
-from checkpoint.role_state import save_tokenizer, saving
+from checkpoint.role_files import saving
+from checkpoint.role_state import save_tokenizer
 from configs.schema import OptimizerConfig, PPOConfig
 from models.lora import add_adapters
 from models.model_io import (

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from algorithm.update_plan import UpdatePlan
-from checkpoint.role_state import saving, write_file
+from checkpoint.role_files import saving, write_file
 from configs.schema import OptimizerConfig, PPOConfig
 from models.lora import ADAPTER_CONFIG_FILE, adapter_config_json, is_lora_model, trainable_parameters
 from placement.mesh import role_mesh

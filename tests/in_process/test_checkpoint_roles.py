@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 from checkpoint.boundary import boundary_path, update_latest, write_marker
 from checkpoint.export import main as export_main
 from checkpoint.retention import prune_optimizer_state
-from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE, RoleCheckpointError
+from checkpoint.role_files import RoleCheckpointError
+from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE
 from configs.loading import load_config
 from rundir.resume import ResumeError, check_loop_state
 from placement.plan import TRAINER_ROLES

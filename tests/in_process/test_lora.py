@@ -158,7 +158,7 @@ def test_a_full_boundary_is_refused_by_a_lora_model_and_a_weights_only_save_is_m
     half loaded; S-LORA-3: `rl.save_plan=model` artifacts load as plain models."""
     from transformers import AutoModelForCausalLM
 
-    from checkpoint.role_state import RoleCheckpointError
+    from checkpoint.role_files import RoleCheckpointError
     from configs.schema import LoraConfig, OptimizerConfig
     from models.lora import add_adapters
     from models.model_io import load_causal_lm

@@ -15,14 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from checkpoint.role_state import (
-    OPTIMIZER_FILE,
-    RNG_FILE,
-    SCHEDULER_FILE,
-    RoleCheckpointError,
-    load_trainable_role,
-    save_trainable_role,
-)
+from checkpoint.role_files import RoleCheckpointError
+from checkpoint.role_state import OPTIMIZER_FILE, RNG_FILE, SCHEDULER_FILE, load_trainable_role, save_trainable_role
 
 
 class _TinyModel(torch.nn.Linear):
