@@ -38,6 +38,18 @@ class InProcessRoles:
     def ranks(self, role: str) -> list[Any]:
         return [getattr(self, role)]
 
+    def policy_ranks(self) -> list[PolicyRole]:
+        return [self.policy]
+
+    def critic_ranks(self) -> list[CriticRole]:
+        return [self.critic]
+
+    def reference_ranks(self) -> list[ReferenceRole]:
+        return [self.reference]
+
+    def engines(self) -> list[RolloutRole]:
+        return [self.rollout]
+
 
 def build_roles(config: PPOConfig) -> InProcessRoles:
     """Every role in this process, constructed in `roles.bodies.ROLE_CLASSES` order

@@ -151,7 +151,7 @@ def ppo_iteration(
     rl = config.rl
     run.start_iteration()
     plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
-    policy_ranks, critic_ranks = roles.ranks("policy"), roles.ranks("critic")
+    policy_ranks, critic_ranks = roles.policy_ranks(), roles.critic_ranks()
 
     # Queue: generate, score, reference, values, targets, updates, weight sync, park.
     batch = batch or queue_batch(run, roles, config, iteration, policy_version)
@@ -164,7 +164,7 @@ def ppo_iteration(
     trajectory, replay_summary, batch_id = run.call(roles.replay.add, batch.trajectory, returns=3)
     # A sharded model's forward gathers its weights from every rank, so every rank
     # runs it on the same batch (S-SCALE-1); rank 0's result goes on.
-    references = [run.call(rank.score, trajectory, returns=2) for rank in roles.ranks("reference")]
+    references = [run.call(rank.score, trajectory, returns=2) for rank in roles.reference_ranks()]
     trajectory, reference_summary = references[0]
     predictions = [run.call(rank.predict, trajectory, returns=2) for rank in critic_ranks]
     trajectory, critic_summary = predictions[0]
@@ -265,14 +265,14 @@ class ActorUpdate:
 
 
 def queue_actor_update(run: Runner, roles: Roles, plan: UpdatePlan, batch_id: Any) -> ActorUpdate:
-    policy_ranks = roles.ranks("policy")
+    policy_ranks = roles.policy_ranks()
     receipts = [run.call(rank.train_batch, plan, batch_id) for rank in policy_ranks]
     # Takes every rank's receipt: a failed update publishes nothing (S-FLOW-6). Every
     # rank takes part in gathering the full weights from its shards (S-SCALE-3); rank 0
     # hands them to the engines.
     published = [run.call(rank.publish_weights, *receipts, returns=2) for rank in policy_ranks]
     weights, new_version = published[0]
-    loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.ranks("rollout")]
+    loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.engines()]
     return ActorUpdate(receipts, loaded, new_version, [version for _, version in published[1:]])
 
 
@@ -304,7 +304,7 @@ def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> 
 def generate(run: Runner, roles: Roles, prompts: Any, policy_version: int) -> tuple[Any, Any]:
     """One completion per prompt (S-FLOW-7). Several engines each generate a shard of
     the batch; engine 0 gathers the shards into one trajectory."""
-    engines = roles.ranks("rollout")
+    engines = roles.engines()
     if len(engines) == 1:
         return run.call(engines[0].generate, prompts, policy_version, returns=2)
     shards = [

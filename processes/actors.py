@@ -55,6 +55,20 @@ class RoleHandles:
         """Every rank of one role, rank 0 first."""
         return [getattr(self, role), *self.peers.get(role, ())]
 
+    # Each rank group typed by its role, so a reader of the iteration program reaches
+    # PolicyRole.train_batch from `rank.train_batch`.
+    def policy_ranks(self) -> list[ActorHandle[PolicyRole]]:
+        return self.ranks("policy")
+
+    def critic_ranks(self) -> list[ActorHandle[CriticRole]]:
+        return self.ranks("critic")
+
+    def reference_ranks(self) -> list[ActorHandle[ReferenceRole]]:
+        return self.ranks("reference")
+
+    def engines(self) -> list[ActorHandle[RolloutRole]]:
+        return self.ranks("rollout")
+
 
 def actor_name(role: str, rank: int) -> str:
     return role if rank == 0 else f"{role}-rank{rank}"

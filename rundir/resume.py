@@ -168,8 +168,8 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
     # Every rank of a data-parallel trainer loads the boundary, resharded to this
     # run's rank count (S-SCALE-2); all loads are submitted before any is awaited
     # (a sharded load is a collective).
-    policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.ranks("policy")]
-    critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.ranks("critic")]
+    policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.policy_ranks()]
+    critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.critic_ranks()]
     states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data")])
     policy_state, critic_state = states[0], states[len(policy_loads)]
     observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
@@ -201,8 +201,8 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
             f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected}"
         )
     # Every policy rank gathers (a collective on sharded ranks); rank 0's are the weights.
-    weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.ranks("policy")][0]
-    run.get([run.call(engine.load_weights, weights, version) for engine in roles.ranks("rollout")])
+    weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.policy_ranks()][0]
+    run.get([run.call(engine.load_weights, weights, version) for engine in roles.engines()])
     if point.went_back:
         go_back(paths, point.iteration)
     else:
