@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from prefect import flow
 
@@ -23,7 +23,7 @@ from flows.stopping import stop_signals
 from flows.recording import wait_until_recorded
 from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
 from processes.actors import RoleHandles, actor_label, kill_quietly
-from tasks.prefect_tasks import TASKS, StageTimeout, stage_timeout
+from tasks.prefect_tasks import TASKS, StageTimeout, samples_key, stage_timeout
 from views.run_artifacts import artifacts_on_this_run, current_flow_run_id
 
 
@@ -34,8 +34,11 @@ class FlowRunner:
     and a stage that waits longer than `stage_timeout_s` fails and kills the actors it
     was waiting for, so nothing stuck keeps holding a device (S-FAULT-1)."""
 
-    def __init__(self, roles: RoleHandles | None = None, *, stage_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, roles: RoleHandles | None = None, *, stage_timeout_s: float | None = None, samples_key: str | None = None
+    ) -> None:
         self.stage_timeout_s = stage_timeout_s
+        self.samples_key = samples_key  # where prepare_batch's task shows a few samples
         self.seconds: dict[str, float] = {}
         self.task_runs = 0  # stage task runs started in the current block
         self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
@@ -82,11 +85,11 @@ class FlowRunner:
             return method.remote(*args)
         return method.options(num_returns=returns).remote(*args)
 
-    def stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any:
+    def stage(self, body: Callable[..., Any], iteration: int, *args: Any, waits: Sequence[Any] = ()) -> Any:
         started = time.perf_counter()
         with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
             self.task_runs += 1
-            result = self._run(body, iteration, args, list(self._upstream) or None)
+            result = self._run(body, iteration, args, list(self._upstream) or None, waits)
         self.seconds[body.__name__] = time.perf_counter() - started
         self._upstream = [result]
         return result
@@ -122,9 +125,12 @@ class FlowRunner:
             result = future.result()
         return result, time.perf_counter() - began
 
-    def _run(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
+    def _run(
+        self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any, waits: Sequence[Any]
+    ) -> Any:
         """The stage's task run, waited for."""
-        return TASKS[body](iteration, *args, wait_for=upstream)
+        barrier = {"barrier": list(waits)} if waits else {}
+        return TASKS[body](iteration, *args, **barrier, wait_for=upstream)
 
     def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
         """The stage's task run, started; its `.result()` waits for it."""
@@ -140,9 +146,11 @@ class FlowRunner:
         """Every wait inside a stage's task, submitted ones included (Prefect copies
         the context into its threads), is bounded by the stage timeout."""
         token = stage_timeout.set(self.stage_timeout_s)
+        key = samples_key.set(self.samples_key)
         try:
             yield
         finally:
+            samples_key.reset(key)
             stage_timeout.reset(token)
 
     def explain(self, error: BaseException) -> str | None:

@@ -56,10 +56,11 @@ class InProcessRunner:
         values = value if error is None else (None,) * returns
         return tuple(Done(item, error, call, seconds) for item in values)
 
-    def stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any:
+    def stage(self, body: Callable[..., Any], iteration: int, *args: Any, waits: Sequence[Any] = ()) -> Any:
         with naming_failures(body.__name__, iteration):
-            result = body(iteration, *(_value(arg) for arg in args))
-        self.seconds[body.__name__] = _compute_seconds(args)
+            values = [_value(arg) for arg in (*args, waits)][:-1]  # a failed wait raises, in argument order
+            result = body(iteration, *values)
+        self.seconds[body.__name__] = _compute_seconds([*args, waits])
         return result
 
     def concurrent_stages(

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from algorithm.update_plan import UpdatePlan
 from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
-from contracts.artifact_keys import artifact_key
 from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
 from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from flows.blocks import iteration_blocks
@@ -36,7 +35,7 @@ class Runner(Protocol):
 
     def start_iteration(self) -> None: ...
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any: ...
-    def stage(self, body: Callable[..., Any], iteration: int, *args: Any) -> Any: ...
+    def stage(self, body: Callable[..., Any], iteration: int, *args: Any, waits: Sequence[Any] = ()) -> Any: ...
     def concurrent_stages(
         self, label: str, iteration: int, *stages: tuple[Callable[..., Any], tuple[Any, ...]]
     ) -> list[Any]: ...
@@ -191,11 +190,10 @@ def ppo_iteration(
     else:  # generated during the previous iteration, whose rollout stage for it has finished
         record |= batch.rollout_record
     record |= run.stage(stages.reward, iteration, batch.reward_summary, replay_summary)
-    record |= run.stage(stages.reference_score, iteration, reference_summary, [s for _, s in references[1:]])
-    record |= run.stage(stages.critic_predict, iteration, critic_summary, [s for _, s in predictions[1:]])
+    record |= run.stage(stages.reference_score, iteration, reference_summary, waits=[s for _, s in references[1:]])
+    record |= run.stage(stages.critic_predict, iteration, critic_summary, waits=[s for _, s in predictions[1:]])
     agreed_batch, prepare_metrics = run.stage(
-        stages.prepare_batch, iteration, prepare_summary, installs, [s for _, s in prepared[1:]], experience,
-        artifact_key(config.job.name, "samples"),
+        stages.prepare_batch, iteration, prepare_summary, installs, experience, waits=[s for _, s in prepared[1:]]
     )
     record |= prepare_metrics
     if actor is None:  # the park is waited for with the critic, the iteration's last task

@@ -19,6 +19,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelled
 
 from configs.schema import PPOConfig
+from contracts.artifact_keys import artifact_key
 from flows.failures import StageFailed
 from views.history import RunHistory
 from flows.iteration import first_step, held_batch
@@ -194,7 +195,9 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
-        runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
+        runner = FlowRunner(
+            roles, stage_timeout_s=config.rl.stage_timeout_seconds, samples_key=artifact_key(config.job.name, "samples")
+        )
         if len(runner.layout()) > 1:  # on a cluster: where the plan put each role (S-RUN-4)
             say(f"nodes: {describe_layout(runner.layout())}")
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0

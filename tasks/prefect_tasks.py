@@ -10,6 +10,7 @@ or persists results: resume reads committed boundaries, never Prefect results.
 from __future__ import annotations
 
 import functools
+import inspect
 from contextvars import ContextVar
 from typing import Any, Callable
 
@@ -63,33 +64,39 @@ def _is_ref(value: Any) -> bool:
     return isinstance(value, ray.ObjectRef)
 
 
+samples_key: ContextVar[str | None] = ContextVar("samples_key", default=None)
+"""The artifact key under which the flow's prepare_batch task shows a few samples (S-OPS-3)."""
+
+
 def stage_task(body: Callable[..., Any]) -> Task:
-    """The Prefect task `<stage>[iter=N]` that runs `body` once its inputs are ready."""
+    """The Prefect task `<stage>[iter=N]` that runs `body` once its inputs, and the
+    calls in `barrier` that the stage waits for without reading, are ready."""
 
     @functools.wraps(body)
-    def waited(iteration: int, *arguments: Any) -> Any:
+    def waited(iteration: int, *arguments: Any, barrier: Any = ()) -> Any:
         token = stages.stage_log.set(get_run_logger())
         try:
-            return body(iteration, *resolve(arguments))
+            *values, _ = resolve((*arguments, barrier))
+            return body(iteration, *values)
         finally:
             stages.stage_log.reset(token)
 
+    # Prefect binds a call to the signature it reads (the body's, through `wraps`): the
+    # barrier is one more keyword there, never passed on to the body.
+    signature = inspect.signature(body)
+    barrier = inspect.Parameter("barrier", inspect.Parameter.KEYWORD_ONLY, default=())
+    waited.__signature__ = signature.replace(parameters=[*signature.parameters.values(), barrier])
     name = body.__name__
     return task(name=name, task_run_name=f"{name}[iter={{iteration}}]", **STAGE_TASK)(waited)
 
 
 def _prepare_batch_with_samples(
-    iteration: int,
-    summary: dict,
-    installs: Any,
-    peers: Any = (),
-    experience: Any = None,
-    samples_key: str | None = None,
+    iteration: int, summary: dict, installs: Any, experience: Any = None
 ) -> tuple[str, dict[str, float]]:
     """prepare_batch, and a few of the batch's samples as a table in its task run (S-OPS-3)."""
-    agreed = stages.prepare_batch(iteration, summary, installs, peers, experience, samples_key)
+    agreed = stages.prepare_batch(iteration, summary, installs, experience)
     if experience is not None:
-        publish_samples(experience, samples_key)
+        publish_samples(experience, samples_key.get())
     return agreed
 
 

@@ -45,29 +45,25 @@ def reward(iteration: int, reward_summary: dict, replay_summary: dict) -> dict[s
     return numeric_metrics(reward_summary, replay_summary)
 
 
-def reference_score(iteration: int, summary: dict, peers: Sequence[Any] = ()) -> dict[str, float]:
-    """Done when every reference rank has scored (a sharded forward is a collective)."""
+def reference_score(iteration: int, summary: dict) -> dict[str, float]:
+    """Done when every reference rank has scored (a sharded forward is a collective:
+    the runner waits for the other ranks too)."""
     return numeric_metrics(summary)
 
 
-def critic_predict(iteration: int, summary: dict, peers: Sequence[Any] = ()) -> dict[str, float]:
-    """Done when every critic rank has run the forward: a failure on any rank fails
-    this stage, not a later one."""
+def critic_predict(iteration: int, summary: dict) -> dict[str, float]:
+    """Done when every critic rank has run the forward: the runner waits for the other
+    ranks too, so a failure on any rank fails this stage, not a later one."""
     return numeric_metrics(summary)
 
 
 def prepare_batch(
-    iteration: int,
-    summary: dict,
-    installs: Sequence[dict],
-    peers: Sequence[Any] = (),
-    experience: Any = None,
-    samples_key: str | None = None,
+    iteration: int, summary: dict, installs: Sequence[dict], experience: Any = None
 ) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen, every trainer rank holds them (and every other
-    policy rank ran the same forward, `peers`) and the iteration's experience file is
-    written. The flow's task also shows a few of its samples under `samples_key`.
-    Returns the batch id all ranks agree on, which their receipts must quote."""
+    """Done when the targets are frozen, every trainer rank holds them (the runner also
+    waits for every other policy rank's same forward) and the iteration's experience
+    file is written; the flow's task also shows a few of its samples. Returns the batch
+    id all ranks agree on, which their receipts must quote."""
     batch_ids = {held["batch_id"] for held in installs}
     if len(batch_ids) != 1:  # S-FLOW-5
         raise RuntimeError(

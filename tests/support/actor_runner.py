@@ -12,8 +12,11 @@ from tasks.prefect_tasks import resolve
 
 
 class ActorRunner(FlowRunner):
-    def _run(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
-        return body(iteration, *resolve(args))
+    def _run(
+        self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any, waits: Any = ()
+    ) -> Any:
+        *values, _ = resolve((*args, list(waits)))  # the stage's barrier waited for, as its task does
+        return body(iteration, *values)
 
     def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
         return SimpleNamespace(result=lambda: body(iteration, *resolve(args)))
