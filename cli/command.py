@@ -1,7 +1,7 @@
 """`python -m flows.ppo --config FILE [--validate-manifest] [--fresh | --resume-from iter_NNNNNN] [-- key=value ...]`.
 
 A launch is refused before the Prefect API or Ray start (seconds, not the half minute
-the embedded API takes) when the config cannot run here (cli/preflight.py). A run
+the embedded API takes) when the config cannot run here (rundir/preflight.py). A run
 that fails ends on the failing stage's task-run name and the way to resume.
 """
 

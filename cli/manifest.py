@@ -23,7 +23,7 @@ from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatc
 from configs.loading import ConfigError, load_config
 from configs.schema import PPOConfig
 from data.prompt_projection import PromptError, project_prompt, project_reference, reference_key_for
-from cli.preflight import Problem, config_problems, joins_cluster, machine_problems
+from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
@@ -108,7 +108,7 @@ def validate_manifest(
 
 
 def _check_placement(config: PPOConfig, plan: PlacementPlan, report: ManifestReport, env) -> None:
-    # The same cross-field rules the run path refuses with (cli/preflight.py).
+    # The same cross-field rules the run path refuses with (rundir/preflight.py).
     report.problems.extend(config_problems(config, plan))
     for problem in machine_problems(config, plan, environ=env):
         # A manifest checks a launch meant for another machine too (a 4-GPU node,

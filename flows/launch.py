@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from cli.preflight import require_runnable
+from rundir.preflight import require_runnable
 from configs.schema import PPOConfig
 from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary

@@ -3,30 +3,18 @@
 PPO here is on-policy, so the buffer holds exactly the current batch. Its job is to
 give that batch an identity every trainer will quote in its receipt (S-FLOW-5), and
 to keep the record of what was trained on: each iteration's samples with their
-rewards and advantages as an experience file (S-OPS-3, roles/experience.py).
+rewards and advantages as an experience file (S-OPS-3, contracts/experience.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any
 
 from configs.schema import PPOConfig
 from checkpoint.in_flight import load_in_flight, save_in_flight
-from roles.experience import prune_experience, sample_rows, write_experience
+from contracts.experience import ExperienceReceipt, prune_experience, sample_rows, write_experience
 from contracts.trajectory import PPOTargets, Trajectory, batch_identity
-
-
-@dataclass(frozen=True)
-class ExperienceReceipt:
-    """What the flow gets back from an experience write: small, whatever the batch size."""
-
-    iteration: int
-    path: str
-    samples: int
-    table: list[dict[str, Any]] = field(default_factory=list)  # the first few rows, for the UI's table
-    removed: list[int] = field(default_factory=list)  # iterations whose files retention removed
 
 
 IN_FLIGHT_SUMMARIES = ("data", "rollout", "reward")

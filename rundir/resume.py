@@ -28,7 +28,7 @@ from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from rundir.base_model import base_model_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
-from roles.experience import remove_experience_after, set_aside_experience
+from contracts.experience import remove_experience_after, set_aside_experience
 
 
 class ResumeError(RuntimeError):

@@ -34,7 +34,7 @@ class RunPaths:
 
     @property
     def experience(self) -> str:
-        """One samples file per iteration (S-OPS-3, roles/experience.py)."""
+        """One samples file per iteration (S-OPS-3, contracts/experience.py)."""
         return f"{self.run_dir}/experience"
 
     @property

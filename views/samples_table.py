@@ -14,7 +14,7 @@ from prefect.artifacts import TableArtifact
 from prefect.context import TaskRunContext
 
 from compat.prefect_compat import create_artifact
-from roles.replay_role import ExperienceReceipt
+from contracts.experience import ExperienceReceipt
 from views.artifact_writes import artifact_writes
 from views.run_artifacts import run_flow_run_id
 

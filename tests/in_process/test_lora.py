@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from checkpoint.boundary import CheckpointError
 from checkpoint.export import ADAPTER_DIR, export_boundary
-from cli.preflight import config_problems
+from rundir.preflight import config_problems
 from configs.loading import load_config
 from flows.in_process import run_in_process
 from rundir.run_outputs import RunPaths

@@ -10,7 +10,7 @@ import pytest
 
 from configs.loading import load_config
 from flows.in_process import run_in_process
-from cli.preflight import config_problems
+from rundir.preflight import config_problems
 from rundir.run_outputs import RunPaths
 from tests.conftest import TINY_PROFILE
 from tests.support.helpers import metric_records

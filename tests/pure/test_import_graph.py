@@ -59,6 +59,32 @@ def test_no_module_imports_itself_back():
     assert cycles == [], " -> ".join(cycles[0])
 
 
+# The command line sits above the flow: `python -m flows.ppo` is only its entry point,
+# the one module of flows/ allowed to name cli/ (flows/ppo/__init__.py says so).
+ENTRY_POINT = "flows.ppo.__main__"
+# Role bodies are driven from above (the flow's runners, the actor launcher); the rooms
+# below them share contracts/, never a role module.
+ABOVE_ROLES = {"flows", "processes", "roles"}
+
+
+def _folder_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str, str, str]]:
+    return {
+        (module.split(".")[0], target.split(".")[0], module, target)
+        for module, targets in graph.items() for target in targets
+        if module.split(".")[0] != target.split(".")[0]
+    }
+
+
+def test_no_arrow_runs_back_up_from_flows_to_cli_or_from_a_lower_room_to_roles():
+    arrows = _folder_arrows(_import_graph())
+    back_up = sorted(
+        f"{module} -> {target}" for source, folder, module, target in arrows
+        if (source == "flows" and folder == "cli" and module != ENTRY_POINT)
+        or (folder == "roles" and source not in ABOVE_ROLES)
+    )
+    assert back_up == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle_through({"a": {"b"}, "b": {"a"}}, "a") == ["a", "b", "a"]
     assert _cycle_through({"a": {"b"}, "b": set()}, "a") is None

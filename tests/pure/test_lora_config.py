@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from cli.preflight import config_problems
+from rundir.preflight import config_problems
 from configs.loading import ConfigError, load_config
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 

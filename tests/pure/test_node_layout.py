@@ -6,7 +6,7 @@ tests/services/test_multinode.py (-m slow)."""
 from __future__ import annotations
 
 from configs.loading import load_config
-from cli.preflight import machine_problems
+from rundir.preflight import machine_problems
 from placement.node_layout import host_slot, node_slots
 from placement.plan import plan_placement
 from placement.ray_lowering import LoweredPlacement

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cli.preflight import config_problems
+from rundir.preflight import config_problems
 from configs.loading import ConfigError, load_config, load_profile
 from models.tiny_spec import TINY_SPEC_FILE, write_tiny_spec
 

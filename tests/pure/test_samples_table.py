@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from configs.loading import ConfigError, load_config
-from roles.replay_role import ExperienceReceipt
+from contracts.experience import ExperienceReceipt
 from views.samples_table import MAX_TEXT, SHOWN, publish_samples, samples_table
 from tests.conftest import TINY_PROFILE
 

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 if TYPE_CHECKING:  # the resume check reads experience files before any torch import
     from contracts.trajectory import PPOTargets, Trajectory
+
+@dataclass(frozen=True)
+class ExperienceReceipt:
+    """What the flow gets back from an experience write: small, whatever the batch size."""
+
+    iteration: int
+    path: str
+    samples: int
+    table: list[dict[str, Any]] = field(default_factory=list)  # the first few rows, for the UI's table
+    removed: list[int] = field(default_factory=list)  # iterations whose files retention removed
+
 
 EXPERIENCE_DIR = "experience"
 _FILE = re.compile(r"^iter_(\d{6,})\.jsonl\.gz$")
