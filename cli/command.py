@@ -85,6 +85,7 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
 
     api = start_temporary_api(early_api)
     stop = launch.stop
+    stop.hard_stop = _hard_stop(stop)  # until the flow sets its own, which also kills the run's actors
     # S-STOP-4: a signal from here on asks the run to stop, start-up included; the flow
     # installs the same handler again over the one Prefect's engine installs.
     with stop_signals(stop):
@@ -104,6 +105,18 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
             if api is not None:
                 api.stop()
             stop.done()  # the run has ended: the grace timer with it
+
+
+def _hard_stop(stop):
+    def hard_stop(why: str) -> None:
+        from processes.ray_session import end_local_ray
+
+        try:
+            end_local_ray()  # S-STOP-5: nothing this process started outlives it
+        finally:
+            stop.exit_now(why)
+
+    return hard_stop
 
 
 def ray_connected() -> bool:

@@ -34,7 +34,7 @@ from views.trackers import open_trackers
 from placement.nodes import describe_layout
 from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
-from processes.ray_session import connect_ray, shutdown_ray
+from processes.ray_session import connect_ray, end_local_ray, shutdown_ray
 
 def _flow_run_name() -> str:
     from prefect.runtime import flow_run
@@ -357,6 +357,7 @@ def hard_stop_of(config: PPOConfig, stop: StopRequest) -> Callable[[str], None]:
     def hard_stop(why: str) -> None:
         try:
             kill_run_actors(config.job.name)
+            end_local_ray()  # S-STOP-5: nothing this process started outlives it
         except Exception:  # the exit must happen whatever the cluster says
             pass
         stop.exit_now(why)

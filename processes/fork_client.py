@@ -14,6 +14,7 @@ import struct
 import sys
 
 SOCKET_ENV = "PPO_FORK_SERVER_SOCKET"
+ENABLE_ENV = "PPO_FORK_WORKERS"  # "0": every worker starts as plain Python (processes/fork_launch.py)
 WORKER_SCRIPT = "default_worker.py"  # Ray's worker entry point: the one command that is forked
 
 
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> None:
         # through its Ray, and not this daemon; Ray still stops it by its pid.
         os.setpgid(0, 0)
         os.execv(sys.executable, [sys.executable, *argv])
-    path = os.environ.get(SOCKET_ENV)
+    path = os.environ.get(SOCKET_ENV) if os.environ.get(ENABLE_ENV, "1") != "0" else None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         if not path:
