@@ -138,13 +138,24 @@ def stop_signals(stop: StopRequest | None) -> Iterator[None]:
     if stop is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: object) -> None:
-        stop.request(signal.Signals(signum).name)
-
-    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = _install(stop)
     try:
         yield
     finally:
         for signum, handler_before in previous.items():
             signal.signal(signum, handler_before)
+
+
+def take_signals_back(stop: StopRequest | None) -> None:
+    """Inside `stop_signals`, after Ray connected this process: Ray's driver installs its
+    own SIGTERM handler (a stack dump, then abort) below Python's when it connects, so a
+    stop while the actors start would kill the run instead (S-STOP-4, S-STOP-5)."""
+    if stop is not None and threading.current_thread() is threading.main_thread():
+        _install(stop)
+
+
+def _install(stop: StopRequest) -> dict[int, object]:
+    def handler(signum: int, frame: object) -> None:
+        stop.request(signal.Signals(signum).name)
+
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}

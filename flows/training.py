@@ -12,6 +12,7 @@ from processes import ray_auth_first  # noqa: F401  (before anything below impor
 
 import dataclasses
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -24,7 +25,7 @@ from flows.failures import StageFailed
 from views.history import RunHistory
 from flows.iteration import first_step, held_batch
 from flows.launch import Launch, handed_launch, take_launch
-from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals
+from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals, take_signals_back
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
@@ -194,6 +195,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     stop = launch.stop
     started = time.perf_counter()
     started_ray = connect_ray(config)
+    take_signals_back(stop)
     say(
         f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} "
         f"in {time.perf_counter() - started:.1f} s"
@@ -344,6 +346,16 @@ def validation_text(record: dict[str, Any]) -> str:
     return f"  val reward {record['val/reward_mean']:.3f}" + ("" if exact is None else f" exact {exact:.3f}")
 
 
+HARD_STOP_KILL_S = 2.0  # of the shutdown margin, for killing the run's actors by name on a cluster
+
+
+def _quietly(function: Callable[..., Any], *args: Any) -> None:
+    try:
+        function(*args)
+    except Exception:  # noqa: BLE001  (a hard stop exits whatever failed)
+        pass
+
+
 def stopped_summary(config: PPOConfig, paths: RunPaths, stopped: Stopped) -> dict[str, Any]:
     """The summary of a run stopped before its iterations (start-up, restore)."""
     return {"run_name": config.job.name, "run_dir": paths.run_dir, "iterations": config.rl.max_steps,
@@ -355,11 +367,12 @@ def hard_stop_of(config: PPOConfig, stop: StopRequest) -> Callable[[str], None]:
     cluster they would outlive this process) and exit now; the last committed boundary
     stands, as after any crash."""
     def hard_stop(why: str) -> None:
-        try:
-            kill_run_actors(config.job.name)
-            end_local_ray()  # S-STOP-5: nothing this process started outlives it
-        except Exception:  # the exit must happen whatever the cluster says
-            pass
+        # Bounded: with its raylet gone, Ray's calls wait for it (S-STOP-5), and the exit
+        # must happen whatever the cluster says.
+        killer = threading.Thread(target=_quietly, args=(kill_run_actors, config.job.name), daemon=True)
+        killer.start()
+        killer.join(HARD_STOP_KILL_S)
+        _quietly(end_local_ray)  # S-STOP-5: nothing this process started outlives it
         stop.exit_now(why)
 
     return hard_stop

@@ -1,7 +1,9 @@
-"""The processes a run started, found through /proc, so that after a stop or a failure
-none is left running and nothing else is touched (S-STOP-5). Ray's dashboard agent and
-runtime-environment agent notice their raylet's end only when they next poll it, seconds
-later; a killed driver leaves them to the init process.
+"""The processes a local Ray of a run started, found by a mark in their environment, so
+that after a stop or a failure none is left running and nothing else is touched
+(S-STOP-5). Every daemon, agent and worker of that Ray inherits the mark (processes/
+ray_session.py puts it in the environment they start with), whoever its parent is by
+then: Ray's dashboard agent and runtime-environment agent notice their raylet's end only
+when they next poll it, and a dead raylet's workers are handed to the init process.
 
 A process is named by its pid and its start time (in clock ticks since boot), so a pid
 the kernel gave to a new process meanwhile is never signalled."""
@@ -13,49 +15,40 @@ import signal
 import time
 from pathlib import Path
 
+MARK_ENV = "PPO_RAY_PROCESSES"  # a fresh token per local Ray, in the environment of each of its processes
+
 Proc = tuple[int, int]  # (pid, start time)
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of a live process, None when it is gone (or a zombie)."""
+def _start_time(pid: int) -> int | None:
+    """The start time of a live process, None when it is gone (or a zombie)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[19])
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def _table() -> dict[int, tuple[int, int]]:
-    table = {}
+def marked(mark: str) -> set[Proc]:
+    """Live processes, other than this one, whose environment holds `MARK_ENV=mark`
+    (only this user's processes can be read, and only theirs can hold it)."""
+    needle = f"{MARK_ENV}={mark}".encode()
+    found = set()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (found := _stat(int(entry))) is not None:
-            table[int(entry)] = found
-    return table
-
-
-def children(pid: int | None = None) -> set[Proc]:
-    """The live direct children of `pid` (default: this process)."""
-    parent = os.getpid() if pid is None else pid
-    return {(child, start) for child, (ppid, start) in _table().items() if ppid == parent}
-
-
-def with_descendants(roots: set[Proc]) -> set[Proc]:
-    """`roots` still alive, and every live process below them."""
-    table = _table()
-    found = {(pid, start) for pid, start in roots if table.get(pid, (0, None))[1] == start}
-    frontier = {pid for pid, _ in found}
-    while frontier:
-        below = {(pid, start) for pid, (ppid, start) in table.items() if ppid in frontier} - found
-        found |= below
-        frontier = {pid for pid, _ in below}
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environment = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environment.split(b"\0") and (start := _start_time(int(entry))) is not None:
+            found.add((int(entry), start))
     return found
 
 
 def alive(processes: set[Proc]) -> set[Proc]:
-    return {(pid, start) for pid, start in processes if (_stat(pid) or (0, None))[1] == start}
+    return {(pid, start) for pid, start in processes if _start_time(pid) == start}
 
 
 def end_processes(processes: set[Proc], wait_s: float) -> set[Proc]:

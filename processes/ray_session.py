@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from adapters.ray_adapter import fork_launch_supported, stop_autoscaler_monitor, worker_python
 from processes.fork_client import SOCKET_ENV
 from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server, write_launcher
-from processes.process_tree import Proc, children, end_processes, with_descendants
+from processes.process_tree import MARK_ENV, end_processes, marked
 
 if TYPE_CHECKING:
     from configs.schema import PPOConfig
@@ -47,7 +47,7 @@ SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose worke
 LEFTOVER_WAIT_S = 2.0  # after ray.shutdown(), for the local Ray's processes to end by themselves
 _fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
 _daemon_launcher: str | None = None  # the launcher's folder when no fork server holds it (PPO_FORK_WORKERS=0)
-_local_ray_processes: set[Proc] = set()  # what starting the local Ray started: its daemons, the fork server
+_local_ray_mark: str | None = None  # in the environment of every process the local Ray started (MARK_ENV)
 
 
 def worker_env() -> dict[str, str]:
@@ -79,12 +79,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     PPO_FORK_WORKERS=0. A driver this process starts that joins the same Ray (a test's
     command-line run) forks its workers from the same server; a cluster's workers
     start as Ray starts them."""
-    global _fork_server
+    global _fork_server, _local_ray_mark
     import ray
 
     env_vars = worker_env()
     if not address:
         require_local_ray_auth()
+        _local_ray_mark = _local_ray_mark or secrets.token_hex(8)
+        env_vars[MARK_ENV] = _local_ray_mark  # S-STOP-5: how its processes are found when the run ends
         # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
         # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
         # invalid port makes Ray skip that server (it logs the failed start in
@@ -116,14 +118,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             # started on this machine (plain ray.init() would join that one). Its workers
             # take their settings from the raylet's environment, not a runtime
             # environment, and so start without Ray's setup_worker.py shim.
-            before = children()
             with _local_ray_environment(env_vars, _launcher()):
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
-            _local_ray_processes.update(children() - before)
-            if _fork_server is not None:
-                _local_ray_processes.update(child for child in children() if child[0] == _fork_server.process.pid)
     except BaseException:
         stop_fork_server()
+        end_local_ray()
         raise
     if _fork_server is not None and not address:
         # Inherited by the processes this one starts (see shared_fork_server).
@@ -190,7 +189,6 @@ def shutdown_ray() -> None:
     still running a moment later (S-STOP-5). Each step runs whatever the one before did."""
     import ray
 
-    started = with_descendants(_local_ray_processes)
     try:
         stop_autoscaler_monitor()
     finally:
@@ -200,16 +198,17 @@ def shutdown_ray() -> None:
             try:
                 stop_fork_server()
             finally:
-                end_local_ray(started, LEFTOVER_WAIT_S)
+                end_local_ray(LEFTOVER_WAIT_S)
 
 
-def end_local_ray(started: set[Proc] | None = None, wait_s: float = 0.0) -> None:
+def end_local_ray(wait_s: float = 0.0) -> None:
     """End every process the local Ray of this process started (its daemons, their
-    agents, its workers, the fork server): `started`, found before Ray was told to stop,
-    or all of them now (a hard stop, which exits at once)."""
-    global _daemon_launcher
-    end_processes(with_descendants(_local_ray_processes) if started is None else started, wait_s)
-    _local_ray_processes.clear()
+    agents, its workers, the fork server) still running after `wait_s`; at once for a
+    hard stop, which exits next. Nothing when this process started no Ray."""
+    global _daemon_launcher, _local_ray_mark
+    if _local_ray_mark is not None:
+        end_processes(marked(_local_ray_mark), wait_s)
+        _local_ray_mark = None
     if _daemon_launcher is not None:
         shutil.rmtree(_daemon_launcher, ignore_errors=True)
         _daemon_launcher = None

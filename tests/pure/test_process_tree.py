@@ -1,14 +1,16 @@
-"""What a run started, and only that, is ended after it (S-STOP-5): a tree of processes
-found by pid and start time through /proc, waited for, then killed; a process outside
-the tree is untouched, and a process that ended is never signalled again."""
+"""What a run's local Ray started, and only that, is ended after it (S-STOP-5): found by
+the mark in their environment whoever their parent is by then, waited for, then killed;
+a process without the mark is untouched, and a process that ended is never signalled
+again."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
-from processes.process_tree import alive, children, end_processes, with_descendants
+from processes.process_tree import MARK_ENV, alive, end_processes, marked
 
 # A parent that starts a grandchild and lingers, as Ray's agents outlive their raylet.
 TREE = (
@@ -17,26 +19,24 @@ TREE = (
 )
 
 
-def test_a_started_tree_is_ended_and_nothing_else_is_touched():
-    before = children()
-    started = subprocess.Popen([sys.executable, "-c", TREE])
+def test_the_marked_processes_are_ended_and_nothing_else_is_touched():
+    mark = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    started = subprocess.Popen([sys.executable, "-c", TREE], env={**os.environ, MARK_ENV: mark})
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        roots = {child for child in children() - before if child[0] == started.pid}
         deadline = time.monotonic() + 10
-        while len(with_descendants(roots)) < 2 and time.monotonic() < deadline:
+        while len(marked(mark)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        tree = with_descendants(roots)
-        assert len(tree) == 2
-        killed = end_processes(tree, wait_s=0.2)
-        assert killed == tree
+        found = marked(mark)
+        assert {pid for pid, _ in found} >= {started.pid} and len(found) == 2
+        assert end_processes(found, wait_s=0.2) == found  # they did not end by themselves
         started.wait(timeout=5)
         deadline = time.monotonic() + 5
-        while alive(tree) and time.monotonic() < deadline:  # the grandchild is reaped by init
+        while alive(found) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert alive(tree) == set()
+        assert alive(found) == set() and marked(mark) == set()
         assert bystander.poll() is None
-        assert end_processes(tree, wait_s=0.0) == set()  # gone: nothing is signalled
+        assert end_processes(found, wait_s=0.0) == set()  # gone: nothing is signalled
     finally:
         bystander.kill()
         started.kill()
