@@ -1,10 +1,11 @@
 """Prefect's internals, used only on the Prefect versions they were written against.
 
-Two things need them: the command line's own temporary API (Prefect's server app,
-behind the retry of processes/temporary_server.py, docs/architecture.md) and creating an
-artifact synchronously from a thread Prefect might take for async. Outside
-`WRITTEN_FOR` the run lets Prefect start its own temporary server, and artifacts are
-created through the plain public `.create()`.
+Three things need them: the command line's own temporary API (Prefect's server app,
+behind the retry of processes/temporary_server.py, docs/architecture.md), creating an
+artifact synchronously from a thread Prefect might take for async, and keeping the
+engine's error record of a cleanly stopped run out of its logs. Outside `WRITTEN_FOR`
+the run lets Prefect start its own temporary server, artifacts are created through the
+plain public `.create()`, and that record stays.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,3 +61,26 @@ def create_artifact(artifact: Any) -> Any:
         return artifact.create(_sync=True)
     created = artifact.create()
     return asyncio.run(created) if inspect.isawaitable(created) else created
+
+
+ENGINE_ERROR = "Engine execution exited with unexpected exception"  # what Prefect's run_flow logs, 3.7-3.9
+
+
+class _CancelledRunIsNoError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.exceptions import CancelledRun
+
+        raised = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage() == ENGINE_ERROR and isinstance(raised, CancelledRun))
+
+
+def quiet_cancelled_run_error() -> None:
+    """A deployment's flow run that ends Cancelled by returning that state (a clean stop,
+    S-STOP-4) makes Prefect's engine raise `CancelledRun` from the run's result, which it
+    logs into the run's logs as an ERROR with a traceback, though the run did what it
+    was asked. That record, for `CancelledRun` only, is dropped; every other is kept."""
+    if not within("prefect", WRITTEN_FOR, "dropping the engine's error record of a stopped run", "it stays"):
+        return
+    logger = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(existing, _CancelledRunIsNoError) for existing in logger.filters):
+        logger.addFilter(_CancelledRunIsNoError())

@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelled
 
+from adapters.prefect_adapter import quiet_cancelled_run_error
 from configs.schema import PPOConfig
 from flows.failures import StageFailed
 from views.history import RunHistory
@@ -105,8 +106,12 @@ def ppo(
                 try:
                     summary = _train(launch, lock, first_attempt=attempt == 0)
                     stopped = summary.get("stopped")
+                    if not stopped:
+                        return summary
+                    if handed_launch() is None:  # a deployment's run: no ERROR in its logs for a clean stop
+                        quiet_cancelled_run_error()
                     # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
-                    return Cancelled(message=Stopped(**stopped).line(_resume_hint())) if stopped else summary
+                    return Cancelled(message=Stopped(**stopped).line(_resume_hint()))
                 except StageFailed as error:
                     if attempt >= auto_resume_attempts or launch.stop.due() is not None:
                         raise

@@ -118,3 +118,29 @@ def test_an_export_is_written_aside_and_renamed_when_whole(tmp_path):
     assert write_aside(str(out), whole("second")) == {"policy": str(out / "policy")}
     assert (out / "policy" / "model.safetensors").read_text() == "second"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model"]
+
+
+def test_a_clean_stop_leaves_no_engine_error_in_the_runs_log():
+    """S-STOP-4: Prefect's engine logs the CancelledRun a stopped run's Cancelled state
+    raises as an ERROR; that record alone is dropped."""
+    import logging
+
+    from prefect.exceptions import CancelledRun
+
+    from adapters.prefect_adapter import ENGINE_ERROR, quiet_cancelled_run_error
+
+    quiet_cancelled_run_error()
+    kept: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = kept.append
+    logger = logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        for error in (CancelledRun("stopped by SIGTERM after iteration 9"), RuntimeError("a real failure")):
+            try:
+                raise error
+            except Exception:
+                logger.error(ENGINE_ERROR, exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+    assert [type(record.exc_info[1]).__name__ for record in kept] == ["RuntimeError"]

@@ -54,6 +54,14 @@ def metric_records(run_dir) -> list[dict]:
     return _records(run_dir) if (run_dir / "metrics.jsonl").exists() else []
 
 
+def _flow_runs(name: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+
+
 def _committed(run_dir) -> list[int]:
     return sorted(int(p.parent.name.removeprefix("iter_")) for p in (run_dir / "checkpoints").glob("iter_*/_SUCCESS"))
 
@@ -84,6 +92,8 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     assert line == f"stopped by SIGTERM after iteration 1: {kept}"
     assert _committed(run_dir) == [1] and [r["iteration"] for r in metric_records(run_dir)] == [1]
     assert "val/reward_mean" in metric_records(run_dir)[0] and not (run_dir / "final_model").exists()
+    (block,) = _flow_runs("iteration 1 (stopped)")  # the block subflow says what ran, and that it stopped
+    assert block.state.is_cancelled() and block.state.message.startswith("ran iteration 1 of iteration 1: the run")
 
     with pytest.MonkeyPatch.context() as patch:  # while the rerun restores that boundary: still no export
         signal_during(patch, flows.training, "restore_roles")
