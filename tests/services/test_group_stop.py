@@ -94,3 +94,44 @@ def test_a_group_sigterm_without_forked_workers_keeps_what_finished_and_leaves_n
     while marked(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked(mark) == set(), [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in marked(mark)]
+
+
+def test_a_group_sigterm_to_a_run_that_joined_a_cluster_stops_it_and_leaves_the_cluster_alone(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    """S-STOP-5, a joined cluster (this session's Ray, as `RAY_ADDRESS`): the run commits
+    and exits 143; its actors are gone from the cluster; the cluster's own daemons are
+    untouched and it still runs work."""
+    import ray
+
+    from processes import ray_session
+    from processes.process_tree import marked
+
+    cluster = marked(ray_session._local_ray_mark)
+    daemons = {proc for proc in cluster if Path(f"/proc/{proc[0]}/cmdline").read_bytes().split(b"\0")[0].endswith(
+        (b"gcs_server", b"raylet"))}
+    assert len(daemons) == 2, cluster
+    overrides = short_run_overrides(tmp_path, tiny_model_dir) + ["job.name=joined", "rl.max_steps=40",
+                                                                 "rl.save_every=100"]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    log = tmp_path / "run.log"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides], cwd=REPO_ROOT, env=env,
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    run_dir = tmp_path / "joined"
+    try:
+        while _rows(run_dir) < 1 and run.poll() is None:
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGTERM)
+        assert run.wait(timeout=60) == 143, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    done = _rows(run_dir)
+    assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file(), log.read_text()[-3000:]
+    assert [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "ppo-joined"] == []
+    from processes.process_tree import alive
+
+    assert alive(daemons) == daemons  # the cluster's GCS and raylet
+    assert ray.get(ray.remote(lambda: 42).options(num_cpus=0).remote()) == 42
