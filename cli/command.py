@@ -124,7 +124,7 @@ def ray_connected() -> bool:
 
 
 def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
-    from flows.stopping import take_signals_back
+    from flows.stopping import take_sigterm_back
     from processes.ray_session import connect_ray
     from processes.temporary_api import TemporaryApiFailed
 
@@ -132,7 +132,7 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     started = time.perf_counter()
     with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
         started_ray = connect_ray(launch.config)
-    take_signals_back(stop)
+    take_sigterm_back(stop)
     if stop.due():
         return stopped_before_the_flow(launch)
     from processes.actors import ActorStartupError, launch_role_actors

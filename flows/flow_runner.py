@@ -236,15 +236,15 @@ class FlowIterationLoop(IterationLoop):
         A stop ends it Cancelled, renamed after the iterations it ran (S-STOP-4): the UI
         must not show a green `iterations 1-30` that ran 1-9."""
         self.run.task_runs = 0  # the count of this block's task runs only (the parent's evaluate[iter=0] is not)
-        with stop_signals(self.stop):  # over the handler Prefect's engine installed for this block
+        with stop_signals(self.stop, in_a_flow=True):  # over the handler Prefect's engine installed for this block
             reached = IterationLoop.block(self, first, last, policy_version)
-        stopped = self.stopped
-        self.run.block_ran(last_block=last == self.config.rl.max_steps or stopped is not None)
-        if stopped is None:
-            return reached
-        self._stopped_block = reached
-        ran = block_name(first, stopped.iteration) + " (stopped)"
-        rename_this_flow_run(ran)
+            stopped = self.stopped
+            self.run.block_ran(last_block=last == self.config.rl.max_steps or stopped is not None)
+            if stopped is None:
+                return reached
+            self._stopped_block = reached
+            ran = block_name(first, stopped.iteration) + " (stopped)"
+            rename_this_flow_run(ran)
         return Cancelled(message=f"ran {block_name(first, stopped.iteration)} of {block_name(first, last)}: the run "
                                  f"stopped ({stopped.reason}) after iteration {stopped.iteration}")
 

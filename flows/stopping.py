@@ -130,32 +130,34 @@ def exit_now(why: str, code: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def stop_signals(stop: StopRequest | None) -> Iterator[None]:
+def stop_signals(stop: StopRequest | None, *, in_a_flow: bool = False) -> Iterator[None]:
     """SIGTERM and SIGINT request `stop` while inside (main thread only: elsewhere Python
-    cannot install handlers); the previous handlers come back afterwards. The flow
-    enters this in its body and again in each block's, because Prefect's flow engine
-    installs its own SIGTERM handler, which would crash the run, at every flow start."""
+    cannot install handlers); the previous handlers come back afterwards. In a flow's
+    body (`in_a_flow`) SIGTERM is left as it is at the end: the flow's engine installed
+    its own SIGTERM handler (which would crash the run) at the flow run's start and puts
+    back what it found at its end, so no SIGTERM in between falls to it (S-STOP-4)."""
     if stop is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = _install(stop)
+    previous = _install(stop, (signal.SIGTERM, signal.SIGINT))
     try:
         yield
     finally:
         for signum, handler_before in previous.items():
-            signal.signal(signum, handler_before)
+            if not (in_a_flow and signum == signal.SIGTERM):
+                signal.signal(signum, handler_before)
 
 
-def take_signals_back(stop: StopRequest | None) -> None:
+def take_sigterm_back(stop: StopRequest | None) -> None:
     """Inside `stop_signals`, after Ray connected this process: Ray's driver installs its
     own SIGTERM handler (a stack dump, then abort) below Python's when it connects, so a
     stop while the actors start would kill the run instead (S-STOP-4, S-STOP-5)."""
     if stop is not None and threading.current_thread() is threading.main_thread():
-        _install(stop)
+        _install(stop, (signal.SIGTERM,))
 
 
-def _install(stop: StopRequest) -> dict[int, object]:
+def _install(stop: StopRequest, signals: tuple[signal.Signals, ...]) -> dict[int, object]:
     def handler(signum: int, frame: object) -> None:
         stop.request(signal.Signals(signum).name)
 
-    return {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    return {signum: signal.signal(signum, handler) for signum in signals}

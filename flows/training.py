@@ -26,7 +26,7 @@ from flows.failures import StageFailed
 from views.history import RunHistory
 from flows.iteration import first_step, held_batch
 from flows.launch import Launch, handed_launch, take_launch
-from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals, take_signals_back
+from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals, take_sigterm_back
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
@@ -98,10 +98,9 @@ def ppo(
     lock.renew(flow_run=_flow_run_label())
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
-    # S-STOP-4: a stop is honoured from here to the end, start-up and export included (over
-    # the SIGTERM handler Prefect's engine installed for this flow run).
+    # S-STOP-4: a stop is honoured from here to the end, start-up and export included.
     try:
-        with stop_signals(launch.stop):
+        with stop_signals(launch.stop, in_a_flow=True):
             while True:
                 try:
                     summary = _train(launch, lock, first_attempt=attempt == 0)
@@ -200,7 +199,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     stop = launch.stop
     started = time.perf_counter()
     started_ray = connect_ray(config)
-    take_signals_back(stop)
+    take_sigterm_back(stop)
     say(
         f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} "
         f"in {time.perf_counter() - started:.1f} s"

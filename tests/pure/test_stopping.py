@@ -35,6 +35,13 @@ def test_a_second_signal_or_the_end_of_the_grace_stops_at_once():
     assert hard == ["a second SIGINT"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the previous handler is back
 
+    # A flow body leaves SIGTERM to its engine, which puts back what it found when the
+    # flow run ends: between the body's end and the engine's, a SIGTERM is still a stop.
+    with stop_signals(stop, in_a_flow=True):
+        ours = signal.getsignal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     graceful = StopRequest(grace_s=3.05)  # the hard stop fires SHUTDOWN_MARGIN_S before the grace ends
     graceful.hard_stop = hard.append
     graceful.request("SIGTERM")
