@@ -254,7 +254,7 @@ class JobConfig(Section):
         30.0,
         description="After SIGTERM or SIGINT (preemption, Ctrl-C, Cancel in the Prefect UI) the run finishes the "
         "iteration it is in, commits it and exits within this many seconds; past them, or at a second signal, it "
-        f"stops at once, keeping the previous boundary (S-STOP-1, S-STOP-4). It bounds one iteration, its commit "
+        "stops at once, keeping the previous boundary. It bounds one iteration, its commit "
         f"and the {STOP_SHUTDOWN_MARGIN_S:g} s kept for releasing the actors and exiting; at least "
         f"{MIN_STOP_GRACE_S:g}. The Kubernetes and Prefect worker default.",
     )
