@@ -82,9 +82,9 @@ class StopRequest:
             self.hard_stop(f"a second {reason}")
             return
         self.reason = reason
-        print(f"stop: {reason} received; finishing the current iteration and committing it, or keeping the last "
-              f"committed one before the first iteration or after the last (within job.stop_grace_seconds="
-              f"{self.grace_s:g}; send it again to stop at once)",
+        print(f"stop: {reason} received; stopping with the last finished iteration committed (an iteration in "
+              f"progress is finished first), within job.stop_grace_seconds={self.grace_s:g}; send it again to stop "
+              "at once",
               file=sys.stderr, flush=True)
         self._timer = threading.Timer(max(0.0, self.grace_s - SHUTDOWN_MARGIN_S), self._grace_ran_out)
         self._timer.daemon = True
