@@ -133,14 +133,14 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
         started_ray = connect_ray(launch.config)
     take_sigterm_back(stop)
-    if stop.due():
+    if stop.signalled():
         return stopped_before_the_flow(launch)
     from processes.actors import ActorStartupError, launch_role_actors
 
     launch.actors = launch_role_actors(launch.config)
     print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
           f"actors in {time.perf_counter() - started:.1f} s", flush=True)
-    if stop.due():
+    if stop.signalled():
         return stopped_before_the_flow(launch)
     from checkpoint.boundary import CheckpointError
     from prefect.exceptions import CancelledRun

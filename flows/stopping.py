@@ -75,6 +75,11 @@ class StopRequest:
             return TIME_LIMIT
         return self.reason
 
+    def signalled(self) -> str | None:
+        """A signal's stop, honoured in any phase; the time limit is due only at an
+        iteration end (S-STOP-3), so a run past it still makes progress each time."""
+        return self.reason
+
     def request(self, reason: str) -> None:
         if self._ended:  # the run has ended by itself: nothing left to stop
             return

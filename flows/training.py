@@ -112,7 +112,7 @@ def ppo(
                     # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
                     return Cancelled(message=Stopped(**stopped).line(_resume_hint()))
                 except StageFailed as error:
-                    if attempt >= auto_resume_attempts or launch.stop.due() is not None:
+                    if attempt >= auto_resume_attempts or launch.stop.signalled() is not None:
                         raise
                     attempt += 1
                     say(f"auto-resume: attempt {attempt} of {auto_resume_attempts} after `{error}`; "
@@ -211,10 +211,10 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     kept = (resume_point.iteration, resume_point.boundary) if resume_point else (0, None)
     try:
         stop.hard_stop = hard_stop_of(config, stop)
-        if stop.due():  # S-STOP-4: stopped while Ray started; nothing of the run ran yet
+        if stop.signalled():  # S-STOP-4: stopped while Ray started; nothing of the run ran yet
             return stopped_summary(config, paths, stop.stopped_at(*kept))
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds), launch.adopt_actors())
-        if stop.due():  # while the actors started
+        if stop.signalled():  # while the actors started
             return stopped_summary(config, paths, stop.stopped_at(*kept))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
@@ -228,7 +228,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
                 f"resume: from {resume_point.boundary} "
                 f"(iteration {resume_point.iteration}, policy_version {policy_version})"
             )
-        if stop.due():  # during the restore: the boundary it restored is still the last one
+        if stop.signalled():  # during the restore: the boundary it restored is still the last one
             return stopped_summary(config, paths, stop.stopped_at(*kept))
         start = resume_point.iteration + 1 if resume_point else 1
         logger.info(
@@ -255,7 +255,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
         last_boundary = last_commit.path if last_commit else kept[1]
         last_iteration = last_commit.iteration if last_commit else kept[0]
-        if stop.due() and loop.stopped is None:  # after the last iteration's end, before the export
+        if stop.signalled() and loop.stopped is None:  # after the last iteration's end, before the export
             stop.stopped_at(last_iteration, last_boundary)
         exported = None
         if loop.stopped is None and last_boundary and last_iteration == config.rl.max_steps and (
@@ -264,7 +264,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             # Also a rerun of a run stopped before its export: every iteration committed, so
             # it only exports (S-STOP-4). The export is written aside and renamed when whole.
             exported = export(config.rl.max_steps, last_boundary, paths.final_model, roles.policy)
-            if stop.due():  # during the export, which finished within the grace
+            if stop.signalled():  # during the export, which finished within the grace
                 stop.stopped_at(last_iteration, last_boundary)
         summary = run_summary(config, paths, roles, runner, policy_version, last_boundary, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
