@@ -151,3 +151,32 @@ def test_a_clean_stop_leaves_no_engine_error_in_the_runs_log():
     finally:
         logger.removeHandler(handler)
     assert [type(record.exc_info[1]).__name__ for record in kept] == ["RuntimeError"]
+
+
+HARD_STOP_AFTER_THE_COMMIT = """
+import os, signal, time
+from flows.stopping import StopRequest, stop_signals
+stop = StopRequest(grace_s=3.2)
+with stop_signals(stop):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    stop.stopped_at(7, "/runs/a/checkpoints/iter_000007")  # committed; the shutdown then hangs
+    time.sleep(30)
+"""
+
+
+def test_the_grace_ending_after_the_commit_exits_with_the_stops_own_status_and_line():
+    """S-STOP-4: a SIGINT stop whose shutdown outlives the grace still exits 130 with its
+    stop line (it exited 143 "stopped at once"): the boundary was already committed."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    ended = subprocess.run([sys.executable, "-c", HARD_STOP_AFTER_THE_COMMIT], cwd=REPO_ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert ended.returncode == 130, ended.stderr
+    assert ended.stderr.strip().splitlines()[-1] == (
+        "stopped by SIGINT after iteration 7: committed /runs/a/checkpoints/iter_000007; "
+        "run the same command again to resume from it"
+    )
