@@ -1,10 +1,11 @@
 """A SIGTERM to the run's whole process group, as Kubernetes, `timeout` and most shells
-send it, with `PPO_FORK_WORKERS=0` (every worker started by the raylet as plain Python):
-the run commits the iteration it finished, exits 143 with the resume line, and within a
-few seconds none of the processes it started is left (S-STOP-5). Counted by a mark in
-their environment, which every process of the run inherits and nothing else has.
-While the actors start, the raylet's agents were in the run's group: they died, took
-the raylet with them, and the run hung past its grace."""
+send it, with `PPO_FORK_WORKERS=0` (every worker started by the raylet as plain Python)
+and with the default forked workers: the run keeps the iteration it finished, exits 143
+with the resume line, and within a few seconds none of the processes it started is left
+(S-STOP-5). Counted by a mark in their environment, which every process of the run
+inherits and nothing else has. (With `PPO_FORK_WORKERS=0` the raylet's agents used to be
+in the run's group: a signal while the actors started killed them, the raylet died with
+them, and the run hung past its grace.)"""
 
 from __future__ import annotations
 
@@ -47,17 +48,17 @@ def _rows(run_dir: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-@pytest.mark.parametrize("moment", ["while the actors start", "in an iteration"])
-def test_a_group_sigterm_without_forked_workers_keeps_what_finished_and_leaves_nothing(
-    moment, tiny_model_dir, tmp_path
-):
+@pytest.mark.parametrize(
+    ("fork_workers", "moment"), [("0", "while the actors start"), ("0", "in an iteration"), ("1", "in an iteration")]
+)
+def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(fork_workers, moment, tiny_model_dir, tmp_path):
     mark = uuid.uuid4().hex
     overrides = short_run_overrides(tmp_path, tiny_model_dir) + [
         "job.name=group", "rl.max_steps=40", "rl.save_every=100",
         # Iterations of a few seconds, so the signal comes while the actors work.
         "rl.batch_size=128", "rl.minibatch_size=64", "rl.micro_batch_size=64", "rl.epochs=2",
     ]
-    env = {**os.environ, "PPO_FORK_WORKERS": "0", MARK: mark}
+    env = {**os.environ, "PPO_FORK_WORKERS": fork_workers, MARK: mark}
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "run.log"
     run = subprocess.Popen(
