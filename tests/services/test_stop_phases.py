@@ -1,6 +1,6 @@
 """A stop in every phase of a run (S-STOP-4), through the `ppo` flow with real Prefect
 and real Ray actors: SIGTERM to this very process (the flow runs in its main thread, as
-a deployment's flow run does) while the actors start, during the evaluation in the
+a deployment's flow run does) while Ray starts, during the evaluation in the
 run's last iteration, during the restore of a rerun and during the final export. Each
 time the run ends Cancelled with the line saying what it kept and how to run it again
 from the Prefect UI; the last finished iteration is committed; a stop in the last
@@ -80,8 +80,8 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     run_dir = tmp_path / "stops"
     kept = f"committed {run_dir}/checkpoints/iter_000001; {RESUME_HINT} to resume from it"
 
-    with pytest.MonkeyPatch.context() as patch:  # while the role actors start
-        signal_during(patch, flows.training, "start_role_actors")
+    with pytest.MonkeyPatch.context() as patch:  # while Ray starts, before the first actor (tests/services/
+        signal_during(patch, flows.training, "connect_ray")  # test_group_stop.py: while they start, slow)
         line = _stopped(overrides)
     assert line == f"stopped by SIGTERM before its first iteration finished: nothing to keep; {RESUME_HINT} to start it"
     assert _committed(run_dir) == [] and metric_records(run_dir) == []
