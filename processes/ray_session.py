@@ -44,7 +44,7 @@ RAY_DEFAULTS = {
 }
 
 SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose workers the server at SOCKET_ENV forks
-LEFTOVER_WAIT_S = 2.0  # after ray.shutdown(), for the local Ray's processes to end by themselves
+LEFTOVER_WAIT_S = 0.5  # after ray.shutdown(), for the local Ray's processes to end by themselves
 _fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
 _daemon_launcher: str | None = None  # the launcher's folder when no fork server holds it (PPO_FORK_WORKERS=0)
 _local_ray_mark: str | None = None  # in the environment of every process the local Ray started (MARK_ENV)
