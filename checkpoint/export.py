@@ -14,7 +14,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from checkpoint.boundary import CheckpointError, read_marker
 from checkpoint.dcp_io import load_tensors
@@ -26,11 +26,39 @@ from models.fingerprint import ModelFingerprint, fingerprint_folder, read_finger
 ADAPTER_DIR = "adapter"  # the exported adapter, in PEFT's own format, inside each role's folder
 
 
-def export_boundary(boundary: str, out: str) -> dict[str, str]:
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+WRITING_SUFFIX = ".writing"  # the export being written, beside where it goes
 
+
+def export_boundary(boundary: str, out: str) -> dict[str, str]:
+    """Both roles of `boundary` under `out`, written aside and renamed into place when
+    whole (S-STOP-4): a stop or a crash mid-export leaves no half-written `out`, and a
+    rerun writes it again from the start."""
     if read_marker(boundary) is None:
         raise CheckpointError(f"{boundary} is not a committed boundary (no _SUCCESS); refusing to export it")
+    return write_aside(out, lambda aside: _export_roles(boundary, aside))
+
+
+def write_aside(out: str, write: Callable[[str], dict[str, str]]) -> dict[str, str]:
+    """`write(aside)` into a fresh folder beside `out`, then that folder renamed to `out`
+    (replacing an older one); the paths it returns are given under `out`."""
+    final, aside = Path(out), Path(f"{out}{WRITING_SUFFIX}")
+    shutil.rmtree(aside, ignore_errors=True)  # an earlier export that never finished
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    written = write(str(aside))
+    if final.exists():  # an earlier run's export of a boundary this run went past
+        replaced = Path(f"{out}.replaced")
+        shutil.rmtree(replaced, ignore_errors=True)
+        final.rename(replaced)
+        aside.rename(final)
+        shutil.rmtree(replaced, ignore_errors=True)
+    else:
+        aside.rename(final)
+    return {role: str(final / Path(path).relative_to(aside)) for role, path in written.items()}
+
+
+def _export_roles(boundary: str, out: str) -> dict[str, str]:
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
     written = {}
     for role, auto_class in (("policy", AutoModelForCausalLM), ("critic", AutoModelForTokenClassification)):
         source = f"{boundary}/{role}"

@@ -80,65 +80,111 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
     its fork server and the role actors, and only then does this process import the
     flow, which takes `launch` with the actors in it. Everything this process started
     is stopped before the caller prints its last line."""
-    from processes.ray_session import connect_ray, shutdown_ray
-    from processes.temporary_api import TemporaryApiFailed, start_temporary_api
+    from flows.stopping import stop_signals
+    from processes.temporary_api import start_temporary_api
 
     api = start_temporary_api(early_api)
-    started_ray = False
-    try:
-        started = time.perf_counter()
-        with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
-            started_ray = connect_ray(launch.config)
-        from processes.actors import launch_role_actors
+    stop = launch.stop
+    stop.hard_stop = _hard_stop(stop)  # until the flow sets its own, which also kills the run's actors
+    # S-STOP-4: a signal from here on asks the run to stop, start-up included; the flow
+    # installs the same handler again over the one Prefect's engine installs.
+    with stop_signals(stop):
+        try:
+            return _run_flow(args, overrides, launch, api)
+        finally:
+            drain_prefect()  # on every way out, before the temporary API (if any) stops
+            unadopted = launch.adopt_actors()
+            if unadopted is not None:  # a flow refused (or stopped) before it took them
+                from processes.actors import discard_launched
 
-        launch.actors = launch_role_actors(launch.config)
-        print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
-              f"actors in {time.perf_counter() - started:.1f} s", flush=True)
-        from checkpoint.boundary import CheckpointError
-        from prefect.exceptions import CancelledRun
+                discard_launched(unadopted)
+            if ray_connected():  # started or joined by this command (connect_ray)
+                from processes.ray_session import shutdown_ray
 
-        from flows.failures import StageFailed
-        from rundir.resume import ResumeError
-        from rundir.run_lock import RunLocked
-        from flows.launch import handed_to_the_flow
-        from flows.training import ppo
-        from placement.ray_lowering import PlacementError
+                shutdown_ray()
+            if api is not None:
+                api.stop()
+            stop.done()  # the run has ended: the grace timer with it
+
+
+def _hard_stop(stop):
+    def hard_stop(why: str) -> None:
+        from processes.ray_session import end_local_ray
 
         try:
-            with _prefect_api(api), handed_to_the_flow(launch):
-                summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
-                              resume_from=args.resume_from)
-        except ConfigError as error:
-            return refuse(error.problems)
-        except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
-            # Refusals about the run's own state or the cluster's: the message is the whole story.
-            return refuse([str(error)])
-        except TemporaryApiFailed as error:
-            print(f"error: {error}", file=sys.stderr, flush=True)
-            return EXIT_FAILED
-        except CancelledRun:
-            if launch.stop.outcome is None:  # cancelled by something else than a stop request
-                raise
-            print(launch.stop.outcome.line(), file=sys.stderr, flush=True)
-            return launch.stop.outcome.exit_code()
-        except StageFailed as error:
-            # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
-            print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr,
-                  flush=True)
-            return EXIT_FAILED
-        print_summary(summary)
-        return 0
-    finally:
-        drain_prefect()  # on every way out, before the temporary API (if any) stops
-        unadopted = launch.adopt_actors()
-        if unadopted is not None:  # a flow refused before it took them
-            from processes.actors import discard_launched
+            end_local_ray()  # S-STOP-5: nothing this process started outlives it
+        finally:
+            stop.exit_now(why)
 
-            discard_launched(unadopted)
-        if started_ray:
-            shutdown_ray()
-        if api is not None:
-            api.stop()
+    return hard_stop
+
+
+def ray_connected() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
+    from flows.stopping import take_sigterm_back
+    from processes.ray_session import connect_ray
+    from processes.temporary_api import TemporaryApiFailed
+
+    stop = launch.stop
+    started = time.perf_counter()
+    with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
+        started_ray = connect_ray(launch.config)
+    take_sigterm_back(stop)
+    if stop.signalled():
+        return stopped_before_the_flow(launch)
+    from processes.actors import ActorStartupError, launch_role_actors
+
+    launch.actors = launch_role_actors(launch.config)
+    print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
+          f"actors in {time.perf_counter() - started:.1f} s", flush=True)
+    if stop.signalled():
+        return stopped_before_the_flow(launch)
+    from checkpoint.boundary import CheckpointError
+    from prefect.exceptions import CancelledRun
+
+    from flows.failures import StageFailed
+    from rundir.resume import ResumeError
+    from rundir.run_lock import RunLocked
+    from flows.launch import handed_to_the_flow
+    from flows.training import ppo
+    from placement.ray_lowering import PlacementError
+
+    try:
+        with _prefect_api(api), handed_to_the_flow(launch):
+            summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
+                          resume_from=args.resume_from)
+    except ConfigError as error:
+        return refuse(error.problems)
+    except (ResumeError, CheckpointError, RunLocked, PlacementError) as error:
+        # Refusals about the run's own state or the cluster's: the message is the whole story.
+        return refuse([str(error)])
+    except TemporaryApiFailed as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except CancelledRun:
+        if launch.stop.outcome is None:  # cancelled by something else than a stop request
+            raise
+        print(launch.stop.outcome.line(), file=sys.stderr, flush=True)
+        return launch.stop.outcome.exit_code()
+    except (StageFailed, ActorStartupError) as error:
+        # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
+        print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr,
+              flush=True)
+        return EXIT_FAILED
+    print_summary(summary)
+    return 0
+
+
+def stopped_before_the_flow(launch: Launch) -> int:
+    """A stop while Ray and the actors started: the run's last committed boundary (if
+    any) is where it stands; nothing ran that could be kept."""
+    point = launch.resume_point
+    stopped = launch.stop.stopped_at(point.iteration if point else 0, point.boundary if point else None)
+    print(stopped.line(), file=sys.stderr, flush=True)
+    return stopped.exit_code()
 
 
 @contextlib.contextmanager

@@ -4,10 +4,12 @@ Three things need them: the command line's own temporary API (Prefect's server a
 behind the retry of processes/temporary_server.py, the private settings Prefect gives
 its own temporary server, and a read of Prefect's settings files before Prefect is
 imported; docs/architecture.md), creating an artifact synchronously from a thread
-Prefect might take for async, and draining the log and event workers when a command
-ends. Outside `WRITTEN_FOR` the run lets Prefect start its own temporary server,
-artifacts are created through the plain public `.create()`, and the logs are flushed
-through the public `APILogHandler.flush()` (events then go with Prefect's exit handlers).
+Prefect might take for async, draining the log and event workers when a command ends,
+and keeping the engine's error record of a cleanly stopped run out of its logs. Outside
+`WRITTEN_FOR` the run lets Prefect start its own temporary server, artifacts are created
+through the plain public `.create()`, the logs are flushed through the public
+`APILogHandler.flush()` (events then go with Prefect's exit handlers), and that error
+record stays.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -113,3 +116,26 @@ def drain_logs_and_events(timeout_s: float) -> None:
 
     APILogWorker.drain_all(timeout=timeout_s)
     EventsWorker.drain_all(timeout=timeout_s)
+
+
+ENGINE_ERROR = "Engine execution exited with unexpected exception"  # what Prefect's run_flow logs, 3.7-3.9
+
+
+class _CancelledRunIsNoError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.exceptions import CancelledRun
+
+        raised = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage() == ENGINE_ERROR and isinstance(raised, CancelledRun))
+
+
+def quiet_cancelled_run_error() -> None:
+    """A deployment's flow run that ends Cancelled by returning that state (a clean stop,
+    S-STOP-4) makes Prefect's engine raise `CancelledRun` from the run's result, which it
+    logs into the run's logs as an ERROR with a traceback, though the run did what it
+    was asked. That record, for `CancelledRun` only, is dropped; every other is kept."""
+    if not within("prefect", WRITTEN_FOR, "dropping the engine's error record of a stopped run", "it stays"):
+        return
+    logger = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(existing, _CancelledRunIsNoError) for existing in logger.filters):
+        logger.addFilter(_CancelledRunIsNoError())

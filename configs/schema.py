@@ -231,6 +231,8 @@ class ExperienceConfig(Section):
 
 
 MAX_ITERATIONS_PER_BLOCK = 200
+STOP_SHUTDOWN_MARGIN_S = 3.0  # of job.stop_grace_seconds, kept for releasing the actors and exiting
+MIN_STOP_GRACE_S = STOP_SHUTDOWN_MARGIN_S + 2.0  # the margin plus the shortest commit (a tiny model's)
 
 
 class JobConfig(Section):
@@ -252,10 +254,11 @@ class JobConfig(Section):
     )
     stop_grace_seconds: float = Field(
         30.0,
-        gt=0,
         description="After SIGTERM or SIGINT (preemption, Ctrl-C, Cancel in the Prefect UI) the run finishes the "
         "iteration it is in, commits it and exits within this many seconds; past them, or at a second signal, it "
-        "stops at once, keeping the previous boundary. The Kubernetes and Prefect worker default.",
+        "stops at once, keeping the previous boundary. It bounds one iteration, its commit "
+        f"and the {STOP_SHUTDOWN_MARGIN_S:g} s kept for releasing the actors and exiting; at least "
+        f"{MIN_STOP_GRACE_S:g}. The Kubernetes and Prefect worker default.",
     )
     trusted_modules: list[str] = Field(
         default_factory=list,
@@ -305,6 +308,18 @@ class JobConfig(Section):
             raise ValueError(
                 f"job.name: {value!r} must be one folder name: letters, digits, '.', '_' and '-' "
                 "(no '/', no '..', no spaces)"
+            )
+        return value
+
+    @field_validator("stop_grace_seconds")
+    @classmethod
+    def _grace_holds_a_commit(cls, value: float) -> float:
+        # S-STOP-4: a grace the shutdown margin eats whole makes every stop a hard stop.
+        if not value >= MIN_STOP_GRACE_S:
+            raise ValueError(
+                f"job.stop_grace_seconds: {value:g} leaves no time to commit the finished iteration (the last "
+                f"{STOP_SHUTDOWN_MARGIN_S:g} s are kept for releasing the actors and exiting, so every stop would be a "
+                f"hard stop); use at least {MIN_STOP_GRACE_S:g}, and size it to one iteration plus one commit"
             )
         return value
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from prefect import flow
+from prefect.states import Cancelled
 
 from flows.blocks import BLOCK_FLOW, block_name
 from flows.failures import naming_failures
@@ -221,16 +222,46 @@ class FlowIterationLoop(IterationLoop):
         with artifacts_on_this_run():  # a block's tables and samples show on the `ppo` flow run
             return super().run_iterations(start, last, policy_version)
 
+    def block(self, first: int, last: int, policy_version: int) -> tuple[int, Any]:
+        from prefect.exceptions import CancelledRun
+
+        try:
+            return self.block_flow(first, last, policy_version)
+        except CancelledRun:
+            if self._stopped_block is None:  # cancelled by something else than the run's stop
+                raise
+            return self._stopped_block
+
+    _stopped_block: tuple[int, Any] | None = None  # what a stopped block reached (its run ends Cancelled)
+
     @flow(
         name=BLOCK_FLOW, flow_run_name=_block_run_name, validate_parameters=False, persist_result=False,
         log_prints=False,
     )
-    def block(self, first: int, last: int, policy_version: int) -> tuple[int, Any]:
+    def block_flow(self, first: int, last: int, policy_version: int) -> Any:
         """Iterations `first..last` as one child flow run. A failure inside fails the
-        block's run and reaches the caller as the very exception the iteration raised."""
+        block's run and reaches the caller as the very exception the iteration raised.
+        A stop ends it Cancelled, renamed after the iterations it ran (S-STOP-4): the UI
+        must not show a green `iterations 1-30` that ran 1-9."""
         self.run.task_runs = 0  # the count of this block's task runs only (the parent's evaluate[iter=0] is not)
-        with stop_signals(self.stop):  # over the handler Prefect's engine installed for this block
+        with stop_signals(self.stop, in_a_flow=True):  # over the handler Prefect's engine installed for this block
             reached = IterationLoop.block(self, first, last, policy_version)
-        self.run.block_ran(last_block=last == self.config.rl.max_steps)
-        return reached
+            stopped = self.stopped
+            self.run.block_ran(last_block=last == self.config.rl.max_steps or stopped is not None)
+            if stopped is None:
+                return reached
+            self._stopped_block = reached
+            ran = block_name(first, stopped.iteration) + " (stopped)"
+            rename_this_flow_run(ran)
+        return Cancelled(message=f"ran {block_name(first, stopped.iteration)} of {block_name(first, last)}: the run "
+                                 f"stopped ({stopped.reason}) after iteration {stopped.iteration}")
 
+
+def rename_this_flow_run(name: str) -> None:
+    """The running flow run's name in the UI, changed now."""
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = current_flow_run_id()
+    if flow_run_id is not None:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run_id, name=name)

@@ -125,14 +125,14 @@ class IterationLoop:
             policy_version, last_commit = result.policy_version, result.committed or last_commit
             self.in_flight = result.ahead
             self._emit(result.record)
-            reason = self.stop.due() if self.stop is not None else None
-            if reason is not None and iteration < self.config.rl.max_steps:
-                # S-STOP-1: the finished iteration is committed as a full boundary, once.
+            if self.stop is not None and self.stop.due() is not None:
+                # S-STOP-1: the finished iteration is committed as a full boundary, once; the
+                # last one too, and the run then stops before its export (S-STOP-4).
                 committed = result.committed or save_on_cadence(
                     self.run, self.roles, self.config, iteration, policy_version, self.paths, result.record,
                     result.ahead, kind="full",
                 )
-                self.stop.outcome = Stopped(reason, iteration, committed.path if committed else None)
+                self.stop.stopped_at(iteration, committed.path if committed else None)
                 return policy_version, committed or last_commit
         return policy_version, last_commit
 

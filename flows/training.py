@@ -11,6 +11,8 @@ from __future__ import annotations
 from processes import ray_auth_first  # noqa: F401  (before anything below imports Ray)
 
 import dataclasses
+import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -18,13 +20,14 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelled
 
+from compat.prefect_compat import quiet_cancelled_run_error
 from configs.schema import PPOConfig
 from contracts.artifact_keys import artifact_key
 from flows.failures import StageFailed
 from views.history import RunHistory
 from flows.iteration import first_step, held_batch
 from flows.launch import Launch, handed_launch, take_launch
-from flows.stopping import Stopped, exit_now, stop_signals
+from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals, take_sigterm_back
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
@@ -34,7 +37,7 @@ from views.trackers import open_trackers
 from placement.nodes import describe_layout
 from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
-from processes.ray_session import connect_ray, shutdown_ray
+from processes.ray_session import connect_ray, end_local_ray, shutdown_ray
 
 def _flow_run_name() -> str:
     from prefect.runtime import flow_run
@@ -96,21 +99,35 @@ def ppo(
     lock.renew(flow_run=_flow_run_label())
     if lock.took_over is not None:
         logger.warning(f"took over the run lock of a run that is no longer alive: {lock.took_over.describe()}")
+    # S-STOP-4: a stop is honoured from here to the end, start-up and export included.
     try:
-        while True:
-            try:
-                summary = _train(launch, lock, first_attempt=attempt == 0)
-                stopped = summary.get("stopped")
-                # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
-                return Cancelled(message=Stopped(**stopped).line()) if stopped else summary
-            except StageFailed as error:
-                if attempt >= auto_resume_attempts:
-                    raise
-                attempt += 1
-                say(f"auto-resume: attempt {attempt} of {auto_resume_attempts} after `{error}`; "
-                    "resuming from the last committed boundary")
+        with stop_signals(launch.stop, in_a_flow=True):
+            while True:
+                try:
+                    summary = _train(launch, lock, first_attempt=attempt == 0)
+                    stopped = summary.get("stopped")
+                    if not stopped:
+                        return summary
+                    if handed_launch() is None:  # a deployment's run: no ERROR in its logs for a clean stop
+                        quiet_cancelled_run_error()
+                    # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
+                    return Cancelled(message=Stopped(**stopped).line(_resume_hint()))
+                except StageFailed as error:
+                    if attempt >= auto_resume_attempts or launch.stop.signalled() is not None:
+                        raise
+                    attempt += 1
+                    say(f"auto-resume: attempt {attempt} of {auto_resume_attempts} after `{error}`; "
+                        "resuming from the last committed boundary")
     finally:
         lock.release()
+        if handed_launch() is None:  # a deployment's run ends here; the command line ends it itself
+            launch.stop.done()
+
+
+def _resume_hint() -> str:
+    """How to run a stopped run again, as its reader can: a command-line run's reader has
+    the command; a deployment's reads the Prefect UI."""
+    return RESUME_BY_COMMAND if handed_launch() is not None else RESUME_IN_THE_UI
 
 
 AUTO_RESUME_STATE = "AutoResume"  # the state name deployments/automations.yaml reschedules a crashed run under
@@ -180,8 +197,10 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     paths.ensure()
     if resume_point is None:
         start_from_scratch(paths)
+    stop = launch.stop
     started = time.perf_counter()
     started_ray = connect_ray(config)
+    take_sigterm_back(stop)
     say(
         f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} "
         f"in {time.perf_counter() - started:.1f} s"
@@ -190,8 +209,14 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     runner = None
     history = None
     trackers = None
+    kept = (resume_point.iteration, resume_point.boundary) if resume_point else (0, None)
     try:
+        stop.hard_stop = hard_stop_of(config, stop)
+        if stop.signalled():  # S-STOP-4: stopped while Ray started; nothing of the run ran yet
+            return stopped_summary(config, paths, stop.stopped_at(*kept))
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds), launch.adopt_actors())
+        if stop.signalled():  # while the actors started
+            return stopped_summary(config, paths, stop.stopped_at(*kept))
         slowest = sorted(roles.ready_seconds.items(), key=lambda item: item[1])
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
@@ -206,6 +231,8 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
                 f"resume: from {resume_point.boundary} "
                 f"(iteration {resume_point.iteration}, policy_version {policy_version})"
             )
+        if stop.signalled():  # during the restore: the boundary it restored is still the last one
+            return stopped_summary(config, paths, stop.stopped_at(*kept))
         start = resume_point.iteration + 1 if resume_point else 1
         logger.info(
             f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
@@ -228,17 +255,25 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=launch.stop)
         if resume_point:
             loop.in_flight = held_batch(runner, roles, resume_point.boundary, resume_point.iteration)
-        launch.stop.hard_stop = hard_stop_of(config)
-        with stop_signals(launch.stop):
-            policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
+        policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
+        last_boundary = last_commit.path if last_commit else kept[1]
+        last_iteration = last_commit.iteration if last_commit else kept[0]
+        if stop.signalled() and loop.stopped is None:  # after the last iteration's end, before the export
+            stop.stopped_at(last_iteration, last_boundary)
         exported = None
-        if last_commit is not None and last_commit.iteration == config.rl.max_steps:
-            exported = export(config.rl.max_steps, last_commit.path, paths.final_model, roles.policy)
-        summary = run_summary(config, paths, roles, runner, policy_version, last_commit, exported)
+        if loop.stopped is None and last_boundary and last_iteration == config.rl.max_steps and (
+            last_commit is not None or not os.path.isdir(paths.final_model)
+        ):
+            # Also a rerun of a run stopped before its export: every iteration committed, so
+            # it only exports (S-STOP-4). The export is written aside and renamed when whole.
+            exported = export(config.rl.max_steps, last_boundary, paths.final_model, roles.policy)
+            if stop.signalled():  # during the export, which finished within the grace
+                stop.stopped_at(last_iteration, last_boundary)
+        summary = run_summary(config, paths, roles, runner, policy_version, last_boundary, exported)
         summary["resumed_from"] = resume_point.boundary if resume_point else None
         if loop.stopped is not None:
             summary["stopped"] = dataclasses.asdict(loop.stopped)
-            logger.warning(loop.stopped.line())
+            logger.warning(loop.stopped.line(_resume_hint()))
         history.finish(summary)
         runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block_ran)
         return summary
@@ -265,7 +300,7 @@ def run_summary(
     roles: RoleHandles,
     runner: FlowRunner,
     policy_version: int,
-    last_commit,
+    last_boundary: str | None,
     exported,
 ) -> dict[str, Any]:
     updates = runner.get(roles.policy.update_counts.remote())
@@ -274,7 +309,7 @@ def run_summary(
         "run_dir": paths.run_dir,
         "iterations": config.rl.max_steps,
         "policy_version": policy_version,
-        "last_boundary": last_commit.path if last_commit else None,
+        "last_boundary": last_boundary,
         "final_model": exported,
         # Observed from the policy itself: no optimizer step and no published version.
         "actor_untouched": updates["optimizer_step"] == 0 and updates["policy_version"] == 0,
@@ -318,15 +353,33 @@ def validation_text(record: dict[str, Any]) -> str:
     return f"  val reward {record['val/reward_mean']:.3f}" + ("" if exact is None else f" exact {exact:.3f}")
 
 
-def hard_stop_of(config: PPOConfig) -> Callable[[str], None]:
+HARD_STOP_KILL_S = 2.0  # of the shutdown margin, for killing the run's actors by name on a cluster
+
+
+def _quietly(function: Callable[..., Any], *args: Any) -> None:
+    try:
+        function(*args)
+    except Exception:  # noqa: BLE001  (a hard stop exits whatever failed)
+        pass
+
+
+def stopped_summary(config: PPOConfig, paths: RunPaths, stopped: Stopped) -> dict[str, Any]:
+    """The summary of a run stopped before its iterations (start-up, restore)."""
+    return {"run_name": config.job.name, "run_dir": paths.run_dir, "iterations": config.rl.max_steps,
+            "last_boundary": stopped.boundary, "final_model": None, "stopped": dataclasses.asdict(stopped)}
+
+
+def hard_stop_of(config: PPOConfig, stop: StopRequest) -> Callable[[str], None]:
     """What a second signal or the end of the grace does: kill the run's actors (on a
     cluster they would outlive this process) and exit now; the last committed boundary
     stands, as after any crash."""
     def hard_stop(why: str) -> None:
-        try:
-            kill_run_actors(config.job.name)
-        except Exception:  # the exit must happen whatever the cluster says
-            pass
-        exit_now(why)
+        # Bounded: with its raylet gone, Ray's calls wait for it (S-STOP-5), and the exit
+        # must happen whatever the cluster says.
+        killer = threading.Thread(target=_quietly, args=(kill_run_actors, config.job.name), daemon=True)
+        killer.start()
+        killer.join(HARD_STOP_KILL_S)
+        _quietly(end_local_ray)  # S-STOP-5: nothing this process started outlives it
+        stop.exit_now(why)
 
     return hard_stop

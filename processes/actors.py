@@ -6,6 +6,7 @@ in-process (tests, the overhead benchmark) or as an actor.
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -207,6 +208,20 @@ class ActorStartupError(RuntimeError):
     """A role actor failed in its constructor or never became ready."""
 
 
+def startup_cause(error: BaseException) -> str:
+    """The actor's own error in one line (`OSError: no model at ...`), not Ray's
+    wrapper with the remote traceback: it ends the command's output."""
+    from ray.exceptions import RayTaskError
+
+    cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
+    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
+    # An actor whose constructor raised is reported dead, its constructor's traceback inside.
+    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", line)]
+    if raised:
+        return raised[-1]
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 def startup_timeout(stage_timeout_s: float | None) -> float | None:
     """Start-up imports and loads a model in every actor at once: give it at least
     15 minutes, or the stage timeout if that is longer (a large model from a slow disk)."""
@@ -235,7 +250,7 @@ def wait_until_ready(
         try:
             ray.get(done[0])
         except Exception as error:
-            raise ActorStartupError(f"the {labels[done[0]]} actor failed to start: {error}") from error
+            raise ActorStartupError(f"{labels[done[0]]} failed to start: {startup_cause(error)}") from error
         seconds[labels[done[0]]] = time.perf_counter() - started
     return seconds
 

@@ -17,6 +17,7 @@ SOCKET_ENV = "PPO_FORK_SERVER_SOCKET"
 # The file name of Ray's worker script, handed down beside the socket by the Ray session
 # (compat/ray_compat.py knows it): the one command that is forked. Unset: none is.
 WORKER_SCRIPT_ENV = "PPO_FORK_WORKER_SCRIPT"
+ENABLE_ENV = "PPO_FORK_WORKERS"  # "0": every worker starts as plain Python (processes/fork_launch.py)
 
 
 def is_worker_command(argv: list[str]) -> bool:
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> None:
         # through its Ray, and not this daemon; Ray still stops it by its pid.
         os.setpgid(0, 0)
         os.execv(sys.executable, [sys.executable, *argv])
-    path = os.environ.get(SOCKET_ENV)
+    path = os.environ.get(SOCKET_ENV) if os.environ.get(ENABLE_ENV, "1") != "0" else None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         if not path:

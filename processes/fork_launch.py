@@ -11,8 +11,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from processes.fork_client import ENABLE_ENV  # "0": every worker imports everything itself, as Ray starts it
+
 CLIENT = Path(__file__).resolve().parent / "fork_client.py"
-ENABLE_ENV = "PPO_FORK_WORKERS"  # "0": every worker imports everything itself, as Ray starts it
 
 
 def py_executable() -> str:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from compat.ray_compat import fork_launch_supported, stop_autoscaler_monitor, worker_python, worker_script
 from processes.fork_client import SOCKET_ENV, WORKER_SCRIPT_ENV
-from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server
+from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server, write_launcher
+from processes.process_tree import MARK_ENV, end_processes, marked
 
 if TYPE_CHECKING:
     from configs.schema import PPOConfig
@@ -41,7 +44,10 @@ RAY_DEFAULTS = {
 }
 
 SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose workers the server at SOCKET_ENV forks
+LEFTOVER_WAIT_S = 0.5  # after ray.shutdown(), for the local Ray's processes to end by themselves
 _fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
+_daemon_launcher: str | None = None  # the launcher's folder when no fork server holds it (PPO_FORK_WORKERS=0)
+_local_ray_mark: str | None = None  # in the environment of every process the local Ray started (MARK_ENV)
 
 
 def worker_env() -> dict[str, str]:
@@ -73,12 +79,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     PPO_FORK_WORKERS=0. A driver this process starts that joins the same Ray (a test's
     command-line run) forks its workers from the same server; a cluster's workers
     start as Ray starts them."""
-    global _fork_server
+    global _fork_server, _local_ray_mark
     import ray
 
     env_vars = worker_env()
     if not address:
         require_local_ray_auth()
+        _local_ray_mark = _local_ray_mark or secrets.token_hex(8)
+        env_vars[MARK_ENV] = _local_ray_mark  # S-STOP-5: how its processes are found when the run ends
         # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
         # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
         # invalid port makes Ray skip that server (it logs the failed start in
@@ -111,16 +119,31 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             # started on this machine (plain ray.init() would join that one). Its workers
             # take their settings from the raylet's environment, not a runtime
             # environment, and so start without Ray's setup_worker.py shim.
-            launcher = _fork_server.launcher if _fork_server is not None else None
-            with _local_ray_environment(env_vars, launcher):
+            with _local_ray_environment(env_vars, _launcher()):
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
     except BaseException:
         stop_fork_server()
+        end_local_ray()
         raise
     if _fork_server is not None and not address:
         # Inherited by the processes this one starts (see shared_fork_server).
         os.environ[SOCKET_ENV] = _fork_server.socket_path
         os.environ[SERVED_RAY_ENV] = ray.get_runtime_context().gcs_address
+
+
+def _launcher() -> str | None:
+    """What the raylet runs for `python`: the fork server's launcher, or with
+    PPO_FORK_WORKERS=0 the same launcher without a server behind it, so that Ray's
+    Python daemons still get a process group of their own (S-STOP-5: a SIGTERM to the
+    run's group must not end the agents, whose end ends the raylet, before the commit)."""
+    global _daemon_launcher
+    if _fork_server is not None:
+        return _fork_server.launcher
+    if not fork_launch_supported():
+        return None
+    if _daemon_launcher is None:
+        _daemon_launcher = tempfile.mkdtemp(prefix="ppo-launcher-")  # mode 0700
+    return write_launcher(_daemon_launcher)
 
 
 @contextlib.contextmanager
@@ -163,7 +186,8 @@ def shared_fork_server(address: str) -> str | None:
 
 def shutdown_ray() -> None:
     """Stop Ray, then the fork server its workers came from (its children are gone
-    with Ray; any left are killed with it). Each step runs whatever the one before did."""
+    with Ray; any left are killed with it), then whatever the local Ray started that is
+    still running a moment later (S-STOP-5). Each step runs whatever the one before did."""
     import ray
 
     try:
@@ -172,7 +196,23 @@ def shutdown_ray() -> None:
         try:
             ray.shutdown()
         finally:
-            stop_fork_server()
+            try:
+                stop_fork_server()
+            finally:
+                end_local_ray(LEFTOVER_WAIT_S)
+
+
+def end_local_ray(wait_s: float = 0.0) -> None:
+    """End every process the local Ray of this process started (its daemons, their
+    agents, its workers, the fork server) still running after `wait_s`; at once for a
+    hard stop, which exits next. Nothing when this process started no Ray."""
+    global _daemon_launcher, _local_ray_mark
+    if _local_ray_mark is not None:
+        end_processes(marked(_local_ray_mark), wait_s)
+        _local_ray_mark = None
+    if _daemon_launcher is not None:
+        shutil.rmtree(_daemon_launcher, ignore_errors=True)
+        _daemon_launcher = None
 
 
 def stop_fork_server() -> None:

@@ -97,6 +97,12 @@ def resume_boundary(
     marker = read_marker(boundary)
     assert marker is not None  # read_latest and chosen_boundary refuse uncommitted boundaries
     check_loop_state(marker, config, boundary)
+    if int(marker["iteration"]) > config.rl.max_steps:  # S-STOP-4: a rerun never reads "25 / 12" as done
+        raise ResumeError(
+            f"rl.max_steps={config.rl.max_steps} is below iteration {int(marker['iteration'])}, which {boundary} "
+            f"already committed; resume refused. Resume with rl.max_steps={int(marker['iteration'])} or more "
+            "(more continues the run), go back with resume_from, or start a new job.name."
+        )
     changed = base_model_problem(marker, config, boundary)  # S-SEC-4: before any role loads the model
     if changed:
         raise ResumeError(changed)

@@ -1,7 +1,8 @@
-"""Stopping without losing work, in process (S-STOP-1, S-STOP-3): a run past its time
-limit, and a run that receives SIGTERM mid-way, each commit the iteration they finished
-(with rl.save_every far away) and stop; the rerun ends bitwise equal to the
-uninterrupted run, with one metrics row per iteration."""
+"""Stopping without losing work, in process (S-STOP-1, S-STOP-3, S-STOP-4): a run past
+its time limit, and a run that receives SIGTERM mid-way, each commit the iteration they
+finished (with rl.save_every far away) and stop; the rerun ends bitwise equal to the
+uninterrupted run, with one metrics row per iteration; a rerun whose rl.max_steps is
+below the last committed iteration is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import torch
 
 from configs.loading import load_config
@@ -48,3 +50,12 @@ def test_a_time_limit_and_a_sigterm_each_commit_what_finished_and_the_rerun_is_e
     assert [without_timings(r) for r in rows] == [without_timings(r) for r in whole]
     theirs = whole_roles.policy.model.state_dict()
     assert all(torch.equal(tensor, theirs[key]) for key, tensor in roles.policy.model.state_dict().items())
+
+    # S-STOP-4: refused by key at the launch (before the Prefect API or Ray start), not a
+    # Completed run whose summary reads "3 / 2".
+    from flows.launch import plan_launch
+    from rundir.resume import ResumeError
+
+    with pytest.raises(ResumeError, match=r"^rl.max_steps=2 is below iteration 3, which .*iter_000003 already"):
+        plan_launch(TINY_PROFILE, tiny_overrides + RUN + ["job.name=stopped", "rl.max_steps=2"], None, None,
+                    resume=True, resume_from=None)

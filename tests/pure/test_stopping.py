@@ -1,14 +1,23 @@
-"""The stop request (S-STOP-1, S-STOP-3): a first signal asks the loop to stop at the
-iteration end, a second one or the end of the grace stops at once; the time limit is
-due from the first iteration end past it; the last line and exit status say which."""
+"""The stop request (S-STOP-1, S-STOP-3, S-STOP-4): a first signal asks the loop to stop
+at the iteration end, a second one or the end of the grace stops at once; the time
+limit is due from the first iteration end past it; the last line and exit status say
+which; the grace is refused where it leaves no time to commit; an export is whole or
+absent."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 
-from flows.stopping import EXIT_TIME_LIMIT, TIME_LIMIT, StopRequest, Stopped, stop_signals
+import pytest
+
+from checkpoint.export import write_aside
+from configs.loading import ConfigError, load_config
+from configs.schema import MIN_STOP_GRACE_S
+from flows.stopping import EXIT_TIME_LIMIT, RESUME_IN_THE_UI, TIME_LIMIT, StopRequest, Stopped, stop_signals
+from tests.conftest import TINY_PROFILE
 
 
 def test_a_second_signal_or_the_end_of_the_grace_stops_at_once():
@@ -26,6 +35,13 @@ def test_a_second_signal_or_the_end_of_the_grace_stops_at_once():
     assert hard == ["a second SIGINT"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the previous handler is back
 
+    # A flow body leaves SIGTERM to its engine, which puts back what it found when the
+    # flow run ends: between the body's end and the engine's, a SIGTERM is still a stop.
+    with stop_signals(stop, in_a_flow=True):
+        ours = signal.getsignal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     graceful = StopRequest(grace_s=3.05)  # the hard stop fires SHUTDOWN_MARGIN_S before the grace ends
     graceful.hard_stop = hard.append
     graceful.request("SIGTERM")
@@ -42,5 +58,125 @@ def test_the_time_limit_is_due_once_passed_and_each_stop_has_its_line_and_status
     assert preempted.exit_code() == 143
     assert preempted.line() == (
         "stopped by SIGTERM after iteration 12: committed /runs/a/checkpoints/iter_000012; "
+        "run the same command again to resume from it"
+    )
+
+
+def test_a_sigint_stop_exits_130_and_a_run_with_nothing_to_keep_says_so():
+    """S-STOP-4: each signal keeps its own status; a stop before the first iteration
+    finished names no boundary; the Prefect UI's reader is told how to run it again there."""
+    assert Stopped("SIGINT", 4, "/runs/a/checkpoints/iter_000004").exit_code() == 130
+    early = Stopped("SIGTERM", 0, None)
+    assert early.exit_code() == 143
+    assert early.line() == (
+        "stopped by SIGTERM before its first iteration finished: nothing to keep; "
+        "run the same command again to start it"
+    )
+    in_the_ui = Stopped("SIGTERM", 9, "/runs/a/checkpoints/iter_000009").line(RESUME_IN_THE_UI)
+    assert in_the_ui.endswith("run the deployment again with the same run name (or press Retry) to resume from it")
+
+
+def test_the_grace_timer_ends_with_the_run_and_a_late_signal_stops_nothing():
+    """S-STOP-4: a run that ended by itself is not turned into a hard stop by the timer
+    of a signal that came during its last moments, nor by a signal after it ended."""
+    hard: list[str] = []
+    stop = StopRequest(grace_s=3.05)  # the timer would fire after 0.05 s
+    stop.hard_stop = hard.append
+    stop.request("SIGTERM")
+    stop.done()
+    time.sleep(0.3)
+    stop.request("SIGTERM")
+    assert hard == []
+
+
+def test_a_grace_that_leaves_no_time_to_commit_is_refused_by_its_key():
+    """S-STOP-4: at or below the shutdown margin every stop would be a hard stop."""
+    for grace in ("3", "4.5", "0"):
+        with pytest.raises(ConfigError) as refused:
+            load_config(TINY_PROFILE, [f"job.stop_grace_seconds={grace}"])
+        (problem,) = refused.value.problems
+        assert problem.startswith(f"job.stop_grace_seconds: {grace}") and f"at least {MIN_STOP_GRACE_S:g}" in problem
+    assert load_config(TINY_PROFILE, [f"job.stop_grace_seconds={MIN_STOP_GRACE_S:g}"]).job.stop_grace_seconds == 5
+
+
+def test_an_export_is_written_aside_and_renamed_when_whole(tmp_path):
+    """S-STOP-4: an export that stops half-way leaves nothing where the final model goes;
+    the next one starts afresh and replaces an older export only once it is whole."""
+    out = tmp_path / "final_model"
+
+    def half_written(aside: str) -> dict[str, str]:
+        (Path(aside) / "policy").mkdir(parents=True)
+        (Path(aside) / "policy" / "model.safetensors").write_text("half")
+        raise KeyboardInterrupt  # the process stops here
+
+    with pytest.raises(KeyboardInterrupt):
+        write_aside(str(out), half_written)
+    assert not out.exists()
+
+    def whole(text: str):
+        def write(aside: str) -> dict[str, str]:
+            assert not any(Path(aside).iterdir()) if Path(aside).exists() else True  # nothing of the half export
+            (Path(aside) / "policy").mkdir(parents=True)
+            (Path(aside) / "policy" / "model.safetensors").write_text(text)
+            return {"policy": f"{aside}/policy"}
+        return write
+
+    assert write_aside(str(out), whole("first")) == {"policy": str(out / "policy")}
+    assert write_aside(str(out), whole("second")) == {"policy": str(out / "policy")}
+    assert (out / "policy" / "model.safetensors").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model"]
+
+
+def test_a_clean_stop_leaves_no_engine_error_in_the_runs_log():
+    """S-STOP-4: Prefect's engine logs the CancelledRun a stopped run's Cancelled state
+    raises as an ERROR; that record alone is dropped."""
+    import logging
+
+    from prefect.exceptions import CancelledRun
+
+    from compat.prefect_compat import ENGINE_ERROR, quiet_cancelled_run_error
+
+    quiet_cancelled_run_error()
+    kept: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = kept.append
+    logger = logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        for error in (CancelledRun("stopped by SIGTERM after iteration 9"), RuntimeError("a real failure")):
+            try:
+                raise error
+            except Exception:
+                logger.error(ENGINE_ERROR, exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+    assert [type(record.exc_info[1]).__name__ for record in kept] == ["RuntimeError"]
+
+
+HARD_STOP_AFTER_THE_COMMIT = """
+import os, signal, time
+from flows.stopping import StopRequest, stop_signals
+stop = StopRequest(grace_s=3.2)
+with stop_signals(stop):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    stop.stopped_at(7, "/runs/a/checkpoints/iter_000007")  # committed; the shutdown then hangs
+    time.sleep(30)
+"""
+
+
+def test_the_grace_ending_after_the_commit_exits_with_the_stops_own_status_and_line():
+    """S-STOP-4: a SIGINT stop whose shutdown outlives the grace still exits 130 with its
+    stop line (it exited 143 "stopped at once"): the boundary was already committed."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    ended = subprocess.run([sys.executable, "-c", HARD_STOP_AFTER_THE_COMMIT], cwd=REPO_ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert ended.returncode == 130, ended.stderr
+    assert ended.stderr.strip().splitlines()[-1] == (
+        "stopped by SIGINT after iteration 7: committed /runs/a/checkpoints/iter_000007; "
         "run the same command again to resume from it"
     )

@@ -438,3 +438,59 @@ def test_cancel_from_the_ui_commits_the_finished_iteration_and_the_next_run_resu
     assert names[f"rollout[iter={done + 1}]"] == 1 and names["rollout[iter=1]"] == 0  # resumed after the boundary
     rows = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
     assert rows == list(range(1, max_steps + 1))
+
+
+def test_cancel_from_the_ui_in_the_last_iteration_commits_it_and_the_rerun_only_exports(
+    stack, tiny_model_dir, tmp_path
+):
+    """S-STOP-4 through the real server and worker: Cancel while the run's last
+    iteration runs commits that iteration and starts no export; the run ends Cancelled
+    with no ERROR in its logs, its stop line (saying how to resume from the UI) among
+    its states, and its block subflow Cancelled under the name of what ran; the
+    deployment run again under the same name only exports and adds no metrics row."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter, LogFilterFlowRunId,
+    )
+    from prefect.states import Cancelling
+
+    from compat.prefect_compat import ENGINE_ERROR
+
+    params = {
+        # Iterations of several seconds, so the Cancel lands inside the last one.
+        "overrides": [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=2",
+                      "rl.save_every=100", "rl.validation=null", "rl.batch_size=256", "rl.minibatch_size=64",
+                      "rl.micro_batch_size=64", "rl.epochs=4"],
+        "run_name": "deploy-cancel-last",
+    }
+    run_dir = tmp_path / "deploy-cancel-last"
+    flow_run_id, result = _deployment_run(stack, params, watch=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = run_dir / "metrics.jsonl"
+    _poll(lambda: metrics.exists() and metrics.read_text().strip(), bool, timeout=600, every=0.1)
+    with _client(stack) as client:
+        client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="Cancel from the UI"), force=True)
+        cancelled = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda r: r.state.is_final(),
+                          timeout=120)
+        assert cancelled.state.is_cancelled(), cancelled.state
+        assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [1, 2]
+        assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == "iter_000002"
+        assert not (run_dir / "final_model").exists()  # the export never started
+        messages = [state.message or "" for state in client.read_flow_run_states(uuid.UUID(flow_run_id))]
+        stop_line = (f"stopped by SIGTERM after iteration 2: committed {run_dir}/checkpoints/iter_000002; "
+                     "run the deployment again with the same run name (or press Retry) to resume from it")
+        assert stop_line in messages, messages
+        (block,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[uuid.UUID(flow_run_id)])))
+        assert block.name == "iterations 1-2 (stopped)" and block.state.is_cancelled(), (block.name, block.state)
+        of_this_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(flow_run_id)]))
+        logs = _poll(lambda: client.read_logs(log_filter=of_this_run),
+                     lambda found: any(stop_line in log.message for log in found), timeout=60)
+        assert not [log.message for log in logs if log.level >= 40], [log.message for log in logs if log.level >= 40]
+        assert not any(ENGINE_ERROR in log.message for log in logs)
+
+    again_id, again = _deployment_run(stack, params)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert sorted(p.name for p in (run_dir / "final_model").iterdir()) == ["critic", "policy"]
+    assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [1, 2]
+    names = Counter(run.name for run in _task_runs(stack, again_id))
+    assert names["export[iter=2]"] == 1 and not any(name.startswith("rollout[") for name in names), names

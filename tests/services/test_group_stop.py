@@ -1,0 +1,138 @@
+"""A SIGTERM to the run's whole process group, as Kubernetes, `timeout` and most shells
+send it, with `PPO_FORK_WORKERS=0` (every worker started by the raylet as plain Python)
+and with the default forked workers: the run keeps the iteration it finished, exits 143
+with the resume line, and within a few seconds none of the processes it started is left
+(S-STOP-5). Counted by a mark in their environment, which every process of the run
+inherits and nothing else has. (With `PPO_FORK_WORKERS=0` the raylet's agents used to be
+in the run's group: a signal while the actors started killed them, the raylet died with
+them, and the run hung past its grace.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, TINY_PROFILE, short_run_overrides
+
+pytestmark = pytest.mark.slow
+
+MARK = "PPO_TEST_RUN_MARK"
+
+
+def marked(mark: str) -> set[int]:
+    """Live processes whose environment holds `MARK=mark`."""
+    found = set()
+    needle = f"{MARK}={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.add(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def _rows(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+@pytest.mark.parametrize(
+    ("fork_workers", "moment"), [("0", "while the actors start"), ("0", "in an iteration"), ("1", "in an iteration")]
+)
+def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(fork_workers, moment, tiny_model_dir, tmp_path):
+    mark = uuid.uuid4().hex
+    overrides = short_run_overrides(tmp_path, tiny_model_dir) + [
+        "job.name=group", "rl.max_steps=40", "rl.save_every=100",
+        # Iterations of a few seconds, so the signal comes while the actors work.
+        "rl.batch_size=128", "rl.minibatch_size=64", "rl.micro_batch_size=64", "rl.epochs=2",
+    ]
+    env = {**os.environ, "PPO_FORK_WORKERS": fork_workers, MARK: mark}
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path / "run.log"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides], cwd=REPO_ROOT, env=env,
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    run_dir = tmp_path / "group"
+    try:
+        if moment == "in an iteration":
+            while _rows(run_dir) < 1 and run.poll() is None:
+                time.sleep(0.05)
+            time.sleep(0.5)  # into the next iteration
+        else:  # the raylet's agents, once in the run's group, died and took the raylet with them
+            while "launched the role actors" not in log.read_text() and run.poll() is None:
+                time.sleep(0.05)
+        running = marked(mark)
+        os.killpg(run.pid, signal.SIGTERM)  # the run's group: the run and whatever stayed in it
+        signalled = time.monotonic()
+        assert run.wait(timeout=60) == 143, log.read_text()[-3000:]
+        assert time.monotonic() - signalled < 30  # job.stop_grace_seconds
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    done = _rows(run_dir)
+    last = log.read_text().strip().splitlines()[-1]
+    if moment == "in an iteration":
+        assert last.startswith(f"stopped by SIGTERM after iteration {done}: committed {run_dir}/checkpoints/"), last
+        assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file()
+    else:
+        assert done == 0 and last.startswith("stopped by SIGTERM before its first iteration finished"), last
+    # The run, its temporary API, its Ray's daemons and agents and the actors started so far: all gone.
+    assert len(running) >= 6, running
+    deadline = time.monotonic() + 5
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(mark) == set(), [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in marked(mark)]
+
+
+def test_a_group_sigterm_to_a_run_that_joined_a_cluster_stops_it_and_leaves_the_cluster_alone(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    """S-STOP-5, a joined cluster (this session's Ray, as `RAY_ADDRESS`): the run commits
+    and exits 143; its actors are gone from the cluster; the cluster's own daemons are
+    untouched and it still runs work."""
+    import ray
+
+    from processes import ray_session
+    from processes.process_tree import marked
+
+    cluster = marked(ray_session._local_ray_mark)
+    daemons = {proc for proc in cluster if Path(f"/proc/{proc[0]}/cmdline").read_bytes().split(b"\0")[0].endswith(
+        (b"gcs_server", b"raylet"))}
+    assert len(daemons) == 2, cluster
+    overrides = short_run_overrides(tmp_path, tiny_model_dir) + ["job.name=joined", "rl.max_steps=40",
+                                                                 "rl.save_every=100"]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    log = tmp_path / "run.log"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides], cwd=REPO_ROOT, env=env,
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    run_dir = tmp_path / "joined"
+    try:
+        while _rows(run_dir) < 1 and run.poll() is None:
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGTERM)
+        assert run.wait(timeout=60) == 143, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    done = _rows(run_dir)
+    assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file(), log.read_text()[-3000:]
+    assert [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "ppo-joined"] == []
+    from processes.process_tree import alive
+
+    assert alive(daemons) == daemons  # the cluster's GCS and raylet
+    assert ray.get(ray.remote(lambda: 42).options(num_cpus=0).remote()) == 42
