@@ -241,8 +241,8 @@ class FlowIterationLoop(IterationLoop):
     def block_flow(self, first: int, last: int, policy_version: int) -> Any:
         """Iterations `first..last` as one child flow run. A failure inside fails the
         block's run and reaches the caller as the very exception the iteration raised.
-        A stop ends it Cancelled, renamed after the iterations it ran (S-STOP-4): the UI
-        must not show a green `iterations 1-30` that ran 1-9."""
+        A stop ends it Cancelled, renamed after the iterations it ran: the UI must not
+        show a green `iterations 1-30` that ran 1-9 (the UI shows this docstring)."""
         self.run.task_runs = 0  # the count of this block's task runs only (the parent's evaluate[iter=0] is not)
         with stop_signals(self.stop, in_a_flow=True):  # over the handler Prefect's engine installed for this block
             reached = IterationLoop.block(self, first, last, policy_version)
@@ -250,7 +250,7 @@ class FlowIterationLoop(IterationLoop):
             self.run.block_ran(last_block=last == self.config.rl.max_steps or stopped is not None)
             if stopped is None:
                 return reached
-            self._stopped_block = reached
+            self._stopped_block = reached  # S-STOP-4: the block says what ran, and that the run stopped
             ran = block_name(first, stopped.iteration) + " (stopped)"
             rename_this_flow_run(ran)
         return Cancelled(message=f"ran {block_name(first, stopped.iteration)} of {block_name(first, last)}: the run "

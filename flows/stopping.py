@@ -1,8 +1,10 @@
 """Stopping a run without losing work (S-STOP): a stop is requested by SIGTERM or SIGINT
 (preemption, Ctrl-C, Cancel in the Prefect UI) or by the run's time limit, and the
 iteration loop honours it at the end of the iteration it is in, committing that
-iteration. The grace bounds how long that may take; past it, or at a second signal,
-the process stops at once and the previous boundary stands (docs/stopping.md)."""
+iteration, the last one included. A signal is also honoured outside the iterations
+(start-up, restore, export) with the same outcome (S-STOP-4). The grace bounds how long
+that may take; past it, or at a second signal, the process stops at once and the
+previous boundary stands (docs/stopping.md)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from configs.schema import STOP_SHUTDOWN_MARGIN_S as SHUTDOWN_MARGIN_S
-from configs.schema import PPOConfig
+from configs.schema import STOP_SHUTDOWN_MARGIN_S as SHUTDOWN_MARGIN_S, PPOConfig
 
 TIME_LIMIT = "time limit"
 EXIT_TIME_LIMIT = 3  # stopped at job.time_limit_minutes, committed: resumable
