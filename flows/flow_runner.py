@@ -19,7 +19,7 @@ from prefect.states import Cancelled
 
 from flows.blocks import BLOCK_FLOW, block_name
 from flows.failures import naming_failures
-from flows.iteration import IterationLoop
+from flows.iteration_loop import IterationLoop
 from flows.stopping import stop_signals
 from flows.recording import wait_until_recorded
 from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from configs.schema import PPOConfig
 from flows.in_process_roles import InProcessRoles, build_roles
-from flows.iteration import IterationLoop, first_step, held_batch
+from flows.iteration import first_step, held_batch
+from flows.iteration_loop import IterationLoop
 from flows.stopping import stop_request, stop_signals
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch
 from rundir.run_lock import RunLock, local_run_dir

@@ -1,6 +1,6 @@
 """One PPO iteration (S-FLOW-1), written once and run two ways: over Ray actors with
 one Prefect task per stage (flows/flow_runner.py), or in process on plain role objects
-(flows/in_process_runner.py).
+(flows/in_process_runner.py). The loop over a run's iterations is flows/iteration_loop.py.
 
 `ppo_iteration` first queues every role call of the iteration in stage order (each
 call takes the previous stage's output, so the bulk moves role to role and never
@@ -10,7 +10,6 @@ OpenRLHF's train_step: the verbs in order, queued first, then gathered.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
@@ -20,8 +19,6 @@ from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path,
 from configs.schema import PPOConfig
 from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
 from contracts.stage_names import ROLLOUT, TRAIN, time_key
-from flows.blocks import iteration_blocks
-from flows.stopping import StopRequest, Stopped
 from placement.plan import TRAINER_ROLES
 from checkpoint.role_layout import BASE_MODEL_KEY
 from rundir.base_model import current_fingerprint, record_in_boundary
@@ -74,71 +71,6 @@ class IterationResult:
     policy_version: int
     committed: CommittedBoundary | None
     ahead: Batch | None = None  # one step off: the next iteration's batch, already generated
-
-
-@dataclass
-class IterationLoop:
-    """What every iteration of one run shares: the runner, the roles, the config, the
-    run's folders (None writes nothing) and who receives each finished metrics row.
-    The flow runs each block as a subflow run (flows/flow_runner.py FlowIterationLoop)."""
-
-    run: Runner
-    roles: Roles
-    config: PPOConfig
-    paths: RunPaths | None = None
-    on_record: Callable[[dict[str, Any]], None] | None = None
-    in_flight: Batch | None = None  # one step off: the next iteration's batch (S-ASYNC-3)
-    stop: StopRequest | None = None  # asked at every iteration end (S-STOP)
-
-    @property
-    def stopped(self) -> Stopped | None:
-        """How the run stopped before its last iteration, if it did."""
-        return None if self.stop is None else self.stop.outcome
-
-    def run_iterations(self, start: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
-        """Iterations `start..last`, block by block; each record goes to `on_record` as
-        soon as it is complete. Returns the policy_version reached and the last
-        boundary committed."""
-        last_commit = None
-        if start == 1 and evaluates_at(self.config, 0):
-            # The starting policy's row, iteration 0: every later evaluation compares with it.
-            self.run.start_iteration()
-            record = {"iteration": 0, **evaluate(self.run, self.roles, 0, policy_version)}
-            record |= {time_key(stage): seconds for stage, seconds in self.run.seconds.items()}
-            self._emit(record)
-        for first, block_last in iteration_blocks(start, last, self.config.job.iterations_per_block):
-            policy_version, committed = self.block(first, block_last, policy_version)
-            last_commit = committed or last_commit
-            if self.stopped is not None:
-                break
-        return policy_version, last_commit
-
-    def block(self, first: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
-        """The iterations `first..last` of one block; as `run_iterations` returns."""
-        last_commit = None
-        for iteration in range(first, last + 1):
-            started = time.perf_counter()
-            result = ppo_iteration(
-                self.run, self.roles, self.config, iteration, policy_version, self.paths, self.in_flight
-            )
-            result.record["time/iteration_seconds"] = time.perf_counter() - started
-            policy_version, last_commit = result.policy_version, result.committed or last_commit
-            self.in_flight = result.ahead
-            self._emit(result.record)
-            if self.stop is not None and self.stop.due() is not None:
-                # S-STOP-1: the finished iteration is committed as a full boundary, once; the
-                # last one too, and the run then stops before its export (S-STOP-4).
-                committed = result.committed or save_on_cadence(
-                    self.run, self.roles, self.config, iteration, policy_version, self.paths, result.record,
-                    result.ahead, kind="full",
-                )
-                self.stop.stopped_at(iteration, committed.path if committed else None)
-                return policy_version, committed or last_commit
-        return policy_version, last_commit
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        if self.on_record is not None:
-            self.on_record(record)
 
 
 def ppo_iteration(

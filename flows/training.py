@@ -17,13 +17,14 @@ import time
 from typing import Any, Callable
 
 from prefect import flow, get_run_logger
-from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelled
 
 from compat.prefect_compat import quiet_cancelled_run_error
 from configs.schema import PPOConfig
 from contracts.artifact_keys import artifact_key
+from flows.auto_resume import crash_resumes
 from flows.failures import StageFailed
+from flows.run_report import progress_line, run_summary, say, stopped_summary
 from views.history import RunHistory
 from flows.iteration import first_step, held_batch
 from flows.launch import Launch, handed_launch, take_launch
@@ -31,11 +32,11 @@ from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopReq
 from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
-from rundir.run_outputs import RunPaths, append_metrics, read_metrics
+from rundir.run_outputs import append_metrics, read_metrics
 from flows.flow_runner import FlowIterationLoop, FlowRunner
 from views.trackers import open_trackers
 from placement.nodes import describe_layout
-from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
+from processes.actors import kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
 from processes.ray_session import connect_ray, end_local_ray, shutdown_ray
 
@@ -128,57 +129,6 @@ def _resume_hint() -> str:
     """How to run a stopped run again, as its reader can: a command-line run's reader has
     the command; a deployment's reads the Prefect UI."""
     return RESUME_BY_COMMAND if handed_launch() is not None else RESUME_IN_THE_UI
-
-
-AUTO_RESUME_STATE = "AutoResume"  # the state name deployments/automations.yaml reschedules a crashed run under
-
-
-class AutoResumeExhausted(RuntimeError):
-    """A crashed run came back more often than its `auto_resume_attempts` allow."""
-
-
-def crash_resumes(auto_resume_attempts: int) -> int:
-    """How many automatic resumes this flow run has used: the times the automation
-    rescheduled it after its process crashed. Past the bound the run fails (Failed,
-    which the automation leaves alone) instead of crashing again and again."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import flow_run
-
-    if not flow_run.id:
-        return 0
-    with get_client(sync_client=True) as client:
-        used = automatic_resumes(client.read_flow_run_states(flow_run.id))
-    if used > auto_resume_attempts:
-        raise AutoResumeExhausted(
-            f"the flow process crashed {used} times and auto_resume_attempts={auto_resume_attempts}; not resuming "
-            "again by itself. Find the cause in the crashed attempts' logs, then run it again (or press Retry)."
-        )
-    if used:
-        say(f"auto-resume: attempt {used} of {auto_resume_attempts} after the flow process crashed; "
-            "resuming from the last committed boundary")
-    return used
-
-
-def automatic_resumes(states: list[Any]) -> int:
-    """Crashed attempts the automation rescheduled since a person last scheduled the
-    run (created it, or pressed Retry: a Retry after the bound starts a fresh budget).
-    Two reschedules with no attempt running between them are one crash."""
-    used, ran = 0, False
-    for state in sorted(states, key=lambda state: state.timestamp):
-        if state.name == AUTO_RESUME_STATE:
-            used += ran
-            ran = False
-        elif state.type == StateType.SCHEDULED:
-            used, ran = 0, False
-        elif state.type == StateType.RUNNING:
-            ran = True
-    return used
-
-
-def say(line: str) -> None:
-    """Start-up progress: on the terminal of a CLI run, in the flow run's log in the UI."""
-    print(line, flush=True)
-    get_run_logger().info(line)
 
 
 def _flow_run_label() -> str:
@@ -294,65 +244,6 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             shutdown_ray()
 
 
-def run_summary(
-    config: PPOConfig,
-    paths: RunPaths,
-    roles: RoleHandles,
-    runner: FlowRunner,
-    policy_version: int,
-    last_boundary: str | None,
-    exported,
-) -> dict[str, Any]:
-    updates = runner.get(roles.policy.update_counts.remote())
-    return {
-        "run_name": config.job.name,
-        "run_dir": paths.run_dir,
-        "iterations": config.rl.max_steps,
-        "policy_version": policy_version,
-        "last_boundary": last_boundary,
-        "final_model": exported,
-        # Observed from the policy itself: no optimizer step and no published version.
-        "actor_untouched": updates["optimizer_step"] == 0 and updates["policy_version"] == 0,
-        **reward_rise(read_metrics(paths.metrics)),
-    }
-
-
-def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, float | None]:
-    """First-`window` vs last-`window` mean reward over the whole run (resumed parts
-    included): the one number that says whether the policy learned."""
-    # The before-training evaluation's row 0 has no training reward.
-    ordered = sorted(records, key=lambda r: r["iteration"])
-    rewards = [r["train/reward_mean"] for r in ordered if "train/reward_mean" in r]
-    if not rewards:
-        return {"first_reward_mean": None, "last_reward_mean": None, "reward_window": window}
-    # Disjoint windows when the run is short, so "rise" compares different iterations.
-    window = max(1, min(window, len(rewards) // 2))
-    first = sum(rewards[:window]) / window
-    last = sum(rewards[-window:]) / window
-    return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": window}
-
-
-def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:
-    evaluated = validation_text(record)
-    if "train/reward_mean" not in record:  # iteration 0: the starting policy's evaluation only
-        return f"iter {record['iteration']:>4}/{config.rl.max_steps}  before training: {evaluated.strip()}"
-    policy_loss = record.get("train/policy_loss")
-    phase = "critic-warmup" if record["train/actor_warmup"] else f"pv={int(record['train/policy_version'])}"
-    return (
-        f"iter {record['iteration']:>4}/{config.rl.max_steps}  reward {record['train/reward_mean']:.3f}  "
-        f"policy_loss {'   -   ' if policy_loss is None else f'{policy_loss:+.4f}'}  "
-        f"value_loss {record['train/value_loss']:.4f}  kl {record['train/kl']:+.4f}  {phase}  "
-        f"{record['time/iteration_seconds']:.2f}s{evaluated}"
-    )
-
-
-def validation_text(record: dict[str, Any]) -> str:
-    if "val/reward_mean" not in record:
-        return ""
-    exact = record.get("val/exact_match")
-    return f"  val reward {record['val/reward_mean']:.3f}" + ("" if exact is None else f" exact {exact:.3f}")
-
-
 HARD_STOP_KILL_S = 2.0  # of the shutdown margin, for killing the run's actors by name on a cluster
 
 
@@ -361,12 +252,6 @@ def _quietly(function: Callable[..., Any], *args: Any) -> None:
         function(*args)
     except Exception:  # noqa: BLE001  (a hard stop exits whatever failed)
         pass
-
-
-def stopped_summary(config: PPOConfig, paths: RunPaths, stopped: Stopped) -> dict[str, Any]:
-    """The summary of a run stopped before its iterations (start-up, restore)."""
-    return {"run_name": config.job.name, "run_dir": paths.run_dir, "iterations": config.rl.max_steps,
-            "last_boundary": stopped.boundary, "final_model": None, "stopped": dataclasses.asdict(stopped)}
 
 
 def hard_stop_of(config: PPOConfig, stop: StopRequest) -> Callable[[str], None]:

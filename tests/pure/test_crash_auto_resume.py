@@ -15,7 +15,7 @@ from prefect.client.schemas.objects import State, StateType
 from prefect.server.events.schemas.automations import AutomationCore
 from prefect.server.events.schemas.events import ReceivedEvent
 
-from flows.training import AUTO_RESUME_STATE, automatic_resumes
+from flows.auto_resume import AUTO_RESUME_STATE, automatic_resumes
 from tests.conftest import REPO_ROOT
 
 WORKER_REPORT = "Flow run infrastructure exited with non-zero status code -9. Process was terminated by a signal."

@@ -8,7 +8,7 @@ from __future__ import annotations
 from configs.loading import load_config
 from views.curves import curve_points, draw_reward_curve
 from views.history import iteration_row, summary_markdown, table_rows
-from flows.training import progress_line, reward_rise
+from flows.run_report import progress_line, reward_rise
 from tests.conftest import TINY_PROFILE
 
 BEFORE = {"iteration": 0, "val/reward_mean": 0.1, "val/exact_match": 0.1, "time/evaluate_seconds": 0.02}

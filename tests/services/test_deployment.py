@@ -324,7 +324,7 @@ def test_a_crashed_auto_resume_run_is_rescheduled_and_ends_like_the_uninterrupte
     the automation `make serve` creates (deployments/automations.yaml) reschedules the
     run (the tag `auto-resume`, as ppo/public-4gpu has), a worker runs it again from
     the boundary, and it ends Completed with the uninterrupted run's weights."""
-    from flows.training import AUTO_RESUME_STATE
+    from flows.auto_resume import AUTO_RESUME_STATE
 
     with _client(stack) as client:
         assert [a.enabled for a in client.read_automations_by_name("ppo-resume-crashed-runs")] == [True]

@@ -1,0 +1,86 @@
+"""The loop over one run's iterations: block by block (each block a subflow run in the
+Prefect UI), every finished row handed on at once, and a stop request asked at every
+iteration end, so a stopped run commits the iteration it finished (S-STOP-1, S-STOP-4).
+One iteration itself is flows/iteration.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from checkpoint.boundary import CommittedBoundary
+from configs.schema import PPOConfig
+from contracts.stage_names import time_key
+from flows.blocks import iteration_blocks
+from flows.iteration import Batch, Runner, evaluate, evaluates_at, ppo_iteration, save_on_cadence
+from flows.stopping import StopRequest, Stopped
+from rundir.run_outputs import RunPaths
+
+if TYPE_CHECKING:
+    from flows.iteration import Roles
+
+@dataclass
+class IterationLoop:
+    """What every iteration of one run shares: the runner, the roles, the config, the
+    run's folders (None writes nothing) and who receives each finished metrics row.
+    The flow runs each block as a subflow run (flows/flow_runner.py FlowIterationLoop)."""
+
+    run: Runner
+    roles: Roles
+    config: PPOConfig
+    paths: RunPaths | None = None
+    on_record: Callable[[dict[str, Any]], None] | None = None
+    in_flight: Batch | None = None  # one step off: the next iteration's batch (S-ASYNC-3)
+    stop: StopRequest | None = None  # asked at every iteration end (S-STOP)
+
+    @property
+    def stopped(self) -> Stopped | None:
+        """How the run stopped before its last iteration, if it did."""
+        return None if self.stop is None else self.stop.outcome
+
+    def run_iterations(self, start: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
+        """Iterations `start..last`, block by block; each record goes to `on_record` as
+        soon as it is complete. Returns the policy_version reached and the last
+        boundary committed."""
+        last_commit = None
+        if start == 1 and evaluates_at(self.config, 0):
+            # The starting policy's row, iteration 0: every later evaluation compares with it.
+            self.run.start_iteration()
+            record = {"iteration": 0, **evaluate(self.run, self.roles, 0, policy_version)}
+            record |= {time_key(stage): seconds for stage, seconds in self.run.seconds.items()}
+            self._emit(record)
+        for first, block_last in iteration_blocks(start, last, self.config.job.iterations_per_block):
+            policy_version, committed = self.block(first, block_last, policy_version)
+            last_commit = committed or last_commit
+            if self.stopped is not None:
+                break
+        return policy_version, last_commit
+
+    def block(self, first: int, last: int, policy_version: int) -> tuple[int, CommittedBoundary | None]:
+        """The iterations `first..last` of one block; as `run_iterations` returns."""
+        last_commit = None
+        for iteration in range(first, last + 1):
+            started = time.perf_counter()
+            result = ppo_iteration(
+                self.run, self.roles, self.config, iteration, policy_version, self.paths, self.in_flight
+            )
+            result.record["time/iteration_seconds"] = time.perf_counter() - started
+            policy_version, last_commit = result.policy_version, result.committed or last_commit
+            self.in_flight = result.ahead
+            self._emit(result.record)
+            if self.stop is not None and self.stop.due() is not None:
+                # S-STOP-1: the finished iteration is committed as a full boundary, once; the
+                # last one too, and the run then stops before its export (S-STOP-4).
+                committed = result.committed or save_on_cadence(
+                    self.run, self.roles, self.config, iteration, policy_version, self.paths, result.record,
+                    result.ahead, kind="full",
+                )
+                self.stop.stopped_at(iteration, committed.path if committed else None)
+                return policy_version, committed or last_commit
+        return policy_version, last_commit
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.on_record is not None:
+            self.on_record(record)
