@@ -63,6 +63,34 @@ class Batch:
     rollout_summary: Any
     reward_summary: Any
     rollout_record: dict[str, float] | None = None  # its finished rollout stage: metrics and time
+    started_rollout: Any = None  # one step off: its rollout stage, started beside the iteration before
+
+    def rollout_metrics(self, run: Runner) -> dict[str, float]:
+        """Its rollout stage's row entries: waited for now, or kept from the iteration
+        that generated it (one step off)."""
+        if self.rollout_record is not None:
+            return self.rollout_record
+        return run.stage(stages.rollout, self.iteration, self.data_summary, self.rollout_summary)
+
+    def finish_rollout(self, run: Runner) -> None:
+        """One step off: wait for the rollout stage started beside this iteration and
+        keep its entries for the row of the iteration this batch belongs to."""
+        metrics, seconds = run.finish_stage(self.started_rollout)
+        self.rollout_record = {**metrics, time_key(ROLLOUT): seconds}
+
+
+@dataclass
+class QueuedTargets:
+    """One batch's calls from the replay buffer to the PPO targets every trainer rank
+    holds, queued: rank 0's outputs go on, the other ranks' are waited for."""
+
+    replay_summary: Any
+    batch_id: Any
+    references: list[Any]  # every reference rank's (trajectory, summary)
+    predictions: list[Any]  # every critic rank's (trajectory, summary)
+    prepared: list[Any]  # every policy rank's (targets, summary)
+    experience: Any  # the experience file's receipt, or None
+    installs: list[Any]  # every other trainer rank's copy of the targets
 
 
 @dataclass
@@ -86,27 +114,9 @@ def ppo_iteration(
 
     # Queue: generate, score, reference, values, targets, updates, weight sync, park.
     batch = batch or queue_batch(run, roles, config, iteration, policy_version)
-    ahead = None
-    if generates_ahead(config, iteration):
-        # S-ASYNC-1: the next batch, with the weights the engines hold now, generated
-        # while this iteration trains; the engines load this iteration's weights after it.
-        ahead = queue_batch(run, roles, config, iteration + 1, policy_version)
-        started_ahead = run.start_stage(stages.rollout, iteration + 1, ahead.data_summary, ahead.rollout_summary)
-    trajectory, replay_summary, batch_id = run.call(roles.replay.add, batch.trajectory, returns=3)
-    # A sharded model's forward gathers its weights from every rank, so every rank
-    # runs it on the same batch (S-SCALE-1); rank 0's result goes on.
-    references = [run.call(rank.score, trajectory, returns=2) for rank in roles.reference_ranks()]
-    trajectory, reference_summary = references[0]
-    predictions = [run.call(rank.predict, trajectory, returns=2) for rank in critic_ranks]
-    trajectory, critic_summary = predictions[0]
-    # Rank 0 of the policy freezes the targets; every other trainer rank receives
-    # that very object (S-FLOW-3), the policy's after computing the same for the forward.
-    prepared = [run.call(rank.prepare_batch, trajectory, returns=2) for rank in policy_ranks]
-    targets, prepare_summary = prepared[0]
-    experience = None
-    if paths is not None and config.job.experience.keep != "off":  # S-OPS-3: the samples behind the numbers
-        experience = run.call(roles.replay.keep_experience, trajectory, targets, paths.experience)
-    installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
+    ahead = queue_ahead(run, roles, config, iteration, policy_version)  # one step off: the next batch
+    queued = queue_targets(run, roles, config, batch, paths)
+    batch_id = queued.batch_id
     critic_receipts = [run.call(rank.train_batch, plan, batch_id) for rank in critic_ranks]
     # S-CW-2/5, decided once: during warmup nothing touches the actor and no weights move.
     actor = None if is_critic_warmup(iteration, rl.critic_warmup_iterations) else queue_actor_update(
@@ -116,32 +126,25 @@ def ppo_iteration(
     parks = [run.call(rank.park) for rank in policy_ranks]
 
     # Gather: one task per stage, in order.
-    record: dict[str, Any] = {"iteration": iteration}
-    if batch.rollout_record is None:
-        record |= run.stage(stages.rollout, iteration, batch.data_summary, batch.rollout_summary)
-    else:  # generated during the previous iteration, whose rollout stage for it has finished
-        record |= batch.rollout_record
-    record |= run.stage(stages.reward, iteration, batch.reward_summary, replay_summary)
-    record |= run.stage(stages.reference_score, iteration, reference_summary, waits=[s for _, s in references[1:]])
-    record |= run.stage(stages.critic_predict, iteration, critic_summary, waits=[s for _, s in predictions[1:]])
+    record: dict[str, Any] = {"iteration": iteration, **batch.rollout_metrics(run)}
+    record |= run.stage(stages.reward, iteration, batch.reward_summary, queued.replay_summary)
+    (_, reference_summary), *other_references = queued.references
+    record |= run.stage(stages.reference_score, iteration, reference_summary, waits=[s for _, s in other_references])
+    (_, critic_summary), *other_predictions = queued.predictions
+    record |= run.stage(stages.critic_predict, iteration, critic_summary, waits=[s for _, s in other_predictions])
+    (_, prepare_summary), *other_prepared = queued.prepared
     agreed_batch, prepare_metrics = run.stage(
-        stages.prepare_batch, iteration, prepare_summary, installs, experience, waits=[s for _, s in prepared[1:]]
+        stages.prepare_batch, iteration, prepare_summary, queued.installs, queued.experience,
+        waits=[s for _, s in other_prepared],
     )
     record |= prepare_metrics
-    if actor is None:  # the park is waited for with the critic, the iteration's last task
-        (critic_metrics,) = run.concurrent_stages(
-            TRAIN, iteration, (stages.train_critic, (critic_receipts, agreed_batch, parks))
-        )
-        record |= critic_metrics
-    else:
-        for metrics in run.concurrent_stages(
-            TRAIN, iteration, (stages.train_policy, (actor.receipts, agreed_batch)),
-            (stages.train_critic, (critic_receipts, agreed_batch, [])),
-        ):
-            record |= metrics
+    # During warmup the park is waited for with the critic, the iteration's last task.
+    trains = [] if actor is None else [(stages.train_policy, (actor.receipts, agreed_batch))]
+    trains.append((stages.train_critic, (critic_receipts, agreed_batch, parks if actor is None else [])))
+    for metrics in run.concurrent_stages(TRAIN, iteration, *trains):
+        record |= metrics
     if ahead is not None:
-        metrics, seconds = run.finish_stage(started_ahead)
-        ahead.rollout_record = {**metrics, time_key(ROLLOUT): seconds}
+        ahead.finish_rollout(run)
     if actor is not None:
         policy_version, synced = run.stage(
             stages.weight_sync, iteration, actor.loaded, actor.new_version, actor.follows, parks
@@ -167,6 +170,39 @@ def queue_batch(run: Runner, roles: Roles, config: PPOConfig, iteration: int, po
     trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
     trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
     return Batch(iteration, trajectory, data_summary, rollout_summary, reward_summary)
+
+
+def queue_ahead(run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int) -> Batch | None:
+    """One step off (S-ASYNC-1): the next iteration's batch, with the weights the engines
+    hold now, generated while this iteration trains (its rollout stage started beside
+    this iteration's); the engines load this iteration's weights after it. None when
+    the run is synchronous or this is its last iteration."""
+    if not generates_ahead(config, iteration):
+        return None
+    ahead = queue_batch(run, roles, config, iteration + 1, policy_version)
+    ahead.started_rollout = run.start_stage(stages.rollout, iteration + 1, ahead.data_summary, ahead.rollout_summary)
+    return ahead
+
+
+def queue_targets(run: Runner, roles: Roles, config: PPOConfig, batch: Batch, paths: RunPaths | None) -> QueuedTargets:
+    """Replay, reference, values, then the frozen PPO targets on every trainer rank."""
+    trajectory, replay_summary, batch_id = run.call(roles.replay.add, batch.trajectory, returns=3)
+    # A sharded model's forward gathers its weights from every rank, so every rank
+    # runs it on the same batch (S-SCALE-1); rank 0's result goes on.
+    references = [run.call(rank.score, trajectory, returns=2) for rank in roles.reference_ranks()]
+    trajectory = references[0][0]
+    critic_ranks, policy_ranks = roles.critic_ranks(), roles.policy_ranks()
+    predictions = [run.call(rank.predict, trajectory, returns=2) for rank in critic_ranks]
+    trajectory = predictions[0][0]
+    # Rank 0 of the policy freezes the targets; every other trainer rank receives
+    # that very object (S-FLOW-3), the policy's after computing the same for the forward.
+    prepared = [run.call(rank.prepare_batch, trajectory, returns=2) for rank in policy_ranks]
+    targets = prepared[0][0]
+    experience = None
+    if paths is not None and config.job.experience.keep != "off":  # S-OPS-3: the samples behind the numbers
+        experience = run.call(roles.replay.keep_experience, trajectory, targets, paths.experience)
+    installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
+    return QueuedTargets(replay_summary, batch_id, references, predictions, prepared, experience, installs)
 
 
 def generates_ahead(config: PPOConfig, iteration: int) -> bool:
