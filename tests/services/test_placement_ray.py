@@ -26,7 +26,9 @@ from placement.ray_lowering import PlacementError, lower_placement, release_plac
 from processes.ray_session import protect_local_ray
 protect_local_ray(os.environ)  # the same token auth a run uses (S-SEC-1)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": worker_env()})
+# "local": never a cluster someone started with `ray start` on this machine
+ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
+         runtime_env={"env_vars": worker_env()})
 
 # A task with each role's actor options gets the GPUs an actor with them would get (the
 # same resources, bundle and scheduling strategy); tasks run in reused workers, where 15
