@@ -131,6 +131,7 @@ def test_a_second_launch_of_a_live_run_is_refused_in_seconds_and_touches_nothing
     assert summary["policy_version"] == 2 and not (run_dir / "RUN_LOCK").exists()
 
 
+@pytest.mark.slow  # repeats tests/services/test_deployment.py's actor-death auto-resume, minus the server
 def test_auto_resume_finishes_a_run_whose_actor_died_within_the_same_flow_run(
     prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
 ):
