@@ -30,7 +30,7 @@ from rundir.run_lock import RunLock, local_run_dir, stale_after
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from flows.flow_runner import FlowIterationLoop, FlowRunner
 from views.trackers import open_trackers
-from placement.nodes import describe_layout
+from placement.nodes import describe_layout, node_addresses
 from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
 from processes.ray_session import connect_ray, shutdown_ray
@@ -195,7 +195,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
             + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
         runner = FlowRunner(roles, stage_timeout_s=config.rl.stage_timeout_seconds)
-        if len(runner.layout()) > 1:  # on a cluster: where the plan put each role (S-RUN-4)
+        if len(node_addresses()) > 1:  # on a cluster: where the plan put each role (S-RUN-4, S-TEAM-2)
             say(f"nodes: {describe_layout(runner.layout())}")
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         if resume_point:
