@@ -5,15 +5,20 @@ server that dies (or retries) with the connection string in its log.
 
     python -m deployments.database check    # reads PREFECT_SERVER_DATABASE_CONNECTION_URL
 
-Exit status 0 when the database answers (or the URL names SQLite), 1 with one line on
-stderr otherwise."""
+Without a URL it checks the SQLite database under PREFECT_HOME. Either way, a database
+written by a newer Prefect than the installed one is named as such (Prefect's own server
+only exits). Exit status 0 when the database can be served, 1 with one line on stderr
+otherwise."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from adapters.prefect_schema import newer_schema_problem, sqlite_database_problem
 
 URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")  # new, legacy
 
@@ -43,15 +48,20 @@ def check(url: str, timeout_s: float) -> None:
     user, database = unquote(parts.username or ""), parts.path.lstrip("/") or None
     place = f"the Prefect database {database!r} at {where(url)}"
 
-    async def connect() -> None:
+    async def connect() -> str | None:
         connection = await asyncpg.connect(
             host=parts.hostname, port=parts.port or 5432, user=user or None,
             password=unquote(parts.password) if parts.password else None, database=database, timeout=timeout_s,
         )
-        await connection.close()
+        try:
+            return await connection.fetchval("SELECT version_num FROM alembic_version")
+        except asyncpg.UndefinedTableError:  # a new database: Prefect creates its tables
+            return None
+        finally:
+            await connection.close()
 
     try:
-        asyncio.run(asyncio.wait_for(connect(), timeout_s))
+        revision = asyncio.run(asyncio.wait_for(connect(), timeout_s))
     except asyncpg.InvalidPasswordError:
         raise DatabaseUnavailable(f"{place} refused the password of user {user!r}") from None
     except asyncpg.InvalidCatalogNameError:
@@ -61,6 +71,9 @@ def check(url: str, timeout_s: float) -> None:
         raise DatabaseUnavailable(f"{place} is not reachable within {timeout_s:g} s ({reason})") from None
     except Exception as error:  # noqa: BLE001  (any other refusal: named by its type, never by a message with the URL)
         raise DatabaseUnavailable(f"{place} refused the connection ({type(error).__name__})") from None
+    problem = newer_schema_problem(revision, "postgresql", place)
+    if problem:
+        raise DatabaseUnavailable(problem)
 
 
 def main(argv: list[str]) -> int:
@@ -68,11 +81,14 @@ def main(argv: list[str]) -> int:
         print("usage: python -m deployments.database check", file=sys.stderr)
         return 2
     url = connection_url(os.environ)
-    if url is None:
-        return 0
     timeout_s = float(os.environ.get("PPO_PREFECT_DB_TIMEOUT", "20"))
     try:
-        check(url, timeout_s)
+        if url is None:
+            problem = sqlite_database_problem(Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser())
+            if problem:
+                raise DatabaseUnavailable(problem)
+        else:
+            check(url, timeout_s)
     except DatabaseUnavailable as error:
         print(f"serve: {error}; start it, or correct PREFECT_SERVER_DATABASE_CONNECTION_URL", file=sys.stderr)
         return 1

@@ -170,7 +170,7 @@ DATABASE_URL="${PREFECT_SERVER_DATABASE_CONNECTION_URL:-}"
 if [[ "$DB_KIND" == postgres ]]; then
   start_local_postgres
 fi
-if [[ -n "$DATABASE_URL" ]] && ! alive server; then
+if ! alive server; then  # SQLite too: a database written by a newer Prefect is named here
   if ! PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" "$PYTHON" -m deployments.database check; then
     if [[ -n "$started_postgres" ]]; then  # leave nothing running
       as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true

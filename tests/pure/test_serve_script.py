@@ -16,11 +16,12 @@ import pytest
 
 SERVE = Path(__file__).resolve().parents[2] / "deployments" / "serve.sh"
 
-# Answers `-m cli.environment --export-tuning` with nothing; fails any other call (the
-# port check), so serve.sh stops with "port ... in use" before starting anything.
+# Answers `-m cli.environment --export-tuning` with nothing and passes the database check;
+# fails any other call (the port check), so serve.sh stops with "port ... in use" before
+# starting anything.
 STUB = """#!/usr/bin/env bash
 echo "$*" >> "{calls}"
-[[ "$2" == cli.environment ]] && exit 0
+[[ "$2" == cli.environment || "$2" == deployments.database ]] && exit 0
 exit 1
 """
 
@@ -130,3 +131,35 @@ def test_a_database_setting_that_cannot_work_is_refused_before_anything_starts(t
     result = _real_serve(tmp_path, **env)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "s" / "server.pid").exists()
+
+
+def _database_of_a_newer_prefect(path: Path) -> None:
+    import sqlite3
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        connection.execute("INSERT INTO alembic_version VALUES ('fedcba987654')")  # no Prefect release has it
+
+
+def test_a_database_written_by_a_newer_prefect_is_named_before_serve_starts_a_server(tmp_path):
+    _database_of_a_newer_prefect(tmp_path / "s" / "home" / "prefect.db")
+    result = _real_serve(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "was written by a newer Prefect than the installed" in result.stderr
+    assert "schema revision fedcba987654" in result.stderr and "fresh database" in result.stderr
+    assert not (tmp_path / "s" / "server.pid").exists()
+
+
+def test_the_temporary_api_names_a_database_written_by_a_newer_prefect(tmp_path):
+    import sys
+
+    from processes.temporary_api import TemporaryApi, TemporaryApiFailed, free_loopback_port
+
+    _database_of_a_newer_prefect(tmp_path / "prefect.db")
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])  # as Prefect's server exits on it
+    exited.wait()
+    api = TemporaryApi(exited, free_loopback_port(), [sys.executable], {"PREFECT_HOME": str(tmp_path)})
+    with pytest.raises(TemporaryApiFailed, match=r"exited with code 3 while starting: the Prefect database .* "
+                                                 r"was written by a newer Prefect"):
+        api.wait_until_up(timeout_s=5)
