@@ -9,8 +9,10 @@ start a head and are `-m slow`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import re
 import secrets
 import signal
@@ -121,6 +123,7 @@ def loopback_head() -> Iterator[Head]:
         leftovers = _processes_naming(temp_dir)
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         assert not leftovers, f"the head left processes behind: {leftovers}"
 
 
@@ -143,7 +146,8 @@ def test_a_run_through_the_join_script_puts_no_role_on_the_flows_node_and_leaves
 ):
     node_dir = tempfile.mkdtemp(prefix="rj.", dir="/tmp")
     overrides = tiny_overrides + ["rl.max_steps=2", "rl.save_every=2", "job.name=joined"]
-    with loopback_head() as head:
+    with contextlib.ExitStack() as cleanup, loopback_head() as head:
+        cleanup.callback(shutil.rmtree, node_dir, ignore_errors=True)
         env = _clean_env(RAY_ADDRESS=head.address, RAY_AUTH_TOKEN=head.token, PPO_RAY_NODE_TEMP_DIR=node_dir,
                          PREFECT_HOME=str(tmp_path / "prefect"))
         started = time.monotonic()
