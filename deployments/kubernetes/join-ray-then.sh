@@ -82,6 +82,10 @@ refuse() {  # $1: what went wrong
   exit 2
 }
 
+# Stopped while joining (the pod deleted, Ctrl-C): the node this script started goes too.
+trap 'say "stopped while joining"; stop_node; exit 143' TERM
+trap 'say "stopped while joining"; stop_node; exit 130' INT
+
 # The raylet: `ray start` writes the cluster's address into the node's directory once it runs.
 until [[ -s $node_dir/ray_current_cluster ]]; do
   kill -0 "$ray_pid" 2>/dev/null || refuse "ray start exited before its raylet ran"
