@@ -208,21 +208,40 @@ def test_the_raycluster_is_valid_against_the_kuberay_v1_7_0_crd_schema():
     assert any("0 is not of type 'string'" in message for message in errors), errors
 
 
+PREFECT_KUBERNETES = "prefect-kubernetes==0.7.11"  # the Kubernetes worker, for the GPU lock's Prefect
+WORKER_RENDERS = r"""
+import asyncio, json, sys, uuid
+from prefect.client.schemas.objects import FlowRun
+from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+template = json.load(open(sys.argv[1]))
+async def render():
+    configuration = await KubernetesWorkerJobConfiguration.from_template_and_values(template, json.loads(sys.argv[2]))
+    configuration.prepare_for_flow_run(FlowRun(id=uuid.uuid4(), name="clever-otter", flow_id=uuid.uuid4()))
+    print("JOB " + json.dumps(configuration.job_manifest))
+asyncio.run(render())
+"""
+
+
 @pytest.fixture(scope="module")
-def kubernetes_validate() -> Path:
-    """The `kubernetes-validate` command of a tools environment under .cache/ (made once:
-    the project's own environment is left as it is). Its schemas are bundled in the
-    package, so validating needs no network."""
+def kubernetes_tools() -> Path:
+    """A tools environment under .cache/ (made once; the project's own environment is
+    left as it is): `kubernetes-validate`, whose schemas are bundled so validating needs
+    no network, and the GPU lock's Prefect with its Kubernetes worker, whose own job
+    configuration renders the Job a flow run gets."""
     tools = REPO_ROOT / ".cache" / "k8s-tools"
-    command = tools / "bin" / "kubernetes-validate"
-    if not command.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(tools)], check=True, timeout=300)
+    wanted = [KUBERNETES_VALIDATE, f"prefect=={_lock_version('prefect')}", PREFECT_KUBERNETES]
+    stamp = tools / ".installed"
+    if not stamp.exists() or stamp.read_text().split() != wanted:
+        if not (tools / "bin" / "python").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True, timeout=300)
         installed = subprocess.run(
-            [str(tools / "bin" / "python"), "-m", "pip", "install", "--quiet", KUBERNETES_VALIDATE],
-            capture_output=True, text=True, timeout=600,
+            [str(tools / "bin" / "python"), "-m", "pip", "install", "--quiet", *wanted],
+            capture_output=True, text=True, timeout=900,
         )
-        assert installed.returncode == 0, f"could not install {KUBERNETES_VALIDATE}: {installed.stderr[-2000:]}"
-    return command
+        assert installed.returncode == 0, f"could not install {wanted}: {installed.stderr[-2000:]}"
+        stamp.write_text(" ".join(wanted))
+    return tools / "bin"
 
 
 def _rendered_job() -> dict:
@@ -245,7 +264,8 @@ def _rendered_job() -> dict:
     return job
 
 
-def test_the_built_in_kinds_are_valid_against_kubernetes_schemas(kubernetes_validate, tmp_path):
+def test_the_built_in_kinds_are_valid_against_kubernetes_schemas(kubernetes_tools, tmp_path):
+    kubernetes_validate = kubernetes_tools / "kubernetes-validate"
     job = _rendered_job()
     assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == (
         _yaml("shared-storage.yaml")["metadata"]["name"]
@@ -278,3 +298,32 @@ def test_the_kubernetes_deployments_parse_and_match_the_local_ones_but_for_the_p
         assert deployment["parameters"]["profile"] == twin["parameters"]["profile"]
         assert "job.output_root=/shared/outputs" in deployment["parameters"]["overrides"]
         assert deployment.get("concurrency_limit") == twin.get("concurrency_limit")
+
+
+def test_the_kubernetes_worker_renders_a_valid_job_that_joins_then_runs_the_flow(kubernetes_tools, tmp_path):
+    """The Job a flow run of ppo/public-4gpu gets, as Prefect's own Kubernetes worker
+    (the GPU lock's Prefect) renders it from the template and the deployment's job
+    variables: accepted by the worker's validation, valid for Kubernetes, the join
+    script running Prefect's flow-run command with the run's environment added."""
+    (deployment,) = [d for d in _yaml("prefect.yaml")["deployments"] if d["name"] == "public-4gpu"]
+    env = {"PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": "http://127.0.0.1:9/api", "PATH": "/usr/bin:/bin"}
+    rendered = subprocess.run(
+        [str(kubernetes_tools / "python"), "-c", WORKER_RENDERS, str(K8S / "base-job-template.json"),
+         json.dumps(deployment["work_pool"]["job_variables"])],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert rendered.returncode == 0 and "JOB " in rendered.stdout, rendered.stderr[-3000:]
+    job = json.loads(rendered.stdout.split("JOB ", 1)[1])
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["/opt/ppo-flow/deployments/kubernetes/join-ray-then.sh"]
+    assert container["args"] == ["prefect", "flow-run", "execute"]
+    names = [entry["name"] for entry in container["env"]]
+    assert "PREFECT__FLOW_RUN_ID" in names and "RAY_ADDRESS" in names and "RAY_AUTH_TOKEN" in names
+    assert container["image"] == IMAGE and job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    assert pod.pop("parallelism") == 1 and pod.pop("completions") == 1  # Prefect's; Kubernetes ignores them
+    job["metadata"]["name"] = job["metadata"]["generateName"] + "abcde"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    result = subprocess.run([str(kubernetes_tools / "kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSION,
+                             str(tmp_path / "job.yaml")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
