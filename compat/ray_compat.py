@@ -26,6 +26,16 @@ def internals_usable(what: str, public_path: str) -> bool:
     return within("ray", WRITTEN_FOR, what, public_path)
 
 
+def attach_to_node(temp_dir: str | None) -> dict[str, Any]:
+    """`ray.init` keywords that attach this driver to the node whose temp dir is
+    `temp_dir` (the zero-capacity node a join script started, S-TEAM-2) rather than to
+    any node on the host: Ray's private `_temp_dir`. Outside `WRITTEN_FOR` the driver
+    attaches where Ray picks, which on a host with one node is that node."""
+    if temp_dir is None or not internals_usable("attaching the driver to the joined node", "the node Ray picks"):
+        return {}
+    return {"_temp_dir": temp_dir}
+
+
 # The script, in ray/_private/workers/, that a raylet's command for each Python worker
 # runs: the one command the fork launcher forks (processes/fork_client.py).
 WORKER_SCRIPT = "default_worker.py"

@@ -7,6 +7,12 @@
 #   3. both deployments from deployments/prefect.yaml (ppo/public-4gpu, ppo/tiny-cpu)
 #      and the automation that resumes their crashed runs (deployments/automations.yaml),
 #   4. a worker polling the pool.
+# The database (S-TEAM-1): SQLite under PREFECT_HOME by default (one person); the
+# PostgreSQL that PREFECT_SERVER_DATABASE_CONNECTION_URL names (a team's); or, with
+# PPO_PREFECT_DB=postgres, a local PostgreSQL 15 cluster this script starts under
+# $PPO_PREFECT_STATE_DIR/postgres (loopback, a generated password kept in a 0600 file and
+# handed to the server's environment only). A database that is down or refuses the
+# password fails here, naming host and port, before the server starts.
 # Pids and logs go to $PPO_PREFECT_STATE_DIR (default .prefect/local); stop it all
 # with deployments/stop.sh (`make stop`: worker first, then server). Running this
 # again with the stack up redeploys and leaves running processes alone.
@@ -96,6 +102,83 @@ with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
 EOF
 }
 
+# 0. the database (S-TEAM-1)
+DB_KIND="${PPO_PREFECT_DB:-sqlite}"
+PG_DIR="$STATE_DIR/postgres"
+PG_BIN="${PPO_PG_BIN:-/usr/lib/postgresql/15/bin}"
+case "$DB_KIND" in
+  sqlite | postgres) ;;
+  *) echo "serve: PPO_PREFECT_DB=$DB_KIND: choose sqlite (the default) or postgres" >&2; exit 2 ;;
+esac
+if [[ "$DB_KIND" == postgres && -n "${PREFECT_SERVER_DATABASE_CONNECTION_URL:-}" ]]; then
+  echo "serve: PPO_PREFECT_DB=postgres starts a local PostgreSQL; PREFECT_SERVER_DATABASE_CONNECTION_URL names" \
+    "another database: set one of them" >&2
+  exit 2
+fi
+
+as_postgres() {  # PostgreSQL refuses to run as root: as root, its commands run as the `postgres` user
+  if [[ "$(id -u)" -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+started_postgres=""
+start_local_postgres() {
+  if [[ ! -x "$PG_BIN/initdb" ]]; then
+    echo "serve: PPO_PREFECT_DB=postgres needs PostgreSQL 15 (apt-get install postgresql-15) or PPO_PG_BIN naming" \
+      "its bin directory; $PG_BIN/initdb is missing" >&2
+    exit 2
+  fi
+  mkdir -p "$PG_DIR"
+  chmod 700 "$PG_DIR"
+  [[ "$(id -u)" -eq 0 ]] && chown postgres "$PG_DIR"
+  if [[ ! -f "$PG_DIR/data/PG_VERSION" ]]; then
+    (umask 077; "$PYTHON" -c "import secrets; print(secrets.token_hex(24))" >"$PG_DIR/password")
+    "$PYTHON" - >"$PG_DIR/port" <<'PY'
+import socket
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    print(probe.getsockname()[1])
+PY
+    [[ "$(id -u)" -eq 0 ]] && chown postgres "$PG_DIR/password" "$PG_DIR/port"
+    # Over TCP (loopback only) a password; on the socket, in a directory only the
+    # cluster's user can enter, that user itself (to create the database).
+    as_postgres "$PG_BIN/initdb" -D "$PG_DIR/data" -U prefect --pwfile="$PG_DIR/password" -E UTF8 \
+      --auth-host=scram-sha-256 --auth-local=trust >"$PG_DIR/initdb.log" 2>&1 || {
+      echo "serve: initdb failed; see $PG_DIR/initdb.log" >&2
+      exit 1
+    }
+  fi
+  PG_PORT="$(cat "$PG_DIR/port")"
+  if as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1; then
+    echo "serve: PostgreSQL already running on 127.0.0.1:$PG_PORT"
+  else
+    if ! as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w -t "$STARTUP_TIMEOUT" \
+      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR" start >/dev/null; then
+      echo "serve: PostgreSQL did not start on 127.0.0.1:$PG_PORT; see $PG_DIR/postgres.log" >&2
+      exit 1
+    fi
+    started_postgres=1
+    echo "serve: started PostgreSQL on 127.0.0.1:$PG_PORT, data $PG_DIR/data"
+  fi
+  if ! as_postgres "$PG_BIN/psql" -h "$PG_DIR" -p "$PG_PORT" -U prefect -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname = 'prefect'" | grep -q 1; then
+    as_postgres "$PG_BIN/createdb" -h "$PG_DIR" -p "$PG_PORT" -U prefect prefect
+  fi
+  DATABASE_URL="postgresql+asyncpg://prefect:$(cat "$PG_DIR/password")@127.0.0.1:$PG_PORT/prefect"
+}
+
+DATABASE_URL="${PREFECT_SERVER_DATABASE_CONNECTION_URL:-}"
+if [[ "$DB_KIND" == postgres ]]; then
+  start_local_postgres
+fi
+if ! alive server; then  # SQLite too: a database written by a newer Prefect is named here
+  if ! PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" "$PYTHON" -m deployments.database check; then
+    if [[ -n "$started_postgres" ]]; then  # leave nothing running
+      as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+    exit 1
+  fi
+fi
+
 # 1. server (setsid: its own process group, so stop.sh can end it and its children)
 if alive server; then
   echo "serve: server already running (pid $(cat "$STATE_DIR/server.pid")) at $API_URL"
@@ -104,8 +187,15 @@ else
     echo "serve: port $PORT on $HOST is in use; choose another with PPO_PREFECT_PORT=NNNN" >&2
     exit 1
   fi
-  setsid "$PYTHON" -m prefect server start --host "$HOST" --port "$PORT" \
-    >"$STATE_DIR/server.log" 2>&1 </dev/null &
+  # The database URL (it may hold a password) goes to the server's environment only,
+  # never to env.sh or a log.
+  if [[ -n "$DATABASE_URL" ]]; then
+    PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" setsid "$PYTHON" -m prefect server start --host "$HOST" \
+      --port "$PORT" >"$STATE_DIR/server.log" 2>&1 </dev/null &
+  else
+    setsid "$PYTHON" -m prefect server start --host "$HOST" --port "$PORT" \
+      >"$STATE_DIR/server.log" 2>&1 </dev/null &
+  fi
   echo $! >"$STATE_DIR/server.pid"
   echo "serve: starting server (pid $!), log $STATE_DIR/server.log"
 fi
@@ -113,7 +203,14 @@ deadline=$((SECONDS + STARTUP_TIMEOUT))
 until api_healthy; do
   if ! alive server; then
     echo "serve: the server exited; last lines of $STATE_DIR/server.log:" >&2
-    tail -n 20 "$STATE_DIR/server.log" >&2
+    # A database password never reaches the terminal, whatever the server logged.
+    tail -n 20 "$STATE_DIR/server.log" | PPO_DATABASE_URL="$DATABASE_URL" "$PYTHON" -c '
+import os, sys
+from urllib.parse import unquote, urlsplit
+secret = urlsplit(os.environ["PPO_DATABASE_URL"]).password if os.environ["PPO_DATABASE_URL"] else None
+for line in sys.stdin:
+    sys.stderr.write(line.replace(secret, "***").replace(unquote(secret), "***") if secret else line)
+' 
     exit 1
   fi
   if ((SECONDS > deadline)); then

@@ -35,7 +35,7 @@ from rundir.run_lock import RunLock, local_run_dir, stale_after
 from rundir.run_outputs import append_metrics, read_metrics
 from flows.flow_runner import FlowIterationLoop, FlowRunner
 from views.trackers import open_trackers
-from placement.nodes import describe_layout
+from placement.nodes import describe_layout, node_addresses
 from processes.actors import kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
 from processes.ray_session import connect_ray, end_local_ray, shutdown_ray
@@ -173,7 +173,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         runner = FlowRunner(
             roles, stage_timeout_s=config.rl.stage_timeout_seconds, samples_key=artifact_key(config.job.name, "samples")
         )
-        if len(runner.layout()) > 1:  # on a cluster: where the plan put each role (S-RUN-4)
+        if len(node_addresses()) > 1:  # on a cluster: where the plan put each role (S-RUN-4, S-TEAM-2)
             say(f"nodes: {describe_layout(runner.layout())}")
         policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
         if resume_point:

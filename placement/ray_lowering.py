@@ -3,6 +3,8 @@ per reserved device group (GPU bundles on a GPU run, CPU bundles on a multi-node
 run), nothing at all on a one-node CPU run (every role is then a plain `num_cpus=0`
 actor). On more than one node each bundle is pinned, by Ray's node-id label, to the
 node `placement.node_layout` chose, and the host roles to the node beside the rollout.
+On a cluster a one-node plan is pinned too (S-TEAM-2): an actor that asks for no CPU
+may otherwise land on the flow's own node, which joins with none and dies with the flow.
 Kept apart from `placement.plan`, which must not import Ray: the manifest checks a plan
 on a machine that may never start Ray."""
 
@@ -30,7 +32,7 @@ class LoweredPlacement:
 
     plan: PlacementPlan
     placement_groups: dict[str, "PlacementGroup"]
-    host_node: str | None = None  # multi-node: the node id the host roles are pinned to
+    host_node: str | None = None  # on a cluster: the node id the unreserved roles are pinned to
 
     def actor_options(self, role: str, rank: int = 0) -> dict[str, Any]:
         group = self.plan.group_of(role)
@@ -71,7 +73,7 @@ def lower_placement(plan: PlacementPlan, *, namespace: str, ready_timeout_s: flo
     """
     reserved = plan.reserved_groups()
     if not reserved:
-        return LoweredPlacement(plan, {})
+        return LoweredPlacement(plan, {}, host_node=roomiest_node(plan))
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -108,7 +110,45 @@ def lower_placement(plan: PlacementPlan, *, namespace: str, ready_timeout_s: flo
             f"(the cluster has {cluster_gpus} GPUs in all; a group may need more GPUs on one node than any node has, "
             "or a node's resources are held by another job)"
         )
-    return LoweredPlacement(plan, groups, host_node=None if nodes is None else nodes[host_slot(plan)])
+    if nodes is not None:
+        host_node = nodes[host_slot(plan)]
+    else:  # one node: beside the rollout's first bundle, where the group was placed
+        host_node = _node_of_first_bundle(groups[reserved[0].name]) if len(_alive_nodes()) > 1 else None
+    return LoweredPlacement(plan, groups, host_node=host_node)
+
+
+def _alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [node for node in ray.nodes() if node.get("Alive")]
+
+
+def roomiest_node(plan: PlacementPlan) -> str | None:
+    """S-TEAM-2: on a cluster of several nodes, the node a one-node plan without
+    reservations runs on: the one with the most of the plan's resource, then by id so
+    a rerun picks the same node. None on a Ray of one node (the run's own local Ray:
+    nothing else to choose, and no node there runs without CPUs). A cluster whose
+    nodes have none of it (only zero-capacity nodes, such as the flow's) is refused."""
+    alive = _alive_nodes()
+    if len(alive) <= 1:
+        return None
+    resource = "GPU" if plan.uses_gpus else "CPU"
+    able = sorted(
+        (node for node in alive if node["Resources"].get(resource, 0) > 0),
+        key=lambda node: (-node["Resources"][resource], node["NodeID"]),
+    )
+    if not able:
+        raise PlacementError(
+            f"the Ray cluster has {len(alive)} alive node(s) but none with {resource}s (the flow's own node joins "
+            f"with none); add a node with {resource}s (ray start --address=... --num-cpus=N)"
+        )
+    return able[0]["NodeID"]
+
+
+def _node_of_first_bundle(group: "PlacementGroup") -> str:
+    from ray.util import placement_group_table
+
+    return placement_group_table(group)["bundles_to_node_id"][0]
 
 
 def cluster_nodes(plan: PlacementPlan, slots: dict[str, tuple[int, ...]]) -> list[str]:

@@ -1,8 +1,10 @@
 """Imported first by the `ppo` flow's module: a deployment's flow process (started by a
 Prefect worker, not the command line) makes a local Ray's auth settings before anything
 imports Ray, which reads them once. A process that names a cluster in RAY_ADDRESS keeps
-the cluster's own settings; one whose profile names it (`grid.ray_address`) should set
-RAY_ADDRESS in the worker's environment too (docs/launch.md)."""
+the cluster's own settings; one whose profile or parameters name it only through
+`grid.ray_address` is refused when it would join with the token made here (S-TEAM-2,
+`processes.ray_session.require_cluster_token`): set RAY_ADDRESS and the cluster's token
+in the worker's environment too (docs/launch.md)."""
 
 import contextlib
 import os

@@ -16,7 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from compat.ray_compat import fork_launch_supported, stop_autoscaler_monitor, worker_python, worker_script
+from compat.ray_compat import (
+    attach_to_node,
+    fork_launch_supported,
+    stop_autoscaler_monitor,
+    worker_python,
+    worker_script,
+)
 from processes.fork_client import SOCKET_ENV, WORKER_SCRIPT_ENV
 from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server, write_launcher
 from processes.process_tree import MARK_ENV, end_processes, marked
@@ -48,6 +54,14 @@ LEFTOVER_WAIT_S = 0.5  # after ray.shutdown(), for the local Ray's processes to 
 _fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
 _daemon_launcher: str | None = None  # the launcher's folder when no fork server holds it (PPO_FORK_WORKERS=0)
 _local_ray_mark: str | None = None  # in the environment of every process the local Ray started (MARK_ENV)
+# Set by deployments/kubernetes/join-ray-then.sh: the temp dir of the zero-capacity node it
+# started, so the driver attaches to that node (S-TEAM-2) and not to another on the host.
+JOINED_NODE_ENV = "PPO_RAY_NODE_TEMP_DIR"
+_minted_token: str | None = None  # the token this process made for a local Ray of its own
+
+
+class ClusterTokenMissing(RuntimeError):
+    """A run names a cluster but holds only the token it made for a local Ray."""
 
 
 def worker_env() -> dict[str, str]:
@@ -108,12 +122,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     }
     try:
         if address:
+            require_cluster_token(address)
             # A joined Ray's raylet knows nothing of this run: its settings, and the fork
             # client for a local Ray handed down here, come in a runtime environment.
             runtime_env: dict[str, Any] = {"env_vars": env_vars}
             if socket_path is not None:
                 runtime_env["py_executable"] = py_executable()
-            ray.init(address=address, runtime_env=runtime_env, **options)
+            joined_node = os.environ.get(JOINED_NODE_ENV) or None
+            ray.init(address=address, runtime_env=runtime_env, **attach_to_node(joined_node), **options)
         else:
             # "local": a new Ray of this run's own, never a cluster some other process
             # started on this machine (plain ray.init() would join that one). Its workers
@@ -242,9 +258,26 @@ def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:
             f"RAY_AUTH_MODE={mode!r}: a local Ray listens on every network interface, so the run requires token "
             "authentication; unset RAY_AUTH_MODE (the run then makes its own token) or set it to 'token'"
         )
+    global _minted_token
     environ["RAY_AUTH_MODE"] = "token"
     if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
         environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        if environ is os.environ:
+            _minted_token = environ["RAY_AUTH_TOKEN"]
+
+
+def require_cluster_token(address: str) -> None:
+    """S-TEAM-2: a run joins a cluster with the cluster's token or not at all. A flow
+    process whose profile or parameters name the cluster (`grid.ray_address`) without
+    RAY_ADDRESS in its environment made a token of its own at import, for a local Ray;
+    Ray has read it, so it cannot join with another one now."""
+    if _minted_token is not None and os.environ.get("RAY_AUTH_TOKEN") == _minted_token:
+        raise ClusterTokenMissing(
+            f"the run names the Ray cluster at {address} but its process has no token for it: "
+            f"set RAY_ADDRESS={address} and the cluster's token (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH naming a file) "
+            "in the environment the flow starts in (the work pool's job variables, or "
+            "deployments/kubernetes/join-ray-then.sh), then run it again"
+        )
 
 
 def prepare_ray_auth(joins_cluster: bool) -> None:

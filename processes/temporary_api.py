@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compat.prefect_compat import SERVER_ENV, standing_api_possible, temporary_api_supported
+from compat.prefect_schema import sqlite_database_problem
 from processes.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+DATABASE_URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code for a failed start: a taken port (pick another) or a broken app
 
 
@@ -50,8 +52,10 @@ class TemporaryApi:
                 self.process = _launch(self.command, self.port, self.env)
                 continue
             if self.process.poll() is not None:
+                cause = self._database_problem()
                 raise TemporaryApiFailed(
                     f"the temporary Prefect API exited with code {self.process.returncode} while starting"
+                    + (f": {cause}" if cause else "")
                 )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
@@ -64,6 +68,14 @@ class TemporaryApi:
             f"the temporary Prefect API on 127.0.0.1:{self.port} did not answer within {timeout_s:g} s "
             "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
         )
+
+    def _database_problem(self) -> str | None:
+        """Why Prefect's server could not start on its database, when this can tell: one
+        written by a newer Prefect (Prefect itself only exits)."""
+        if any(self.env.get(name) for name in DATABASE_URL_SETTINGS):  # a database of the user's own choosing
+            return None
+        home = Path(self.env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+        return sqlite_database_problem(home)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process.poll() is None:

@@ -56,6 +56,15 @@ def test_rays_raylet_starts_each_worker_with_the_script_the_fork_client_recognis
     assert f'"{ray_compat.WORKER_SCRIPT}"' in inspect.getsource(node.Node.__init__)  # its worker_path
 
 
+def test_ray_init_still_takes_the_temp_dir_that_attaches_a_driver_to_a_joined_node():
+    import ray
+
+    source = inspect.getsource(ray.init)
+    assert re.search(r"_temp_dir\b.*=\s*kwargs\.pop\(\s*[\"']_temp_dir[\"']", source)  # one of its private keywords
+    assert ray_compat.attach_to_node("/tmp/ray-node") == {"_temp_dir": "/tmp/ray-node"}
+    assert ray_compat.attach_to_node(None) == {}
+
+
 def test_ray_actors_still_run_a_function_inside_through_ray_call():
     import ray.actor
 

@@ -145,3 +145,16 @@ def test_rank_layouts_that_cannot_work_are_refused(profile, overrides, message):
     config = load_config(profile, overrides)
     problems = placement_problems(plan_placement(config), config)
     assert any(message in text for _, text in problems), problems
+
+
+def test_on_a_cluster_a_one_node_plan_pins_every_role_to_the_chosen_node():
+    """S-TEAM-2: a role asking for no CPU would otherwise be free to land on the
+    flow's own zero-capacity node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    plan = plan_placement(load_config(TINY_PROFILE))
+    lowered = LoweredPlacement(plan, {}, host_node="cd" * 28)
+    for role in ("data", "rollout", "reward", "replay", "reference", "critic", "policy"):
+        options = lowered.actor_options(role)
+        assert options["num_cpus"] == 0 and isinstance(options["scheduling_strategy"], NodeAffinitySchedulingStrategy)
+        assert options["scheduling_strategy"].node_id == "cd" * 28 and options["scheduling_strategy"].soft is False

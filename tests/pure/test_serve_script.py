@@ -16,11 +16,12 @@ import pytest
 
 SERVE = Path(__file__).resolve().parents[2] / "deployments" / "serve.sh"
 
-# Answers `-m cli.environment --export-tuning` with nothing; fails any other call (the
-# port check), so serve.sh stops with "port ... in use" before starting anything.
+# Answers `-m cli.environment --export-tuning` with nothing and passes the database check;
+# fails any other call (the port check), so serve.sh stops with "port ... in use" before
+# starting anything.
 STUB = """#!/usr/bin/env bash
 echo "$*" >> "{calls}"
-[[ "$2" == cli.environment ]] && exit 0
+[[ "$2" == cli.environment || "$2" == deployments.database ]] && exit 0
 exit 1
 """
 
@@ -75,3 +76,90 @@ def test_with_the_auth_string_the_worker_and_cli_authenticate_and_the_secret_sta
         capture_output=True, text=True, check=True,
     )
     assert sourced.stdout.strip() == secret
+
+
+def _real_serve(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """serve.sh with the project's Python, up to the database check (S-TEAM-1): the
+    cases below all stop before a server could start."""
+    import sys
+
+    base = {key: value for key, value in os.environ.items() if not key.startswith(("PPO_", "PREFECT_"))}
+    return subprocess.run(
+        ["bash", str(SERVE)], env={**base, "PPO_PYTHON": sys.executable, "PPO_PREFECT_STATE_DIR": str(tmp_path / "s"),
+                                   **env},
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens once the probe closes
+
+
+def test_a_database_that_is_down_fails_serve_naming_host_and_port_never_the_password(tmp_path):
+    import time
+
+    port = _closed_port()
+    password = "hunter2-S3cret"
+    started = time.monotonic()
+    result = _real_serve(
+        tmp_path, PPO_PREFECT_DB_TIMEOUT="5",
+        PREFECT_SERVER_DATABASE_CONNECTION_URL=f"postgresql+asyncpg://prefect:{password}@127.0.0.1:{port}/prefect",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"the Prefect database 'prefect' at 127.0.0.1:{port} is not reachable within 5 s" in result.stderr
+    assert password not in result.stdout + result.stderr
+    assert not (tmp_path / "s" / "server.pid").exists()  # nothing started
+    assert time.monotonic() - started < 30
+    for path in (tmp_path / "s").rglob("*"):
+        assert path.is_dir() or password not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"PPO_PREFECT_DB": "mysql"}, "PPO_PREFECT_DB=mysql: choose sqlite (the default) or postgres"),
+        ({"PPO_PREFECT_DB": "postgres", "PREFECT_SERVER_DATABASE_CONNECTION_URL": "postgresql+asyncpg://h/db"},
+         "set one of them"),
+        ({"PPO_PREFECT_DB": "postgres", "PPO_PG_BIN": "/nonexistent"}, "needs PostgreSQL 15"),
+    ],
+)
+def test_a_database_setting_that_cannot_work_is_refused_before_anything_starts(tmp_path, env, message):
+    result = _real_serve(tmp_path, **env)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "s" / "server.pid").exists()
+
+
+def _database_of_a_newer_prefect(path: Path) -> None:
+    import sqlite3
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        connection.execute("INSERT INTO alembic_version VALUES ('fedcba987654')")  # no Prefect release has it
+
+
+def test_a_database_written_by_a_newer_prefect_is_named_before_serve_starts_a_server(tmp_path):
+    _database_of_a_newer_prefect(tmp_path / "s" / "home" / "prefect.db")
+    result = _real_serve(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "was written by a newer Prefect than the installed" in result.stderr
+    assert "schema revision fedcba987654" in result.stderr and "fresh database" in result.stderr
+    assert not (tmp_path / "s" / "server.pid").exists()
+
+
+def test_the_temporary_api_names_a_database_written_by_a_newer_prefect(tmp_path):
+    import sys
+
+    from processes.temporary_api import TemporaryApi, TemporaryApiFailed, free_loopback_port
+
+    _database_of_a_newer_prefect(tmp_path / "prefect.db")
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])  # as Prefect's server exits on it
+    exited.wait()
+    api = TemporaryApi(exited, free_loopback_port(), [sys.executable], {"PREFECT_HOME": str(tmp_path)})
+    with pytest.raises(TemporaryApiFailed, match=r"exited with code 3 while starting: the Prefect database .* "
+                                                 r"was written by a newer Prefect"):
+        api.wait_until_up(timeout_s=5)

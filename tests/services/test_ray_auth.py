@@ -115,3 +115,29 @@ def test_no_listener_of_the_local_ray_answers_without_the_token(ray_cluster):
         except (OSError, ValueError, http.client.HTTPException):  # a gRPC port: not an HTTP server at all
             continue
         assert answered == 401, f"{address}:{port} (pid {pid}) answered {answered} without the token"
+
+
+REFUSED_JOIN = r"""
+import os, sys
+os.environ.pop("RAY_ADDRESS", None)
+for key in [k for k in os.environ if k.startswith("RAY_AUTH")]:
+    del os.environ[key]
+import processes.ray_auth_first  # as the flow's module does: no RAY_ADDRESS, so a local Ray's token is made
+from processes.ray_session import ClusterTokenMissing, init_ray
+try:
+    init_ray(address=sys.argv[1])  # what a deployment's grid.ray_address asks for
+except ClusterTokenMissing as error:
+    print("REFUSED " + str(error))
+"""
+
+
+def test_a_run_naming_a_cluster_without_its_token_is_refused_and_never_joins_with_its_own():
+    """S-TEAM-2: a deployment whose parameters set grid.ray_address, started without
+    RAY_ADDRESS, holds only the token it made at import; it is refused before it
+    contacts the cluster (the address here answers nothing), naming what to set."""
+    result = subprocess.run([sys.executable, "-c", REFUSED_JOIN, "10.0.0.1:6379"], text=True, capture_output=True,
+                            timeout=120)
+    assert "REFUSED " in result.stdout, result.stdout + result.stderr[-3000:]
+    message = result.stdout.split("REFUSED ", 1)[1]
+    assert "the Ray cluster at 10.0.0.1:6379" in message and "RAY_ADDRESS=10.0.0.1:6379" in message
+    assert "RAY_AUTH_TOKEN" in message and "RAY_AUTH_TOKEN_PATH" in message
