@@ -23,6 +23,18 @@ if TYPE_CHECKING:
     from processes.actors import LaunchedActors
 
 
+@dataclass(frozen=True)
+class LaunchParameters:
+    """The `ppo` flow's parameters a launch was planned from."""
+
+    profile: str
+    overrides: tuple[str, ...]
+    critic_warmup_iterations: int | None
+    run_name: str | None
+    resume: bool
+    resume_from: str | None
+
+
 @dataclass
 class Launch:
     config: PPOConfig  # resolved once: profile, overrides, the flow's own parameters; absolute paths
@@ -31,6 +43,7 @@ class Launch:
     actors: LaunchedActors | None = None  # launched while the services came up; the flow adopts them
     lock: RunLock | None = None  # taken before any service started; the flow holds it on and releases it
     stop: StopRequest = field(default_factory=StopRequest)  # signals and the time limit (S-STOP)
+    parameters: LaunchParameters | None = None  # what it was planned from: the flow taking it must say the same
 
     def adopt_actors(self) -> LaunchedActors | None:
         """The launched actors, now the caller's to start or kill: taken once."""
@@ -49,7 +62,10 @@ def plan_launch(
     config = pin_hub_model(config)  # after the checks that answer in a second: this may download
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
-    return Launch(config, paths, point, stop=stop_request(config))
+    planned_from = LaunchParameters(
+        profile, tuple(overrides or ()), critic_warmup_iterations, run_name, resume, resume_from
+    )
+    return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from)
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)
@@ -73,7 +89,15 @@ def take_launch(
     profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, run_name: str | None,
     *, resume: bool, resume_from: str | None,
 ) -> Launch:
-    """The set-up the command line handed over, else (a deployment) this flow run's own."""
-    return handed_launch() or plan_launch(
-        profile, overrides, critic_warmup_iterations, run_name, resume=resume, resume_from=resume_from
-    )
+    """The set-up the command line handed over, else (a deployment) this flow run's own.
+    A handed set-up was planned from these very parameters, so the flow run's
+    parameters in the Prefect UI are what it runs with."""
+    handed = handed_launch()
+    if handed is None:
+        return plan_launch(
+            profile, overrides, critic_warmup_iterations, run_name, resume=resume, resume_from=resume_from
+        )
+    asked = LaunchParameters(profile, tuple(overrides or ()), critic_warmup_iterations, run_name, resume, resume_from)
+    if handed.parameters is not None and handed.parameters != asked:
+        raise RuntimeError(f"the ppo flow was called with {asked} but handed a launch planned from {handed.parameters}")
+    return handed

@@ -165,3 +165,18 @@ def test_one_launch_loads_the_profile_once_and_checks_the_resume_point_once(tmp_
     assert cli.command.main(["--config", str(TINY_PROFILE), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
     assert len(loads) == 1 and len(resume_checks) == 1
     assert taken[0].config.job.output_root == str(tmp_path / "out") and taken[0].resume_point is None
+
+
+def test_a_flow_handed_a_launch_runs_with_the_parameters_it_was_planned_from(tmp_path):
+    """The `ppo` flow's parameters (what the Prefect UI shows) are what the handed launch
+    was planned from; a flow called with others is refused, never silently ignored."""
+    import flows.launch
+
+    overrides = [f"job.output_root={tmp_path / 'out'}"]
+    launch = flows.launch.plan_launch(str(TINY_PROFILE), overrides, None, None, resume=True, resume_from=None)
+    with flows.launch.handed_to_the_flow(launch):
+        taken = flows.launch.take_launch(str(TINY_PROFILE), overrides, None, None, resume=True, resume_from=None)
+        assert taken is launch
+        with pytest.raises(RuntimeError, match="handed a launch planned from"):
+            flows.launch.take_launch(str(TINY_PROFILE), [*overrides, "rl.max_steps=3"], None, None, resume=True,
+                                     resume_from=None)
