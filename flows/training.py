@@ -149,7 +149,8 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         start_from_scratch(paths)
     stop = launch.stop
     started = time.perf_counter()
-    started_ray = connect_ray(config)
+    # Ray is connected once: by the command line that handed this launch over, else here.
+    started_ray = False if handed_launch() is not None else connect_ray(config)
     take_sigterm_back(stop)
     say(
         f"ray: {'started a local Ray' if started_ray else 'using the connected Ray'} "
