@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 from configs.schema import PPOConfig
 from flows.in_process_roles import InProcessRoles, build_roles
-from flows.iteration import first_step, held_batch
-from flows.iteration_loop import IterationLoop
+from flows.iteration import first_step
+from flows.iteration_loop import IterationLoop, open_run_dir, resume_roles
 from flows.stopping import stop_request, stop_signals
-from rundir.resume import find_resume_point, restore_roles, start_from_scratch
+from rundir.resume import find_resume_point
 from rundir.run_lock import RunLock, local_run_dir
 from rundir.run_outputs import RunPaths, append_metrics
 from flows.in_process_runner import InProcessRunner
@@ -69,16 +69,13 @@ def run_in_process(
         return records, roles
     with RunLock(local_run_dir(paths.run_dir), "in-process"):  # one writer per run directory, as the flow
         point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
-        paths.ensure()
-        if point is not None:
-            policy_version = restore_roles(runner, roles, point, config, paths)
-            start = point.iteration + 1
-        else:
-            start_from_scratch(paths)
+        open_run_dir(paths, point)
+        resumed = resume_roles(runner, roles, config, paths, point)
+        start = resumed.start if point is not None else start
+        policy_version = policy_version if resumed.policy_version is None else resumed.policy_version
         trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (views/trackers.py)
         loop = IterationLoop(runner, roles, config, paths, keep, stop=stop_request(config))
-        if point is not None:
-            loop.in_flight = held_batch(runner, roles, point.boundary, point.iteration)
+        loop.in_flight = resumed.in_flight
         try:
             with stop_signals(loop.stop):
                 loop.run_iterations(start, last, policy_version)

@@ -14,8 +14,9 @@ from checkpoint.boundary import CommittedBoundary
 from configs.schema import PPOConfig
 from contracts.stage_names import time_key
 from flows.blocks import iteration_blocks
-from flows.iteration import Batch, Runner, evaluate, evaluates_at, ppo_iteration, save_on_cadence
+from flows.iteration import Batch, Runner, evaluate, evaluates_at, held_batch, ppo_iteration, save_on_cadence
 from flows.stopping import StopRequest, Stopped
+from rundir.resume import ResumePoint, restore_roles, start_from_scratch
 from rundir.run_outputs import RunPaths
 
 if TYPE_CHECKING:
@@ -84,3 +85,29 @@ class IterationLoop:
     def _emit(self, record: dict[str, Any]) -> None:
         if self.on_record is not None:
             self.on_record(record)
+
+
+# --- set-up shared by the flow (flows/training.py) and the in-process runner ----------
+
+
+def open_run_dir(paths: RunPaths, point: ResumePoint | None) -> None:
+    """The run's folders, and a fresh start's leftovers of an older run set aside."""
+    paths.ensure()
+    if point is None:
+        start_from_scratch(paths)
+
+
+@dataclass
+class Resumed:
+    start: int  # the first iteration to run
+    policy_version: int | None  # the restored clock; None on a fresh start
+    in_flight: Batch | None  # one step off: the batch the boundary holds (S-ASYNC-3)
+
+
+def resume_roles(run: Runner, roles: Roles, config: PPOConfig, paths: RunPaths, point: ResumePoint | None) -> Resumed:
+    """Every role restored from `point` and its in-flight batch taken back, or a fresh
+    start at iteration 1: the same for both runners, so both resume alike (S-CKPT-8)."""
+    if point is None:
+        return Resumed(1, None, None)
+    policy_version = restore_roles(run, roles, point, config, paths)
+    return Resumed(point.iteration + 1, policy_version, held_batch(run, roles, point.boundary, point.iteration))

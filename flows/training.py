@@ -26,14 +26,15 @@ from flows.auto_resume import crash_resumes
 from flows.failures import StageFailed
 from flows.run_report import progress_line, run_summary, say, stopped_summary
 from views.history import RunHistory
-from flows.iteration import first_step, held_batch
+from flows.iteration import first_step
 from flows.launch import Launch, handed_launch, take_launch
 from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals, take_sigterm_back
-from rundir.resume import find_resume_point, restore_roles, start_from_scratch, verify_resume_point
+from rundir.resume import find_resume_point, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock, local_run_dir, stale_after
 from rundir.run_outputs import append_metrics, read_metrics
 from flows.flow_runner import FlowIterationLoop, FlowRunner
+from flows.iteration_loop import open_run_dir, resume_roles
 from views.trackers import open_trackers
 from placement.nodes import describe_layout, node_addresses
 from processes.actors import kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
@@ -144,9 +145,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         resume_point = verify_resume_point(launch.resume_point)
     else:  # an automatic resume: from whatever the failed attempt last committed
         resume_point = find_resume_point(config, paths, resume=True)
-    paths.ensure()
-    if resume_point is None:
-        start_from_scratch(paths)
+    open_run_dir(paths, resume_point)
     stop = launch.stop
     started = time.perf_counter()
     # Ray is connected once: by the command line that handed this launch over, else here.
@@ -176,7 +175,8 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         )
         if len(node_addresses()) > 1:  # on a cluster: where the plan put each role (S-RUN-4, S-TEAM-2)
             say(f"nodes: {describe_layout(runner.layout())}")
-        policy_version = restore_roles(runner, roles, resume_point, config, paths) if resume_point else 0
+        resumed = resume_roles(runner, roles, config, paths, resume_point)
+        policy_version = resumed.policy_version or 0
         if resume_point:
             say(
                 f"resume: from {resume_point.boundary} "
@@ -184,7 +184,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             )
         if stop.signalled():  # during the restore: the boundary it restored is still the last one
             return stopped_summary(config, paths, stop.stopped_at(*kept))
-        start = resume_point.iteration + 1 if resume_point else 1
+        start = resumed.start
         logger.info(
             f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
             f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
@@ -204,8 +204,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             logger.info(line)
 
         loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=launch.stop)
-        if resume_point:
-            loop.in_flight = held_batch(runner, roles, resume_point.boundary, resume_point.iteration)
+        loop.in_flight = resumed.in_flight
         policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, policy_version)
         last_boundary = last_commit.path if last_commit else kept[1]
         last_iteration = last_commit.iteration if last_commit else kept[0]

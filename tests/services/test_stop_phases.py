@@ -69,6 +69,7 @@ def _committed(run_dir) -> list[int]:
 def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     prefect_api, ray_cluster, reused_role_processes, tiny_model_dir, tmp_path
 ):
+    import flows.iteration_loop
     import flows.training
     from flows.flow_runner import FlowRunner
 
@@ -96,7 +97,7 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     assert block.state.is_cancelled() and block.state.message.startswith("ran iteration 1 of iteration 1: the run")
 
     with pytest.MonkeyPatch.context() as patch:  # while the rerun restores that boundary: still no export
-        signal_during(patch, flows.training, "restore_roles")
+        signal_during(patch, flows.iteration_loop, "restore_roles")
         assert _stopped(overrides) == f"stopped by SIGTERM after iteration 1: {kept}"
     assert not (run_dir / "final_model").exists()
 
