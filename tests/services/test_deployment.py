@@ -189,8 +189,13 @@ def _deployment_run(
 def _task_runs(stack: Stack, flow_run_id: str):
     from flows.recording import run_flow_runs
 
-    with _client(stack) as client:  # the flow run's and its block subflows' task runs
-        return client.read_task_runs(flow_run_filter=run_flow_runs(uuid.UUID(flow_run_id)))
+    found = []
+    with _client(stack) as client:  # the flow run's and its block subflows' task runs, page by page
+        while True:  # the server answers at most PREFECT_API_DEFAULT_LIMIT (200) at a time
+            page = client.read_task_runs(flow_run_filter=run_flow_runs(uuid.UUID(flow_run_id)), offset=len(found))
+            found += page
+            if not page:
+                return found
 
 
 def _poll(read, done, timeout: float = 120.0, every: float = 1.0):
