@@ -49,7 +49,7 @@ def test_the_cli_ends_a_start_up_failure_on_the_error_line_and_the_resume_hint(
     import ray
     from prefect.settings import PREFECT_API_URL
 
-    from tests.conftest import REPO_ROOT, TINY_PROFILE
+    from tests.conftest import REPO_ROOT, TRUSTING_TINY_PROFILE
 
     overrides = tiny_overrides + [
         "rl.max_steps=1", "job.name=broken-start",
@@ -58,7 +58,7 @@ def test_the_cli_ends_a_start_up_failure_on_the_error_line_and_the_resume_hint(
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
            "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     result = subprocess.run(
-        [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides],
+        [sys.executable, "-m", "flows.ppo", "--config", TRUSTING_TINY_PROFILE, "--", *overrides],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 1, result.stderr[-3000:]
