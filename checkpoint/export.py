@@ -21,7 +21,7 @@ from checkpoint.dcp_io import load_tensors
 from checkpoint.role_layout import ADAPTER_CONFIG_FILE, BASE_MODEL_FILE, BASE_MODEL_KEY
 from checkpoint.role_state import MODEL_FILE, load_model_tensors, trained_names
 from checkpoint.sharded_role import SHARDED_MODEL_DIR, is_sharded_layout
-from models.fingerprint import ModelFingerprint, fingerprint_folder, read_fingerprint
+from models.fingerprint import ModelFingerprint, fingerprint_folder
 
 ADAPTER_DIR = "adapter"  # the exported adapter, in PEFT's own format, inside each role's folder
 
@@ -125,8 +125,7 @@ def _base_model_for(source: str, base_path: str) -> ModelFingerprint | None:
         return None
     current = fingerprint_folder(base_path)
     if current.digest != recorded:
-        record = read_fingerprint(f"{boundary}/{BASE_MODEL_FILE}")
-        differs = current.first_difference(record) if record is not None and record.digest == recorded else None
+        differs = current.first_difference_from(f"{boundary}/{BASE_MODEL_FILE}", recorded)
         raise CheckpointError(
             f"{source}: its adapters were trained on the base model at {base_path!r} with fingerprint "
             f"sha256:{recorded.removeprefix('sha256:')[:16]}…, but that folder now holds sha256:{current.short}…"

@@ -48,6 +48,14 @@ class ModelFingerprint:
                 return f"{name} (not in the recorded model)" if theirs is None else name
         return None
 
+    def first_difference_from(self, record_path: str, recorded_digest: str) -> str | None:
+        """`first_difference` against the per-file record at `record_path`, when that
+        record is the one behind `recorded_digest` (else nothing can be named)."""
+        recorded = read_fingerprint(record_path)
+        if recorded is None or recorded.digest != recorded_digest:
+            return None
+        return self.first_difference(recorded)
+
     def to_json(self) -> dict[str, Any]:
         return {"digest": self.digest, "revision": self.revision, "files": self.files}
 

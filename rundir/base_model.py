@@ -9,16 +9,16 @@ The policy's initial weights, the critic's, the reference and a LoRA base all lo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import fsspec
 
+from checkpoint.boundary import atomic_write_text
 from checkpoint.role_layout import BASE_MODEL_FILE, BASE_MODEL_KEY
 from configs.loading import ConfigError
 from configs.schema import ModelConfig, PPOConfig
-from models.fingerprint import ModelFingerprint, fingerprint_folder, read_fingerprint
+from models.fingerprint import ModelFingerprint, fingerprint_folder
 
 
 
@@ -58,9 +58,7 @@ def base_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: str)
         )
     if current.digest == recorded_digest:
         return None
-    recorded = read_fingerprint(f"{boundary}/{BASE_MODEL_FILE}")
-    comparable = recorded is not None and recorded.digest == recorded_digest
-    differs = current.first_difference(recorded) if comparable else None
+    differs = current.first_difference_from(f"{boundary}/{BASE_MODEL_FILE}", recorded_digest)
     first = f"; first differing file: {differs}" if differs else ""
     return (
         f"model.path: {config.model.path!r} now has content fingerprint sha256:{current.short}…, but {boundary} was "
@@ -99,9 +97,7 @@ def record_in_boundary(boundary: str, fingerprint: ModelFingerprint) -> str:
     """Write the per-file record into `boundary` (before its marker, which then vouches
     for it) and return the digest for the marker's loop_state."""
     fs, root = fsspec.core.url_to_fs(boundary)
-    fs.makedirs(root, exist_ok=True)
-    staging = f"{root}/{BASE_MODEL_FILE}.tmp.{os.getpid()}"
-    with fs.open(staging, "w") as handle:
-        handle.write(json.dumps(fingerprint.to_json(), indent=1, sort_keys=True) + "\n")
-    fs.mv(staging, f"{root}/{BASE_MODEL_FILE}")
+    fs.makedirs(root, exist_ok=True)  # the roles' saves may not have made the folder yet
+    record = json.dumps(fingerprint.to_json(), indent=1, sort_keys=True) + "\n"
+    atomic_write_text(f"{boundary}/{BASE_MODEL_FILE}", record)
     return fingerprint.digest
