@@ -88,7 +88,7 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
     stop.hard_stop = _hard_stop(stop)  # until the flow sets its own, which also kills the run's actors
     # S-STOP-4: a signal from here on asks the run to stop, start-up included; the flow
     # installs the same handler again over the one Prefect's engine installs.
-    with stop_signals(stop):
+    with stop_signals(stop), temporary_api_settings(api):
         try:
             return _run_flow(args, overrides, launch, api)
         finally:
@@ -153,7 +153,11 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     from placement.ray_lowering import PlacementError
 
     try:
-        with _prefect_api(api), handed_to_the_flow(launch):
+        if api is not None:
+            from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+            api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+        with handed_to_the_flow(launch):
             summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
                           resume_from=args.resume_from)
     except ConfigError as error:
@@ -212,8 +216,12 @@ def _import_quietly(module: str) -> None:
 
 
 @contextlib.contextmanager
-def _prefect_api(api) -> Iterator[None]:
-    """The flow's Prefect client pointed at the temporary API, once it answers.
+def temporary_api_settings(api) -> Iterator[None]:
+    """This process's Prefect settings pointed at the temporary API for the whole command,
+    the one place it is configured: the flow's client, and the last logs and events
+    drained after the flow, all read it (Prefect's settings are read once, at import,
+    so the environment would be too late). Nothing connects before the flow, which
+    first waits for the API to answer.
 
     Against it the flow runs send no heartbeats (unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY
     is set): a heartbeat lets a server mark a run crashed when its process stops
@@ -224,14 +232,8 @@ def _prefect_api(api) -> Iterator[None]:
     if api is None:
         yield
         return
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     settings: dict = {PREFECT_API_URL: api.api_url}
     if not any(key in os.environ for key in HEARTBEAT_SETTINGS):
         settings[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None

@@ -107,10 +107,9 @@ def server_command() -> list[str]:
 
 
 def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | None:
-    """Point this process's Prefect client at a temporary API (`early`, or one launched
-    now), or return None when the run has a standing API (PREFECT_API_URL, in the
-    environment or the active Prefect profile) or temporary APIs are turned off; an
-    `early` one is then stopped."""
+    """A temporary API for this command (`early`, or one launched now), or None when the
+    run has a standing API (PREFECT_API_URL, in the environment or the active Prefect
+    profile) or temporary APIs are turned off; an `early` one is then stopped."""
     try:
         from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
 
@@ -127,8 +126,7 @@ def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | Non
         server_command(),
         {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)},
     )
-    os.environ["PREFECT_API_URL"] = api.api_url  # read by the flow's client when it first connects
-    return api
+    return api  # this process's settings name it for the command (cli/command.py)
 
 
 def _launch_api(command: list[str], env: dict[str, str]) -> TemporaryApi:

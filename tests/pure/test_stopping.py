@@ -29,6 +29,7 @@ def _until(condition, seconds: float = 10.0) -> None:
 def test_a_second_signal_or_the_end_of_the_grace_stops_at_once():
     hard: list[str] = []
     sigint_before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite runs in the background
+    sigterm_before = signal.getsignal(signal.SIGTERM)  # Ray's, after a test in this process started Ray
     stop = StopRequest(grace_s=60.0)
     stop.hard_stop = hard.append
     assert stop.due() is None
@@ -40,14 +41,14 @@ def test_a_second_signal_or_the_end_of_the_grace_stops_at_once():
         _until(lambda: hard)
     stop.done()
     assert hard == ["a second SIGINT"]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the previous handler is back
+    assert signal.getsignal(signal.SIGTERM) is sigterm_before  # the previous handler is back
 
     # A flow body leaves SIGTERM to its engine, which puts back what it found when the
     # flow run ends: between the body's end and the engine's, a SIGTERM is still a stop.
     with stop_signals(stop, in_a_flow=True):
         ours = signal.getsignal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is ours and signal.getsignal(signal.SIGINT) is sigint_before
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, sigterm_before)
 
     graceful = StopRequest(grace_s=3.05)  # the hard stop fires SHUTDOWN_MARGIN_S before the grace ends
     graceful.hard_stop = hard.append

@@ -96,7 +96,7 @@ def test_flow_runs_against_the_temporary_api_send_no_heartbeats_unless_asked(mon
     run's end waited up to a second for its heartbeat thread."""
     from prefect.settings import get_current_settings
 
-    from cli.command import _prefect_api
+    from cli.command import temporary_api_settings
 
     if user_setting is None:
         monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
@@ -105,7 +105,7 @@ def test_flow_runs_against_the_temporary_api_send_no_heartbeats_unless_asked(mon
     monkeypatch.delenv("PREFECT_RUNNER_HEARTBEAT_FREQUENCY", raising=False)
     monkeypatch.setattr("prefect.logging.handlers.APILogWorker.drain_all", lambda timeout=None: None)
     monkeypatch.setattr("prefect.events.worker.EventsWorker.drain_all", lambda timeout=None: None)
-    with _prefect_api(_UpAlready()):
+    with temporary_api_settings(_UpAlready()):
         settings = get_current_settings()
         assert settings.api.url == "http://127.0.0.1:9/api"
         expected = None if user_setting is None else int(user_setting)
