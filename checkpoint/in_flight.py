@@ -17,6 +17,7 @@ import fsspec
 import torch
 
 from checkpoint.role_files import RoleCheckpointError, read_bytes, torch_load, write_file
+from contracts.scored_batch import ScoredBatch
 from contracts.trajectory import PromptBatch, Trajectory
 from data.packing import MultimodalInputs
 
@@ -51,25 +52,24 @@ def _rebuilt(value: Any) -> Any:
     return value
 
 
-def save_in_flight(directory: str, trajectory: Trajectory, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """`summaries`: the stage summaries the batch's metrics row will report (JSON)."""
+def save_in_flight(directory: str, batch: ScoredBatch[Any]) -> dict[str, Any]:
+    """The samples as a torch file; the stage summaries its metrics row will report as JSON."""
     buffer = io.BytesIO()
-    torch.save(_plain(trajectory), buffer)
+    torch.save(_plain(batch.trajectory), buffer)
     write_file(f"{directory}/{BATCH_FILE}", buffer.getvalue())
-    write_file(f"{directory}/{SUMMARY_FILE}", json.dumps(summaries, sort_keys=True))
-    return {"iteration": trajectory.iteration, "policy_version": trajectory.policy_version}
+    write_file(f"{directory}/{SUMMARY_FILE}", json.dumps(batch.summaries(), sort_keys=True))
+    return {"iteration": batch.trajectory.iteration, "policy_version": batch.trajectory.policy_version}
 
 
-def load_in_flight(directory: str) -> tuple[Trajectory, dict[str, dict[str, Any]]]:
+def load_in_flight(directory: str) -> ScoredBatch[Any]:
     stored = torch_load(f"{directory}/{BATCH_FILE}")
     try:
-        trajectory = _rebuilt(stored)
-        summaries = json.loads(read_bytes(f"{directory}/{SUMMARY_FILE}"))
+        batch = ScoredBatch.from_summaries(_rebuilt(stored), json.loads(read_bytes(f"{directory}/{SUMMARY_FILE}")))
     except (KeyError, TypeError, ValueError) as error:
         raise RoleCheckpointError(f"{directory}: the in-flight batch cannot be read back: {error}") from error
-    if not isinstance(trajectory, Trajectory):
+    if not isinstance(batch.trajectory, Trajectory):
         raise RoleCheckpointError(f"{directory}/{BATCH_FILE} holds no batch of samples")
-    return trajectory, summaries
+    return batch
 
 
 def holds_in_flight(directory: str) -> bool:

@@ -18,6 +18,7 @@ from algorithm.warmup import is_critic_warmup
 from checkpoint.boundary import CommittedBoundary, boundary_name, boundary_path, clear_for_commit
 from configs.schema import PPOConfig
 from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
+from contracts.scored_batch import ScoredBatch
 from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from placement.plan import TRAINER_ROLES
 from checkpoint.role_layout import BASE_MODEL_KEY
@@ -52,16 +53,12 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Batch:
+class Batch(ScoredBatch[Any]):
     """One iteration's samples, queued: generated and scored, with the summaries its
     metrics row reports. One step off, the next iteration's batch is queued during this
     one (S-ASYNC-1) and its rollout stage's metrics are kept here until its row."""
 
     iteration: int
-    trajectory: Any
-    data_summary: Any
-    rollout_summary: Any
-    reward_summary: Any
     rollout_record: dict[str, float] | None = None  # its finished rollout stage: metrics and time
     started_rollout: Any = None  # one step off: its rollout stage, started beside the iteration before
 
@@ -169,7 +166,7 @@ def queue_batch(run: Runner, roles: Roles, config: PPOConfig, iteration: int, po
     prompts, data_summary = run.call(roles.data.next_batch, iteration, config.rl.batch_size, returns=2)
     trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
     trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
-    return Batch(iteration, trajectory, data_summary, rollout_summary, reward_summary)
+    return Batch(trajectory, data_summary, rollout_summary, reward_summary, iteration=iteration)
 
 
 def queue_ahead(run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int) -> Batch | None:
@@ -215,8 +212,8 @@ def held_batch(run: Runner, roles: Roles, boundary: str, iteration: int) -> Batc
     folder = f"{boundary}/{IN_FLIGHT_DIR}"
     if not holds_in_flight(folder):
         return None
-    trajectory, data_summary, rollout_summary, reward_summary = run.call(roles.replay.load_in_flight, folder, returns=4)
-    return Batch(iteration + 1, trajectory, data_summary, rollout_summary, reward_summary)
+    parts = run.call(roles.replay.load_in_flight, folder, returns=ScoredBatch.PARTS)
+    return Batch(*parts, iteration=iteration + 1)
 
 
 @dataclass
@@ -307,10 +304,7 @@ def save_on_cadence(
         saves = rank_saves(run, roles, boundary)
         saves["data"] = run.call(roles.data.save, f"{boundary}/data")
         if ahead is not None:  # S-ASYNC-3: resume trains on this very batch, neither skipped nor regenerated
-            saves["in_flight"] = run.call(
-                roles.replay.save_in_flight, f"{boundary}/{IN_FLIGHT_DIR}", ahead.trajectory, ahead.data_summary,
-                ahead.rollout_summary, ahead.reward_summary,
-            )
+            saves["in_flight"] = run.call(roles.replay.save_in_flight, f"{boundary}/{IN_FLIGHT_DIR}", *ahead.parts())
         loop_state: dict[str, Any] = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4
         if config.rl.rollout.max_staleness:  # recorded one step off only: absent means synchronous
             loop_state["max_staleness"] = config.rl.rollout.max_staleness

@@ -13,11 +13,9 @@ from typing import Any
 
 from configs.schema import PPOConfig
 from checkpoint.in_flight import load_in_flight, save_in_flight
+from contracts.scored_batch import ScoredBatch
 from contracts.experience import ExperienceReceipt, prune_experience, sample_rows, write_experience
 from contracts.trajectory import PPOTargets, Trajectory, batch_identity
-
-
-IN_FLIGHT_SUMMARIES = ("data", "rollout", "reward")
 
 
 class ReplayRole:
@@ -47,13 +45,10 @@ class ReplayRole:
             removed=removed,
         )
 
-    def save_in_flight(
-        self, directory: str, trajectory: Trajectory, *summaries: dict[str, Any]
-    ) -> dict[str, Any]:
+    def save_in_flight(self, directory: str, *parts: Any) -> dict[str, Any]:
         """The next iteration's scored batch into a one-step-off boundary (S-ASYNC-3),
-        with the summaries of the stages that made it: (data, rollout, reward)."""
-        return save_in_flight(directory, trajectory, dict(zip(IN_FLIGHT_SUMMARIES, summaries)))
+        given as its `ScoredBatch.parts()`."""
+        return save_in_flight(directory, ScoredBatch(*parts))
 
-    def load_in_flight(self, directory: str) -> tuple[Trajectory, dict[str, Any], dict[str, Any], dict[str, Any]]:
-        trajectory, summaries = load_in_flight(directory)
-        return trajectory, *(summaries[name] for name in IN_FLIGHT_SUMMARIES)
+    def load_in_flight(self, directory: str) -> tuple[Any, ...]:
+        return load_in_flight(directory).parts()

@@ -32,7 +32,7 @@ def test_a_stopped_one_step_off_run_resumes_to_the_uninterrupted_run(tiny_overri
     config = load_config(TINY_PROFILE, tiny_overrides + ONE_STEP_OFF + ["job.name=split"])
     paths = RunPaths.for_config(config)
     run_in_process(config, max_steps=2, paths=paths)  # stops after the commit of iteration 2
-    in_flight, _ = load_in_flight(f"{paths.checkpoints}/iter_000002/in_flight")
+    in_flight = load_in_flight(f"{paths.checkpoints}/iter_000002/in_flight").trajectory
     assert (in_flight.iteration, in_flight.policy_version) == (3, 1)  # generated during 2, with 1's weights
     _, resumed_roles = run_in_process(config, paths=paths, resume=True)
 
