@@ -1,4 +1,4 @@
-"""Is PostgreSQL a better home for a team's Prefect server than SQLite? (S-TEAM-1)
+"""Is PostgreSQL a better home for a team's Prefect server than SQLite?
 
 For each database, one after the other: `deployments/serve.sh` brings up the stack
 (`PPO_PREFECT_DB=sqlite` or `postgres`, a fresh state folder under /tmp, 127.0.0.1),
@@ -355,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(model_folder, ignore_errors=True)
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores\n")
     print(table(rows, args.stall_seconds))
+    for r in rows:  # Ray's own ports: a run's local Ray binds every interface (DESIGN.md)
+        listening = ", ".join(r.listening_beyond_loopback) or "none"
+        print(f"{r.database}: the stack's TCP listeners beyond loopback: {listening}")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
     return 0
