@@ -64,3 +64,27 @@ def throwaway_cluster(pg_bin: Path = PG_BIN) -> Iterator[str]:
             subprocess.run(_as_postgres([str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
                            capture_output=True, timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def execute(database_url: str, *statements: str) -> None:
+    """Runs `statements` on the cluster as the URL's user (the cluster's superuser for
+    a throwaway one): `ANALYZE`, or a setting changed and reloaded."""
+    import asyncio
+    from urllib.parse import unquote, urlsplit
+
+    import asyncpg
+
+    parts = urlsplit(database_url)
+
+    async def run() -> None:
+        connection = await asyncpg.connect(
+            host=parts.hostname, port=parts.port, user=parts.username, password=unquote(parts.password or ""),
+            database=parts.path.lstrip("/"),
+        )
+        try:
+            for statement in statements:
+                await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(run())

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.local_postgres import throwaway_cluster
+from bench.local_postgres import execute, throwaway_cluster
 from cli.environment import DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -338,6 +338,11 @@ class Figures:
     block_graph_status: int = 0
     run_page: PageLoad | None = None
     block_page: PageLoad | None = None
+    # --diagnose-graph: (run, block) graph call seconds again after the pages, after
+    # ANALYZE, and after PostgreSQL's JIT compilation is switched off
+    graph_again_s: tuple[float, float] | None = None
+    graph_analyzed_s: tuple[float, float] | None = None
+    graph_without_jit_s: tuple[float, float] | None = None
     loadavg_after: str = ""
 
 
@@ -347,7 +352,7 @@ def loadavg() -> str:
 
 def measure(
     iterations: int, block: int, api: str, model_dir: str, screenshots: Path | None,
-    database: str = "sqlite", server_start_s: float = 0.0,
+    database: str = "sqlite", server_start_s: float = 0.0, diagnose_url: str | None = None,
 ) -> Figures:
     from uuid import UUID
 
@@ -389,6 +394,17 @@ def measure(
         figures.run_page = load_page(f"{ui}/runs/flow-run/{run_id}", shot("run"))
         if middle is not None:
             figures.block_page = load_page(f"{ui}/runs/flow-run/{middle.id}", shot("block"))
+    if diagnose_url and middle is not None:
+        def graphs() -> tuple[float, float]:
+            return (timed_get(api, f"/flow_runs/{run_id}/graph-v2")[0],
+                    timed_get(api, f"/flow_runs/{middle.id}/graph-v2")[0])
+
+        figures.graph_again_s = graphs()
+        execute(diagnose_url, "ANALYZE")
+        figures.graph_analyzed_s = graphs()
+        execute(diagnose_url, "ALTER SYSTEM SET jit = off", "SELECT pg_reload_conf()")
+        time.sleep(2)  # the server's pooled connections read the reloaded setting at their next query
+        figures.graph_without_jit_s = graphs()
     figures.loadavg_after = loadavg()
     return figures
 
@@ -420,6 +436,16 @@ def table(rows: list[Figures]) -> str:
             f"{r.block_graph_s * 1000:.0f} ms, {r.block_graph_kb:.0f} KB (HTTP {r.block_graph_status}) | "
             f"{page(r.run_page)} | {page(r.block_page)} | {r.loadavg_before} → {r.loadavg_after} |"
         )
+    def ms(pair: tuple[float, float] | None) -> str:
+        return "-" if pair is None else f"{pair[0] * 1000:.0f} / {pair[1] * 1000:.0f} ms"
+
+    for r in rows:
+        if r.graph_again_s is not None:
+            lines.append(
+                f"\n{r.database}, {r.iterations:,} iterations, graph calls (run / block) again after the pages "
+                f"{ms(r.graph_again_s)}; after ANALYZE {ms(r.graph_analyzed_s)}; with jit = off "
+                f"{ms(r.graph_without_jit_s)}"
+            )
     return "\n".join(lines)
 
 
@@ -436,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-server", action="store_true", help="leave the server running (prints its address)")
     parser.add_argument("--database", nargs="+", choices=["sqlite", "postgres"], default=["sqlite"],
                         help="the server's database: SQLite in its home, or a throwaway PostgreSQL 15 cluster")
+    parser.add_argument("--diagnose-graph", action="store_true",
+                        help="on PostgreSQL, time the graph calls again, after ANALYZE and with jit = off")
     args = parser.parse_args(argv)
     if args.block is None:
         from configs.schema import JobConfig
@@ -461,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for iterations in args.iterations:
                     rows.append(measure(
-                        iterations, args.block, api, str(work / "model"), args.screenshots, database, server_start_s
+                        iterations, args.block, api, str(work / "model"), args.screenshots, database, server_start_s,
+                        database_url if args.diagnose_graph else None,
                     ))
                     print(table(rows[-1:]), flush=True)
             finally:
