@@ -81,7 +81,9 @@ test-gpu-env:
 # GPU install's nixl-cu13, which loads on a machine without a GPU too). First the
 # resolver's proof (.ci/lock_gpu.py --check, about 5 min: pip resolves those requirements
 # on PyPI with the lock as constraints, and must arrive at exactly the lock); then two
-# iterations and a resume to iteration 3 (.ci/gpu_lock_proof.py); on success it rewrites
+# iterations and a resume to iteration 3 (.ci/gpu_lock_proof.py), on the run's own SQLite
+# and again against that environment's Prefect server on a throwaway PostgreSQL 15 cluster
+# (its binaries required: PPO_PG_BIN, default /usr/lib/postgresql/15/bin); on success it rewrites
 # docs/gpu-lock-proof.txt, the record tests/pure/test_locks.py compares with requirements-gpu.lock.
 GPU_LOCK_VENV ?= /tmp/ppo-gpu-lock-versions-venv
 

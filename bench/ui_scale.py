@@ -20,6 +20,11 @@ API calls it made and its slowest call.
     .venv/bin/python -m bench.ui_scale                        # N = 100, 1000, 5000
     .venv/bin/python -m bench.ui_scale --iterations 100 1000 --block 50 --json /tmp/ui.json
     .venv/bin/python -m bench.ui_scale --iterations 100 --screenshots docs/images
+    .venv/bin/python -m bench.ui_scale --iterations 1000 --database sqlite postgres
+
+`--database postgres` serves from a throwaway PostgreSQL 15 cluster
+(bench/local_postgres.py) instead of SQLite under the server's home; with both, each
+database gets its own server, one after the other, and the table a row per database.
 
 Needs Debian's `chromium` for the page loads (`apt-get install -y chromium`);
 without it the page columns are empty.
@@ -37,10 +42,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.local_postgres import execute, throwaway_cluster
 from cli.environment import DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +95,19 @@ class ReplayedRoles:
 
     def ranks(self, role: str) -> list[Any]:
         return [self._roles[role]]
+
+    # One rank of each, as flows/in_process_roles.py InProcessRoles answers.
+    def policy_ranks(self) -> list[Any]:
+        return [self._roles["policy"]]
+
+    def critic_ranks(self) -> list[Any]:
+        return [self._roles["critic"]]
+
+    def reference_ranks(self) -> list[Any]:
+        return [self._roles["reference"]]
+
+    def engines(self) -> list[Any]:
+        return [self._roles["rollout"]]
 
 
 def run_flow(iterations: int, block: int, model_dir: str, out: str) -> None:
@@ -143,7 +163,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(home: Path, port: int, log: Path) -> subprocess.Popen:
+def start_server(home: Path, port: int, log: Path, database_url: str | None = None) -> subprocess.Popen:
     env = {
         **os.environ,
         **{k: v for k, v in DEFAULTS.items() if k.startswith("PREFECT_")},  # the project's server settings
@@ -152,6 +172,8 @@ def start_server(home: Path, port: int, log: Path) -> subprocess.Popen:
         "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
     }
     env.pop("PREFECT_API_URL", None)
+    if database_url:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
     process = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
@@ -195,12 +217,16 @@ class PageLoad:
     failed_calls: list[str] = field(default_factory=list)
 
 
-def load_page(url: str, screenshot: Path | None = None, watch_s: float = 20.0, limit_s: float = 180.0) -> PageLoad:
+def load_page(
+    url: str, screenshot: Path | None = None, watch_s: float = 20.0, limit_s: float = 180.0,
+    requests: list[dict[str, Any]] | None = None,
+) -> PageLoad:
     """Open `url` in headless Chromium (DevTools protocol). The page is settled when
     its graph call (`/graph-v2`) and every API call sent before it have answered: the
     run's graph and header are drawn. The page refetches while open, so its API calls
     are counted over `watch_s` (or until settled, if later): how many, their bytes,
-    the slowest (request to last byte)."""
+    the slowest (request to last byte). `requests`, when given, receives each API call
+    the page made (method, URL, body): what bench/team_database.py replays."""
     import base64
 
     import httpx
@@ -251,6 +277,9 @@ def load_page(url: str, screenshot: Path | None = None, watch_s: float = 20.0, l
                     if event == "Network.requestWillBeSent" and "/api/" in params["request"]["url"]:
                         sent[params["requestId"]] = (params["timestamp"], params["request"]["url"])
                         open_api.add(params["requestId"])
+                        if requests is not None:
+                            request = params["request"]
+                            requests.append({key: request.get(key) for key in ("method", "url", "postData")})
                     elif (
                         event == "Network.responseReceived" and params["requestId"] in sent
                         and params["response"]["status"] >= 400
@@ -293,6 +322,8 @@ class Figures:
     iterations: int
     block: int
     loadavg_before: str
+    database: str = "sqlite"
+    server_start_s: float = 0.0
     flow_s_per_iteration: float = 0.0
     flow_ms_per_task_run: float = 0.0
     history_first_ms: float = 0.0
@@ -307,6 +338,11 @@ class Figures:
     block_graph_status: int = 0
     run_page: PageLoad | None = None
     block_page: PageLoad | None = None
+    # --diagnose-graph: (run, block) graph call seconds again after the pages, after
+    # ANALYZE, and after PostgreSQL's JIT compilation is switched off
+    graph_again_s: tuple[float, float] | None = None
+    graph_analyzed_s: tuple[float, float] | None = None
+    graph_without_jit_s: tuple[float, float] | None = None
     loadavg_after: str = ""
 
 
@@ -314,7 +350,10 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def measure(iterations: int, block: int, api: str, model_dir: str, screenshots: Path | None) -> Figures:
+def measure(
+    iterations: int, block: int, api: str, model_dir: str, screenshots: Path | None,
+    database: str = "sqlite", server_start_s: float = 0.0, diagnose_url: str | None = None,
+) -> Figures:
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -323,7 +362,7 @@ def measure(iterations: int, block: int, api: str, model_dir: str, screenshots: 
 
     from flows.recording import count_task_runs, run_flow_runs
 
-    figures = Figures(iterations, block, loadavg())
+    figures = Figures(iterations, block, loadavg(), database, server_start_s)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run(
             [sys.executable, "-m", "bench.ui_scale", "--flow", str(iterations), str(block), model_dir, out.name],
@@ -355,6 +394,17 @@ def measure(iterations: int, block: int, api: str, model_dir: str, screenshots: 
         figures.run_page = load_page(f"{ui}/runs/flow-run/{run_id}", shot("run"))
         if middle is not None:
             figures.block_page = load_page(f"{ui}/runs/flow-run/{middle.id}", shot("block"))
+    if diagnose_url and middle is not None:
+        def graphs() -> tuple[float, float]:
+            return (timed_get(api, f"/flow_runs/{run_id}/graph-v2")[0],
+                    timed_get(api, f"/flow_runs/{middle.id}/graph-v2")[0])
+
+        figures.graph_again_s = graphs()
+        execute(diagnose_url, "ANALYZE")
+        figures.graph_analyzed_s = graphs()
+        execute(diagnose_url, "ALTER SYSTEM SET jit = off", "SELECT pg_reload_conf()")
+        time.sleep(2)  # the server's pooled connections read the reloaded setting at their next query
+        figures.graph_without_jit_s = graphs()
     figures.loadavg_after = loadavg()
     return figures
 
@@ -371,19 +421,31 @@ def table(rows: list[Figures]) -> str:
         )
 
     lines = [
-        "| iterations (block) | flow per iteration / per task run | history per iteration, first / last tenth | "
+        "| database (server start) | iterations (block) | flow per iteration / per task run | "
+        "history per iteration, first / last tenth | "
         "task runs recorded / started | run graph | block graph | run page | block page | load avg before, after |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
-            f"| {r.iterations:,} ({r.block}) | {r.flow_s_per_iteration:.3f} s / {r.flow_ms_per_task_run:.1f} ms | "
+            f"| {r.database} ({r.server_start_s:.0f} s) | {r.iterations:,} ({r.block}) | "
+            f"{r.flow_s_per_iteration:.3f} s / {r.flow_ms_per_task_run:.1f} ms | "
             f"{r.history_first_ms:.0f} / {r.history_last_ms:.0f} ms | "
             f"{r.task_runs_recorded:,} / {r.task_runs_expected:,} | "
             f"{r.run_graph_s * 1000:.0f} ms, {r.run_graph_kb:.0f} KB (HTTP {r.run_graph_status}) | "
             f"{r.block_graph_s * 1000:.0f} ms, {r.block_graph_kb:.0f} KB (HTTP {r.block_graph_status}) | "
             f"{page(r.run_page)} | {page(r.block_page)} | {r.loadavg_before} → {r.loadavg_after} |"
         )
+    def ms(pair: tuple[float, float] | None) -> str:
+        return "-" if pair is None else f"{pair[0] * 1000:.0f} / {pair[1] * 1000:.0f} ms"
+
+    for r in rows:
+        if r.graph_again_s is not None:
+            lines.append(
+                f"\n{r.database}, {r.iterations:,} iterations, graph calls (run / block) again after the pages "
+                f"{ms(r.graph_again_s)}; after ANALYZE {ms(r.graph_analyzed_s)}; with jit = off "
+                f"{ms(r.graph_without_jit_s)}"
+            )
     return "\n".join(lines)
 
 
@@ -398,31 +460,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--screenshots", type=Path, default=None, help="write each run's and block's page here")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep-server", action="store_true", help="leave the server running (prints its address)")
+    parser.add_argument("--database", nargs="+", choices=["sqlite", "postgres"], default=["sqlite"],
+                        help="the server's database: SQLite in its home, or a throwaway PostgreSQL 15 cluster")
+    parser.add_argument("--diagnose-graph", action="store_true",
+                        help="on PostgreSQL, time the graph calls again, after ANALYZE and with jit = off")
     args = parser.parse_args(argv)
     if args.block is None:
         from configs.schema import JobConfig
 
         args.block = JobConfig().iterations_per_block
 
-    work = Path(tempfile.mkdtemp(prefix="ppo-ui-scale-"))
-    port = free_port()
+    if args.keep_server and args.database != ["sqlite"]:
+        parser.error("--keep-server is for one SQLite server (a throwaway PostgreSQL is removed at the end)")
+
+    port = free_port()  # one address for every server, one after another: Prefect reads it once
     api = f"http://127.0.0.1:{port}/api"
     os.environ["PREFECT_API_URL"] = api  # before this process imports Prefect
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    started = time.monotonic()
-    server = start_server(work / "home", port, work / "server.log")
-    print(f"server: {api} up in {time.monotonic() - started:.0f} s (log {work / 'server.log'})", flush=True)
     rows = []
-    try:
-        for iterations in args.iterations:
-            rows.append(measure(iterations, args.block, api, str(work / "model"), args.screenshots))
-            print(table(rows[-1:]), flush=True)
-    finally:
-        if args.keep_server:
-            print(f"server left running: {api} (pid {server.pid})")
-        else:
-            server.terminate()
-            server.wait(timeout=60)
+    for database in args.database:
+        with ExitStack() as cleanup:
+            database_url = cleanup.enter_context(throwaway_cluster()) if database == "postgres" else None
+            work = Path(tempfile.mkdtemp(prefix=f"ppo-ui-scale-{database}-"))
+            started = time.monotonic()
+            server = start_server(work / "home", port, work / "server.log", database_url)
+            server_start_s = time.monotonic() - started
+            print(f"server on {database}: {api} up in {server_start_s:.0f} s (log {work / 'server.log'})", flush=True)
+            try:
+                for iterations in args.iterations:
+                    rows.append(measure(
+                        iterations, args.block, api, str(work / "model"), args.screenshots, database, server_start_s,
+                        database_url if args.diagnose_graph else None,
+                    ))
+                    print(table(rows[-1:]), flush=True)
+            finally:
+                if args.keep_server:
+                    print(f"server left running: {api} (pid {server.pid})")
+                else:
+                    server.terminate()
+                    server.wait(timeout=60)
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores\n")
     print(table(rows))
     if args.json:

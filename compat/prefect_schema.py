@@ -13,6 +13,12 @@ import sqlite3
 from pathlib import Path
 
 REVISION_LINE = re.compile(r'^revision\s*=\s*"([0-9a-f]+)"', re.MULTILINE)
+# Where a fresh database comes from: a file under PREFECT_HOME, or another PostgreSQL database.
+FRESH_DATABASE = {
+    "sqlite": "another PREFECT_HOME, or PPO_PREFECT_STATE_DIR for make serve",
+    "postgresql": "another database in PREFECT_SERVER_DATABASE_CONNECTION_URL, or another PPO_PREFECT_STATE_DIR "
+    "for make serve PPO_PREFECT_DB=postgres",
+}
 
 
 def installed_revisions(dialect: str) -> set[str]:
@@ -41,11 +47,11 @@ def newer_schema_problem(revision: str | None, dialect: str, database: str) -> s
     if revision is None or revision in installed_revisions(dialect):
         return None
     installed = importlib.metadata.version("prefect")
+    fresh = FRESH_DATABASE[dialect]
     return (
         f"{database} was written by a newer Prefect than the installed {installed} (its schema revision "
         f"{revision} is unknown to it), which cannot open it: run the Prefect that wrote it (the CPU lock, "
-        "requirements.lock, has a newer Prefect than the GPU lock), or start on a fresh database (another "
-        "PREFECT_HOME, or PPO_PREFECT_STATE_DIR for make serve)"
+        f"requirements.lock, has a newer Prefect than the GPU lock), or start on a fresh database ({fresh})"
     )
 
 

@@ -121,6 +121,9 @@ def test_gpu_lock_matches_the_recorded_proof():
     recorded = read_pins(PROOF)
     gpu = read_pins(GPU_LOCK)
     assert "resume: from" in text and "done: run gpu-lock-proof at policy_version 3" in text
+    # The same two runs against the lock's Prefect server on PostgreSQL (S-TEAM-1).
+    assert "done: run gpu-lock-proof-postgres at policy_version 3" in text
+    assert "both flow runs read back from that server: COMPLETED, COMPLETED" in text
     # The resolver's proof (.ci/lock_gpu.py --check) of this lock: as many pins as it has now.
     assert "# resolver:" in text and f"to exactly the lock's {len(gpu)} pins" in text
     assert recorded.get("torch", "").endswith("+cpu"), "the proof ran on torch's CPU build"

@@ -151,6 +151,33 @@ def test_a_database_written_by_a_newer_prefect_is_named_before_serve_starts_a_se
     assert not (tmp_path / "s" / "server.pid").exists()
 
 
+def test_a_postgresql_database_written_by_a_newer_prefect_is_named_by_host_and_port(monkeypatch):
+    """The PostgreSQL side of the check make serve runs first: the revision read from the
+    database (here from a stand-in for asyncpg's connection) is one this Prefect lacks."""
+    import asyncpg
+
+    from deployments.database import DatabaseUnavailable, check
+
+    class Connection:
+        async def fetchval(self, query: str) -> str:
+            assert query == "SELECT version_num FROM alembic_version"
+            return "fedcba987654"  # no Prefect release has it
+
+        async def close(self) -> None:
+            pass
+
+    async def connect(**kwargs) -> Connection:
+        assert kwargs["host"] == "db.example" and kwargs["password"] == "s3cret"
+        return Connection()
+
+    monkeypatch.setattr(asyncpg, "connect", connect)
+    with pytest.raises(DatabaseUnavailable) as raised:
+        check("postgresql+asyncpg://prefect:s3cret@db.example:6543/prefect", timeout_s=5)
+    message = str(raised.value)
+    assert message.startswith("the Prefect database 'prefect' at db.example:6543 was written by a newer Prefect")
+    assert "another database in PREFECT_SERVER_DATABASE_CONNECTION_URL" in message and "s3cret" not in message
+
+
 def test_the_temporary_api_names_a_database_written_by_a_newer_prefect(tmp_path):
     import sys
 
