@@ -19,10 +19,11 @@ from pathlib import Path
 
 from compat.prefect_compat import SERVER_ENV, standing_api_possible, temporary_api_supported
 from compat.prefect_schema import sqlite_database_problem
+from deployments.database import DatabaseUnavailable, check, connection_url
 from processes.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-DATABASE_URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+DATABASE_CHECK_TIMEOUT_S = 5.0  # the server has already exited: this only says why
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code for a failed start: a taken port (pick another) or a broken app
 
 
@@ -71,11 +72,17 @@ class TemporaryApi:
 
     def _database_problem(self) -> str | None:
         """Why Prefect's server could not start on its database, when this can tell: one
-        written by a newer Prefect (Prefect itself only exits)."""
-        if any(self.env.get(name) for name in DATABASE_URL_SETTINGS):  # a database of the user's own choosing
-            return None
-        home = Path(self.env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
-        return sqlite_database_problem(home)
+        written by a newer Prefect, or a PostgreSQL that is down or refuses the password
+        (Prefect itself only exits). Never the password."""
+        url = connection_url(self.env)
+        if url is None:
+            home = Path(self.env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+            return sqlite_database_problem(home)
+        try:
+            check(url, DATABASE_CHECK_TIMEOUT_S)
+        except DatabaseUnavailable as error:
+            return f"{error}; start it, or correct PREFECT_SERVER_DATABASE_CONNECTION_URL"
+        return None
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process.poll() is None:

@@ -190,3 +190,22 @@ def test_the_temporary_api_names_a_database_written_by_a_newer_prefect(tmp_path)
     with pytest.raises(TemporaryApiFailed, match=r"exited with code 3 while starting: the Prefect database .* "
                                                  r"was written by a newer Prefect"):
         api.wait_until_up(timeout_s=5)
+
+
+def test_the_temporary_api_names_a_postgresql_that_is_down_by_host_and_port_never_the_password(tmp_path):
+    """A command-line run whose settings name a team's PostgreSQL (S-TEAM-1): the server
+    exits, and the line says which database and why, not only the exit code."""
+    import sys
+
+    from processes.temporary_api import TemporaryApi, TemporaryApiFailed, free_loopback_port
+
+    closed = free_loopback_port()  # nothing listens there
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    exited.wait()
+    env = {"PREFECT_SERVER_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://prefect:s3cret@127.0.0.1:{closed}/prefect"}
+    api = TemporaryApi(exited, free_loopback_port(), [sys.executable], env)
+    with pytest.raises(TemporaryApiFailed) as raised:
+        api.wait_until_up(timeout_s=5)
+    message = str(raised.value)
+    assert f"the Prefect database 'prefect' at 127.0.0.1:{closed} is not reachable" in message
+    assert "PREFECT_SERVER_DATABASE_CONNECTION_URL" in message and "s3cret" not in message
