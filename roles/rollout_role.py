@@ -16,8 +16,8 @@ from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
 from contracts.trajectory import PromptBatch, Trajectory
 from trainer.runtime import configure_torch_threads
-from trainer.nixl_transport import WeightTransferError
-from trainer.weight_publication import WeightPublication
+from weights.publication import WeightPublication
+from weights.receive import receive
 
 
 class StalePolicyError(RuntimeError):
@@ -202,19 +202,11 @@ class RolloutRole:
         A publication that misses a weight or carries one twice is refused before any
         is copied, and the engine keeps its version."""
         started = time.perf_counter()
-        receiver = f"rollout engine {self.rank}"
-        published.check_covers(self.engine.weight_names(), receiver)
-        if published.transport == "nixl":  # S-XFER-1: every bucket's header is checked against this version
-            stale = [bucket.version for bucket in published.stored if bucket.version != policy_version]
-            if stale:
-                raise WeightTransferError(
-                    f"weight sync over nixl: {receiver} was handed buckets of policy_version {stale[0]} "
-                    f"as policy_version {policy_version}"
-                )
         # Over NIXL a stalled read fails this engine by name before the stage's own timeout.
         timeout = self.config.rl.stage_timeout_seconds
-        buckets = published.fetch(
-            receiver, timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
+        buckets = receive(
+            published, policy_version, f"rollout engine {self.rank}", self.engine.weight_names(),
+            timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
             owned=getattr(self.engine, "keeps_buckets", True),
         )
         received = self.engine.load_weights(buckets)

@@ -22,7 +22,7 @@ from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_me
 from views.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
-from trainer.nixl_package import unavailable_reason
+from weights.nixl_package import unavailable_reason
 
 
 @dataclass(frozen=True)

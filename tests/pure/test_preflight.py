@@ -142,7 +142,7 @@ def test_one_step_off_on_gpus_needs_the_engines_on_gpus_of_their_own():
 def test_nixl_that_cannot_load_is_refused_before_anything_starts(monkeypatch):
     """S-XFER-1: a machine without a loadable NIXL is told so by the key, with the
     package each name gave; the object store needs nothing."""
-    from trainer import nixl_package
+    from weights import nixl_package
 
     monkeypatch.setattr(nixl_package, "MODULES", ("nixl_not_installed_here",))
     config = load_config(TINY_PROFILE, ["rl.weight_sync_transport=nixl"])
