@@ -202,6 +202,8 @@ def labelled_actors(roles: Any) -> dict[str, Any]:
         ranks = roles.ranks(role)
         for rank, handle in enumerate(ranks):
             labelled[actor_label(role, rank, len(ranks))] = handle
+    if getattr(roles, "fleet", None) is not None:
+        labelled["rollout fleet"] = roles.fleet
     return labelled
 
 

@@ -262,7 +262,7 @@ def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> 
     the reward role (S-OPS-2). Nothing here moves the data cursor or any sampling
     stream training uses, so evaluating never changes training."""
     prompts = run.call(roles.data.validation_batch, iteration)
-    trajectory, summary = run.call(roles.rollout.evaluate, prompts, policy_version, returns=2)
+    trajectory, summary = run.call(roles.engines()[0].evaluate, prompts, policy_version, returns=2)
     scores = run.call(roles.reward.score_validation, trajectory)
     return run.stage(stages.evaluate, iteration, summary, scores)
 
