@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from configs.schema import PPOConfig
 from contracts.generated_rows import check_generated
 from contracts.rollout_faults import FAULT_EVENTS, LOST_KEY, REPLACE_SECONDS_KEY
 from contracts.trajectory import PromptBatch, Trajectory
 from placement.nodes import actor_whereabouts, node_addresses, node_name
+from weights.nixl_transport import WeightTransferError
 from weights.publication import WeightPublication
 from weights.transport import deliver
 
@@ -57,6 +58,9 @@ class Engine:
     node: str  # as users read it
     outstanding: int = 0  # calls queued on it and not yet answered
     lost: bool = False
+    # A replacement that could not read the current version (over NIXL the policy may
+    # have staged the next one meanwhile): it serves no shard until the next load.
+    behind: bool = False
 
 
 @dataclass
@@ -135,8 +139,8 @@ class RolloutFleet:
             deadline = float("inf") if self.timeout_s is None else now + self.timeout_s * engine.outstanding
             calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, event)
 
-        for engine in self.engines:  # shard i on engine i; a lost one's on a survivor
-            submit(engine.rank, engine if not engine.lost else self._least_busy())
+        for engine in self.engines:  # shard i on engine i; a lost or lagging one's on a survivor
+            submit(engine.rank, engine if self._serves(engine) else self._least_busy())
         done: dict[int, ShardCall] = {}
         while calls:
             wait_s = min(call.deadline for call in calls.values()) - time.monotonic()
@@ -180,6 +184,7 @@ class RolloutFleet:
             except (RayActorError, GetTimeoutError) as error:
                 self._lose(engine, _why(error, self.timeout_s), self.carried, {})
                 continue
+            engine.behind = False
             metrics = metrics if metrics is not None else answer
         self._finish_replacements(self.carried)
         if metrics is None:  # every engine was replaced: the first replacement's load answers
@@ -201,8 +206,12 @@ class RolloutFleet:
 
     # --- losing and replacing an engine ------------------------------------------
 
+    @staticmethod
+    def _serves(engine: Engine) -> bool:
+        return not engine.lost and not engine.behind
+
     def _live(self) -> list[Engine]:
-        live = [engine for engine in self.engines if not engine.lost]
+        live = [engine for engine in self.engines if self._serves(engine)]
         if not live:
             raise RolloutEngineLost(f"every rollout engine is lost ({len(self.engines)} of {len(self.engines)})")
         return live
@@ -223,7 +232,7 @@ class RolloutFleet:
                 f"lost {what}; the run has already replaced {self.replaced} engine(s) "
                 f"(rl.rollout.max_engine_replacements={self.max_replacements})"
             )
-        if not [other for other in self.engines if not other.lost]:
+        if not [other for other in self.engines if self._serves(other)]:
             raise RolloutEngineLost(f"every rollout engine is lost ({len(self.engines)} of {len(self.engines)}); "
                                     f"the last was {what}")
         self.replaced += 1
@@ -276,16 +285,25 @@ class RolloutFleet:
             replacement = self.pending.pop(0)
             handle, lost = replacement.handle, replacement.lost
             ray.get(handle.ready.remote(), timeout=self.ready_timeout_s)
+            version, behind = 0, False
             if self.published is not None:
                 published, version = self.published
-                ray.get(deliver(published, version, [handle], _remote), timeout=self.ready_timeout_s)
+                try:
+                    ray.get(deliver(published, version, [handle], _remote), timeout=self.ready_timeout_s)
+                except RayTaskError as error:
+                    if not isinstance(error.cause, WeightTransferError):
+                        raise
+                    behind = True  # the policy staged a newer version over it: the next load brings that one
             seconds = time.monotonic() - replacement.started
             faults.replace_seconds += seconds
-            lost.handle, lost.lost, lost.outstanding = handle, False, 0
+            lost.handle, lost.lost, lost.behind, lost.outstanding = handle, False, behind, 0
             self._locate([lost])
-            version = self.published[1] if self.published is not None else 0
+            serving = (
+                f"waits for the next weight sync (policy_version {version} was replaced before it could read it)"
+                if behind else f"is serving policy_version {version}"
+            )
             faults.events.append([
-                "info", f"replacement rollout engine {lost.rank} is serving policy_version {version} on {lost.node} "
+                "info", f"replacement rollout engine {lost.rank} {serving} on {lost.node} "
                 f"({seconds:.1f} s after the loss)",
             ])
 

@@ -9,13 +9,14 @@ engine, both transports, one step off, the hang and the bounds run under -m slow
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
 import pytest
 
 from tests.conftest import TINY_PROFILE
-from tests.support.elastic import assert_same_run, fault_inside_generate
+from tests.support.elastic import assert_same_run, fault_inside_generate, release
 from tests.support.helpers import metric_records
 
 TWO_ENGINES = ["grid.cpu_rollout_engines=2", "rl.max_steps=3", "rl.save_every=2"]
@@ -59,9 +60,19 @@ def _killed_run(tiny_overrides, tmp_path, engine: int, iteration: int, *extra: s
 
 @pytest.mark.parametrize("engine", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_an_engine_killed_inside_generate_costs_a_shard_and_the_run_ends_like_its_twin(
-    engine, twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+    engine, twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
 ):
     run_dir, summary, seconds = _killed_run(tiny_overrides, tmp_path, engine, 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "lost rollout" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    survivor = 1 - engine
+    assert re.match(
+        rf"lost rollout engine {engine} on node \w+ \(.*\): its process is gone .*; iteration 2: shard {engine} of 2 "
+        rf"generated again on rollout engine {survivor} \([0-9.]+ s into the shard\), done after [0-9.]+ s more",
+        warnings[0],
+    ), warnings[0]
+    assert any(f"replacement rollout engine {engine} is serving policy_version 1" in r.getMessage()
+               for r in caplog.records)
     print(f"\nengine {engine} killed inside generate of iteration 2: run took {seconds:.1f} s")
     assert summary["policy_version"] == 3 and not summary.get("resumed_from")  # the same flow run throughout
     rows = metric_records(run_dir)
@@ -69,3 +80,152 @@ def test_an_engine_killed_inside_generate_costs_a_shard_and_the_run_ends_like_it
     assert rows[1]["fault/rollout_replace_seconds"] > 0 and rows[0]["fault/rollout_replace_seconds"] == 0.0
     assert all(r["rollout/engines"] == 2.0 for r in rows)
     assert_same_run(run_dir, twins())
+
+
+# -m slow: the exactness matrix (S-ELASTIC-1: both transports, synchronous and one step
+# off, engine 0 and engine k>0), a kill at a random moment, the hang, and the bounds.
+NIXL = ["grid.gpu_placement=disaggregated", "rl.weight_sync_transport=nixl", "rl.rollout.weight_sync_bucket_mib=0.05"]
+ONE_STEP_OFF = ["rl.rollout.max_staleness=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", [0, 1])
+@pytest.mark.parametrize("transport", ["object_store", "nixl"])
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_exact_after_a_kill_inside_generate_for_each_transport_and_staleness(
+    engine, transport, staleness, twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    """One step off, iteration 3's batch is generated while iteration 2 trains and is
+    the in-flight batch boundary 2 holds: the kill hits exactly that generation."""
+    extra = tuple((NIXL if transport == "nixl" else []) + (ONE_STEP_OFF if staleness else []))
+    at = 3 if staleness else 2
+    run_dir, summary, seconds = _killed_run(tiny_overrides, tmp_path, engine, at, *extra)
+    print(f"\nengine {engine}, {transport}, staleness {staleness}, iteration {at}: {seconds:.1f} s")
+    assert summary["policy_version"] == 3 and not summary.get("resumed_from")
+    lost = [r["fault/rollout_engines_lost"] for r in metric_records(run_dir)]
+    assert lost == [0.0] * (at - 1) + [1.0] + [0.0] * (3 - at)
+    assert_same_run(run_dir, twins(*extra))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["object_store", "nixl"])
+def test_a_kill_at_a_random_moment_ends_like_the_twin(
+    transport, twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    """Engine 1 SIGKILLed at a moment drawn at random during the run: in generate, in a
+    weight load, or idle between calls; whichever call meets the dead engine next
+    replaces it."""
+    import random
+    import threading
+
+    import ray
+
+    from flows.training import ppo
+    from tests.support.helpers import run_actor
+
+    extra = tuple(NIXL if transport == "nixl" else [])
+    name = f"random-{transport}"
+    moment = random.Random().uniform(0.0, 2.0)
+    hit = {}
+
+    def kill_later():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            rows = tmp_path / "outputs" / name / "metrics.jsonl"
+            if rows.exists() and rows.read_text().strip():  # iteration 1 done: every engine holds weights
+                time.sleep(moment)
+                handle = run_actor(name, "rollout-rank1")
+                hit["pid"] = ray.get(handle.__ray_call__.remote(lambda self: __import__("os").getpid()))
+                __import__("os").kill(hit["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_later, daemon=True).start()
+    summary = ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name, "rl.max_steps=3", *extra))
+    print(f"\nengine 1 killed {moment:.2f} s after iteration 1's row ({transport})")
+    assert hit.get("pid") and not summary.get("resumed_from")
+    rows = metric_records(tmp_path / "outputs" / name)
+    assert sum(r["fault/rollout_engines_lost"] for r in rows) <= 1.0  # a kill after the last call costs nothing
+    assert_same_run(tmp_path / "outputs" / name, twins(*extra))
+
+
+@pytest.mark.slow
+def test_a_hung_engine_is_found_within_its_deadline_killed_named_and_replaced(
+    twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
+):
+    from flows.training import ppo
+    from tests.support.elastic import alive
+
+    name = "elastic-hang"
+    engine_timeout = 5
+    fault = fault_inside_generate(name, 1, 2, signal.SIGSTOP)
+    try:
+        ppo(profile=TINY_PROFILE, overrides=_overrides(
+            tiny_overrides, name, f"rl.rollout.engine_timeout_seconds={engine_timeout}"))
+        lost = [r.getMessage() for r in caplog.records if "lost rollout engine 1" in r.getMessage()]
+        assert lost and f"no answer within {engine_timeout} s (rl.rollout.engine_timeout_seconds)" in lost[0], lost
+        shard = re.search(r"\(([0-9.]+) s into the shard\)", lost[0])
+        assert shard and engine_timeout <= float(shard.group(1)) < engine_timeout + 5, lost[0]
+        deadline = time.monotonic() + 30
+        while alive(fault.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(fault.pid)  # killed, not left stopped
+        assert_same_run(tmp_path / "outputs" / name, twins())
+    finally:
+        release(fault.pid)
+
+
+@pytest.mark.slow
+def test_without_elasticity_a_hung_engine_k_is_the_one_named_and_killed(
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    """Before, engine 0 (whose gather waits for every shard) was named and killed."""
+    from flows.failures import StageFailed
+    from flows.training import ppo
+
+    name = "inelastic-hang"
+    fault = fault_inside_generate(name, 1, 2, signal.SIGSTOP)
+    overrides = _overrides(tiny_overrides, name, "rl.rollout.max_engine_replacements=0", "rl.stage_timeout_seconds=10")
+    try:
+        with pytest.raises(StageFailed) as caught:
+            ppo(profile=TINY_PROFILE, overrides=overrides)
+        assert str(caught.value).startswith("rollout[iter=2] failed: StageTimeout: no result from the rollout rank 1 "
+                                            "actor within 10 s"), str(caught.value)
+        rows = metric_records(tmp_path / "outputs" / name)
+        assert not any(key.startswith("fault/") for key in rows[0])  # elasticity off: no fault keys, no fleet
+    finally:
+        release(fault.pid)
+
+
+@pytest.mark.slow
+def test_losing_more_engines_than_the_bound_fails_the_stage_by_name(
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    from flows.failures import StageFailed
+    from flows.training import ppo
+
+    name = "elastic-bound"
+    fault_inside_generate(name, 1, 1, signal.SIGKILL)
+    fault_inside_generate(name, 0, 2, signal.SIGKILL)
+    with pytest.raises(StageFailed) as caught:
+        ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name, "rl.rollout.max_engine_replacements=1"))
+    assert re.match(
+        r"rollout\[iter=2\] failed: RolloutEngineLost: lost rollout engine 0 on node .*: its process is gone .*; "
+        r"the run has already replaced 1 engine\(s\) \(rl.rollout.max_engine_replacements=1\)", str(caught.value)
+    ), str(caught.value)
+
+
+@pytest.mark.slow
+def test_losing_every_engine_fails_the_stage_by_name(
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    from flows.failures import StageFailed
+    from flows.training import ppo
+
+    name = "elastic-all"
+    fault_inside_generate(name, 0, 2, signal.SIGKILL)
+    fault_inside_generate(name, 1, 2, signal.SIGKILL)
+    with pytest.raises(StageFailed) as caught:
+        ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name))
+    assert re.match(r"rollout\[iter=2\] failed: RolloutEngineLost: every rollout engine is lost \(2 of 2\)",
+                    str(caught.value)), str(caught.value)
