@@ -17,6 +17,15 @@ class GeneratedRowError(RuntimeError):
     or non-finite one."""
 
 
+class AbortedGeneration(GeneratedRowError):
+    """The engine gave up on one request (vLLM's finish_reason "abort"): `position` is
+    its place in the engine's batch, which the rollout role turns into the row id."""
+
+    def __init__(self, position: int):
+        self.position = position
+        super().__init__(f"the engine aborted the request at batch position {position}")
+
+
 def check_generated(trajectory: Trajectory, row_ids: Sequence[int]) -> None:
     """Refuse `trajectory` unless it carries `row_ids` in order, every row with a token."""
     got = list(trajectory.prompts.row_ids)

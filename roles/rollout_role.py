@@ -14,6 +14,7 @@ from data.packer_choice import build_packer
 from models.model_io import ensure_model, load_tokenizer
 from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
+from contracts.generated_rows import AbortedGeneration, GeneratedRowError, check_generated
 from contracts.trajectory import PromptBatch, Trajectory
 from trainer.runtime import configure_torch_threads
 from weights.publication import WeightPublication
@@ -119,7 +120,14 @@ class RolloutRole:
         # Per iteration and shard: a resumed run samples what the uninterrupted one
         # did, and no two engines draw the same stream.
         seed = self.config.job.seed * 1_000_003 + prompts.iteration + 7_919 * shard
-        trajectory, seconds = self._sample(prompts, required_version, seed, greedy=False)
+        try:
+            trajectory, seconds = self._sample(prompts, required_version, seed, greedy=False)
+        except AbortedGeneration as aborted:
+            raise GeneratedRowError(
+                f"iteration {prompts.iteration}: the engine aborted row {prompts.row_ids[aborted.position]} "
+                f"(shard {shard} of {shards}, position {aborted.position}); a failed generation is never trained on"
+            ) from aborted
+        check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3
         lengths = trajectory.response_mask.sum(dim=1)
         return trajectory, {
             "rollout/response_length_mean": float(lengths.mean()),

@@ -125,28 +125,33 @@ def test_a_kill_at_a_random_moment_ends_like_the_twin(
 
     extra = tuple(NIXL if transport == "nixl" else [])
     name = f"random-{transport}"
-    moment = random.Random().uniform(0.0, 2.0)
+    steps = 5
+    moment = random.Random().uniform(0.0, 1.0)
     hit = {}
 
     def kill_later():
+        rows = tmp_path / "outputs" / name / "metrics.jsonl"
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            rows = tmp_path / "outputs" / name / "metrics.jsonl"
             if rows.exists() and rows.read_text().strip():  # iteration 1 done: every engine holds weights
                 time.sleep(moment)
                 handle = run_actor(name, "rollout-rank1")
+                hit["rows"] = len(rows.read_text().splitlines())
                 hit["pid"] = ray.get(handle.__ray_call__.remote(lambda self: __import__("os").getpid()))
                 __import__("os").kill(hit["pid"], signal.SIGKILL)
                 return
             time.sleep(0.05)
 
     threading.Thread(target=kill_later, daemon=True).start()
-    summary = ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name, "rl.max_steps=3", *extra))
-    print(f"\nengine 1 killed {moment:.2f} s after iteration 1's row ({transport})")
+    overrides = _overrides(tiny_overrides, name, *extra) + [f"rl.max_steps={steps}"]
+    summary = ppo(profile=TINY_PROFILE, overrides=overrides)
+    print(f"\nengine 1 killed {moment:.2f} s after iteration 1's row, {hit.get('rows')} rows written ({transport})")
     assert hit.get("pid") and not summary.get("resumed_from")
     rows = metric_records(tmp_path / "outputs" / name)
-    assert sum(r["fault/rollout_engines_lost"] for r in rows) <= 1.0  # a kill after the last call costs nothing
-    assert_same_run(tmp_path / "outputs" / name, twins(*extra))
+    lost = sum(r["fault/rollout_engines_lost"] for r in rows)
+    # Killed before the second-last row, the last iteration's generate at least meets the dead engine.
+    assert lost == 1.0 if hit["rows"] <= steps - 2 else lost <= 1.0, (lost, hit)
+    assert_same_run(tmp_path / "outputs" / name, twins(*extra, f"rl.max_steps={steps}"))
 
 
 @pytest.mark.slow
