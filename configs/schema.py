@@ -452,12 +452,12 @@ class RolloutConfig(Section):
         "over the one that sampled the token), truncated at this cap (decoupled PPO).",
     )
     engine_timeout_seconds: float | None = Field(
-        600.0,
+        None,
         gt=0,
         description="With several engines: an engine call (a shard's generation, a weight load) that has not "
         "answered after this many seconds counts the engine as lost; it is killed, its shard generated again on "
-        "a surviving engine and the engine replaced. Keep it well below rl.stage_timeout_seconds; null: only a "
-        "dead engine process counts as lost.",
+        "a surviving engine and the engine replaced. Must be below rl.stage_timeout_seconds; null: a quarter of "
+        "rl.stage_timeout_seconds (no deadline when that is null either).",
     )
     max_engine_replacements: int = Field(
         3,

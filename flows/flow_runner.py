@@ -45,7 +45,6 @@ class FlowRunner:
         self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
         self._inputs: dict[Any, list[Any]] = {}  # a call's result -> the calls it takes as arguments
-        self._earlier_inputs: dict[Any, list[Any]] = {}
         labelled = labelled_actors(roles) if roles is not None else {}
         where = actor_whereabouts(labelled) if labelled else {}
         # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
@@ -62,12 +61,12 @@ class FlowRunner:
     def start_iteration(self) -> None:
         self.seconds = {}
         self._upstream = []
-        # Calls of this iteration and the one before (one step off, the next batch is
-        # queued during this one): older calls have finished.
-        self._inputs, self._earlier_inputs = {}, self._inputs
+        # Only this iteration's calls: every stage that waits for them (one step off, the
+        # next batch's rollout too) ends inside it, and the references are let go here.
+        self._inputs = {}
 
     def _waits_for(self, ref: Any) -> list[Any]:
-        return self._inputs.get(ref) or self._earlier_inputs.get(ref) or []
+        return self._inputs.get(ref, [])
 
     def stuck_call(self, late: Any) -> Any:
         """The call that holds `late` up: `late` itself, unless an input it waits for

@@ -93,6 +93,13 @@ class Faults:
         return {LOST_KEY: float(self.lost), REPLACE_SECONDS_KEY: self.replace_seconds, FAULT_EVENTS: self.events}
 
 
+def engine_deadline(config: PPOConfig) -> float | None:
+    """Seconds an engine call may take before the engine counts as lost: the key, or a
+    quarter of the stage timeout, so a hung engine is replaced long before its stage fails."""
+    stage = config.rl.stage_timeout_seconds
+    return config.rl.rollout.engine_timeout_seconds or (None if stage is None else stage / 4)
+
+
 def elastic(config: PPOConfig, engines: int) -> bool:
     """Whether a run gets a fleet: several engines and replacements allowed. One
     engine, or elasticity off, runs exactly as before: no actor, no metric key."""
@@ -104,7 +111,7 @@ class RolloutFleet:
 
     def __init__(self, config: PPOConfig, engines: list[Any], launches: list[EngineLaunch]):
         rollout = config.rl.rollout
-        self.timeout_s = rollout.engine_timeout_seconds
+        self.timeout_s = engine_deadline(config)
         self.max_replacements = rollout.max_engine_replacements
         self.ready_timeout_s = max(900.0, config.rl.stage_timeout_seconds or 0.0)
         self.launches = launches
@@ -273,7 +280,7 @@ class RolloutFleet:
         from roles.rollout_role import RolloutRole
 
         launch = self.launches[rank]
-        name = f"rollout-rank{rank}-replacement{self.replaced + 1}"
+        name = f"rollout-rank{rank}-replacement{self.replaced}"
         return ray.remote(RolloutRole).options(
             name=name, namespace=launch.namespace, max_restarts=0, **launch.options
         ).remote(*launch.args)

@@ -48,6 +48,13 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
             "whole minibatches",
         ))
+    engine_timeout, stage_timeout = rl.rollout.engine_timeout_seconds, rl.stage_timeout_seconds
+    if engine_timeout is not None and stage_timeout is not None and engine_timeout >= stage_timeout:  # S-ELASTIC-1
+        problems.append(Problem(
+            "rl.rollout.engine_timeout_seconds",
+            f"is {engine_timeout:g}, not below rl.stage_timeout_seconds={stage_timeout:g}: a hung engine would fail "
+            "the rollout stage before it could be replaced; set it well below (null: a quarter of the stage's)",
+        ))
     if config.grid.grouping != "per_role":  # S-XFER-2
         problems.append(Problem(
             "grid.grouping",

@@ -30,6 +30,15 @@ def test_a_batch_the_rollout_engines_cannot_split_is_refused_naming_both_keys():
     assert "grid.cpu_rollout_engines" in problems[0].message and "4 rollout engines" in problems[0].message
 
 
+def test_an_engine_deadline_not_below_the_stage_timeout_is_refused():
+    """S-ELASTIC-1: a hung engine must be found and replaced before its stage fails."""
+    late = ["rl.stage_timeout_seconds=60", "rl.rollout.engine_timeout_seconds=60"]
+    problems = config_problems(load_config(TINY_PROFILE, late))
+    assert _keys(problems) == ["rl.rollout.engine_timeout_seconds"]
+    assert "not below rl.stage_timeout_seconds=60" in problems[0].message
+    assert config_problems(load_config(TINY_PROFILE, ["rl.stage_timeout_seconds=60"])) == []  # null: 15 s
+
+
 def test_a_minibatch_that_does_not_divide_the_batch_is_refused_at_config():
     problems = config_problems(
         load_config(TINY_PROFILE, ["rl.batch_size=12", "rl.minibatch_size=8", "rl.micro_batch_size=8"])
