@@ -96,8 +96,10 @@ def main() -> None:
 
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from cli.environment import apply_default_environment
+    from processes.ray_session import prepare_ray_auth
 
     apply_default_environment()
+    prepare_ray_auth(joins_cluster=False)  # before the first `import ray`
     from prefect.testing.utilities import prefect_test_harness
 
     from processes.ray_session import init_ray, shutdown_ray

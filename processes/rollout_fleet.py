@@ -78,7 +78,7 @@ class ShardCall:
 class Replacement:
     lost: Engine
     handle: Any
-    started: float
+    started: float  # wall clock (time.time), comparable with the engine's own `built_at`
 
 
 @dataclass
@@ -132,6 +132,7 @@ class RolloutFleet:
     ) -> tuple[Trajectory, dict[str, Any]]:
         """The whole batch, one shard per engine, each lost shard generated again on a
         survivor; then checked row by row before anything trains on it."""
+        self._finish_replacements(self.carried)  # started after an earlier loss: waited for now, not then
         faults, self.carried = self.carried, Faults()
         count = len(self.engines)
         prompts_ref = ray.put(prompts)
@@ -176,15 +177,16 @@ class RolloutFleet:
                 self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
         trajectory, summary = self._gather([done[index] for index in range(count)], faults, calls)
         check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3: never train on a failed generation
-        self._finish_replacements(faults)
         return trajectory, {**summary, **faults.summary()}
 
     def load_weights(self, published: WeightPublication, policy_version: int) -> dict[str, float]:
-        """Every live engine takes the version; one lost meanwhile is replaced and the
-        replacement takes it too. The publication is kept until the next one."""
+        """Every engine takes the version: a replacement started since the last call as
+        soon as it is ready, the others as before; one lost meanwhile is replaced at the
+        next call. The publication is kept until the next one."""
         self.published = (published, policy_version)
+        fresh = self._finish_replacements(self.carried)
         metrics: dict[str, float] | None = None
-        engines = list(self.engines)
+        engines = [engine for engine in self.engines if not engine.lost and engine.rank not in fresh]
         for engine, loaded in zip(engines, deliver(published, policy_version, [e.handle for e in engines], _remote)):
             try:
                 answer = ray.get(loaded, timeout=self.timeout_s)
@@ -193,13 +195,13 @@ class RolloutFleet:
                 continue
             engine.behind = False
             metrics = metrics if metrics is not None else answer
-        self._finish_replacements(self.carried)
-        if metrics is None:  # every engine was replaced: the first replacement's load answers
+        if metrics is None:  # no engine but fresh replacements took it: their load was not timed here
             metrics = {"perf/weight_sync_bytes": 0.0, "perf/weight_sync_buckets": float(published.buckets)}
         return metrics
 
     def evaluate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
         """Held-out prompts on the first live engine (S-OPS-2); another one if it is lost."""
+        self._finish_replacements(self.carried)
         while True:
             engine = self._live()[0]
             trajectory, summary = engine.handle.evaluate.options(num_returns=2).remote(prompts, required_version)
@@ -208,7 +210,6 @@ class RolloutFleet:
             except (RayActorError, GetTimeoutError) as error:
                 self._lose(engine, _why(error, self.timeout_s), self.carried, {})
                 continue
-            self._finish_replacements(self.carried)
             return answer[0], answer[1]
 
     # --- losing and replacing an engine ------------------------------------------
@@ -244,7 +245,7 @@ class RolloutFleet:
                                     f"the last was {what}")
         self.replaced += 1
         faults.lost += 1
-        self.pending.append(Replacement(engine, self._launch(engine.rank), time.monotonic()))
+        self.pending.append(Replacement(engine, self._launch(engine.rank), time.time()))
         moved = [call for call in calls.values() if call.engine is engine]
         for call in moved:
             calls.pop(call.summary)
@@ -285,24 +286,33 @@ class RolloutFleet:
             name=name, namespace=launch.namespace, max_restarts=0, **launch.options
         ).remote(*launch.args)
 
-    def _finish_replacements(self, faults: Faults) -> None:
+    def _finish_replacements(self, faults: Faults) -> set[int]:
         """Wait for each started replacement, hand it the current weights and version
-        (S-ELASTIC-1), and put it in the lost engine's place."""
+        (S-ELASTIC-1), and put it in the lost engine's place; returns their ranks. Called
+        at the start of the fleet's next call, not when the loss is handled: a new engine
+        starts (a vLLM engine in minutes) while the iteration trains, and the rollout
+        stage that lost one waits only for the regenerated shard."""
+        fresh = set()
         while self.pending:
             replacement = self.pending.pop(0)
             handle, lost = replacement.handle, replacement.lost
-            ray.get(handle.ready.remote(), timeout=self.ready_timeout_s)
-            version, behind = 0, False
+            waited = time.monotonic()
+            built = ray.get(handle.ready.remote(), timeout=self.ready_timeout_s)["built_at"]
+            version, behind, loading = 0, False, 0.0
             if self.published is not None:
                 published, version = self.published
+                loading = time.monotonic()
                 try:
                     ray.get(deliver(published, version, [handle], _remote), timeout=self.ready_timeout_s)
                 except RayTaskError as error:
                     if not isinstance(error.cause, WeightTransferError):
                         raise
                     behind = True  # the policy staged a newer version over it: the next load brings that one
-            seconds = time.monotonic() - replacement.started
+                loading = time.monotonic() - loading
+            # Its own cost: start-up (launch to built) and the weight load, whatever overlapped it.
+            seconds = max(0.0, built - replacement.started) + loading
             faults.replace_seconds += seconds
+            waited = time.monotonic() - waited
             lost.handle, lost.lost, lost.behind, lost.outstanding = handle, False, behind, 0
             self._locate([lost])
             serving = (
@@ -311,8 +321,10 @@ class RolloutFleet:
             )
             faults.events.append([
                 "info", f"replacement rollout engine {lost.rank} {serving} on {lost.node} "
-                f"({seconds:.1f} s after the loss)",
+                f"(started in {seconds:.1f} s, weights included; this call waited {waited:.1f} s for it)",
             ])
+            fresh.add(lost.rank)
+        return fresh
 
     def _locate(self, engines: list[Engine]) -> None:
         where = actor_whereabouts({engine.rank: engine.handle for engine in engines})

@@ -105,11 +105,15 @@ class RolloutRole:
         self.sleep_between_rollouts = placement.parks
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
         self.weight_loads = 0  # counted so tests and users can see warmup moves no weights (S-CW-5)
+        self.built_at = time.time()  # wall clock: how long a replacement engine took to start (S-ELASTIC-2)
 
     def ready(self) -> dict[str, Any]:
         # vLLM places itself (its own workers inside the actor's GPU bundle).
         device = str(getattr(self.engine, "device", "managed by the engine"))
-        return {"role": "rollout", "policy_version": self.policy_version, "device": device, "rank": self.rank}
+        return {
+            "role": "rollout", "policy_version": self.policy_version, "device": device, "rank": self.rank,
+            "built_at": self.built_at,
+        }
 
     def generate(
         self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1

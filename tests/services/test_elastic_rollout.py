@@ -71,13 +71,15 @@ def test_an_engine_killed_inside_generate_costs_a_shard_and_the_run_ends_like_it
         rf"generated again on rollout engine {survivor} \([0-9.]+ s into the shard\), done after [0-9.]+ s more",
         warnings[0],
     ), warnings[0]
-    assert any(f"replacement rollout engine {engine} is serving policy_version 1" in r.getMessage()
-               for r in caplog.records)
+    # The replacement starts while iteration 2 trains and takes iteration 2's weights in its
+    # weight sync; the rollout task of iteration 3 says so.
+    serving = [r for r in caplog.records if f"replacement rollout engine {engine} is serving" in r.getMessage()]
+    assert len(serving) == 1 and "policy_version 2 on node" in serving[0].getMessage(), serving
     print(f"\nengine {engine} killed inside generate of iteration 2: run took {seconds:.1f} s")
     assert summary["policy_version"] == 3 and not summary.get("resumed_from")  # the same flow run throughout
     rows = metric_records(run_dir)
     assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 1.0, 0.0]
-    assert rows[1]["fault/rollout_replace_seconds"] > 0 and rows[0]["fault/rollout_replace_seconds"] == 0.0
+    assert [r["fault/rollout_replace_seconds"] > 0 for r in rows] == [False, False, True]
     assert all(r["rollout/engines"] == 2.0 for r in rows)
     assert_same_run(run_dir, twins())
 
