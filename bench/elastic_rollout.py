@@ -6,17 +6,20 @@ Prefect API, each with fresh role actors (no kept processes, as a real run start
 
 - undisturbed, elastic rollout on;
 - elastic: engine 1 SIGKILLs itself inside `generate` of iteration `--kill-at`; the
-  fleet regenerates its shard on a survivor and starts a replacement;
+  fleet regenerates its shard on a survivor and starts a replacement, which it waits
+  for at its next call (that iteration's weight sync);
 - today: `rl.rollout.max_engine_replacements=0` and `auto_resume_attempts=1`, the
   same kill: the rollout stage fails, every actor is stopped and started again, and
   the run resumes from the last committed boundary.
 
-It prints each run's wall time, the extra seconds against the undisturbed run, the
-killed iteration's own `time/iteration_seconds` and `time/rollout_seconds` against
-the undisturbed run's, `fault/rollout_replace_seconds`, and /proc/loadavg before and
-after, so a figure taken on a shared machine says what it competed with.
+It prints each run's wall time and its difference to the undisturbed run's (noisy on a
+shared machine: whole runs of a few seconds), the killed iteration's own
+`time/iteration_seconds`, `time/rollout_seconds` and `time/weight_sync_seconds`
+against the undisturbed run's, the replacement's `fault/rollout_replace_seconds` (in
+the next row), and /proc/loadavg before and after each engine count, so a figure
+taken on a shared machine says what it competed with.
 
-    .venv/bin/python -m bench.elastic_rollout                    # 2 and 4 engines, the CPU profile
+    .venv/bin/python -m bench.elastic_rollout                    # 2 and 4 engines, 3 repeats, the CPU profile
     .venv/bin/python -m bench.elastic_rollout --engines 2 -- rl.batch_size=32
 """
 
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import tempfile
 import threading
 import time
@@ -91,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--kill-at", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -105,36 +110,60 @@ def main() -> None:
     from processes.ray_session import init_ray, shutdown_ray
 
     root = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, list[dict[str, Any]]] = {engines: [] for engines in args.engines}
+    loads: dict[int, list[str]] = {engines: [] for engines in args.engines}
     with prefect_test_harness(server_startup_timeout=120):
         init_ray(num_cpus=2)
         try:
-            for engines in args.engines:
-                before = loadavg()
-                base = one_run(root, f"undisturbed-{engines}", engines, args.overrides, None, 0)
-                elastic = one_run(root, f"elastic-{engines}", engines, args.overrides, args.kill_at, 0)
-                today = one_run(
-                    root, f"today-{engines}", engines, [*args.overrides, "rl.rollout.max_engine_replacements=0"],
-                    args.kill_at, 1,
-                )
-                results[engines] = {"undisturbed": base, "elastic": elastic, "today": today,
-                                    "load_before": before, "load_after": loadavg()}
+            one_run(root, "warm-up", 2, [*args.overrides, "rl.max_steps=1"], None, 0)  # first-run costs, not timed
+            for repeat in range(args.repeats):
+                for engines in args.engines:
+                    loads[engines].append(loadavg())
+                    tag = f"{engines}-{repeat}"
+                    results[engines].append({
+                        "undisturbed": one_run(root, f"undisturbed-{tag}", engines, args.overrides, None, 0),
+                        "elastic": one_run(root, f"elastic-{tag}", engines, args.overrides, args.kill_at, 0),
+                        "today": one_run(
+                            root, f"today-{tag}", engines,
+                            [*args.overrides, "rl.rollout.max_engine_replacements=0"], args.kill_at, 1,
+                        ),
+                    })
+                    loads[engines].append(loadavg())
         finally:
             shutdown_ray()
-    at = args.kill_at
-    print(f"\nengine 1 SIGKILLed inside generate of iteration {at}; {PROFILE} {' '.join(COMMON + args.overrides)}")
-    for engines, runs in results.items():
-        base, elastic, today = runs["undisturbed"], runs["elastic"], runs["today"]
-        killed, straight = elastic["rows"][at], base["rows"][at]
-        print(f"\n{engines} engines (load average before {runs['load_before']}, after {runs['load_after']})")
-        print(f"  undisturbed run           {base['wall']:7.1f} s")
-        print(f"  elastic, one engine lost  {elastic['wall']:7.1f} s  (+{elastic['wall'] - base['wall']:.1f} s); "
-              f"iteration {at}: {killed['time/iteration_seconds']:.2f} s vs {straight['time/iteration_seconds']:.2f} s "
-              f"(+{killed['time/iteration_seconds'] - straight['time/iteration_seconds']:.2f}), rollout stage "
-              f"{killed['time/rollout_seconds']:.2f} s vs {straight['time/rollout_seconds']:.2f} s, replacement "
-              f"{killed['fault/rollout_replace_seconds']:.2f} s, resumed: {elastic['resumed']}")
-        print(f"  today, fail + auto-resume {today['wall']:7.1f} s  (+{today['wall'] - base['wall']:.1f} s), "
-              f"resumed: {today['resumed']}")
+    report(results, loads, args.kill_at, args.overrides)
+
+
+def report(
+    results: dict[int, list[dict[str, Any]]], loads: dict[int, list[str]], at: int, overrides: list[str]
+) -> None:
+    """Medians over the repeats, and every repeat's figure beside them."""
+    print(f"\nengine 1 SIGKILLed inside generate of iteration {at}; {PROFILE} {' '.join(COMMON + overrides)}")
+    for engines, rounds in results.items():
+        def series(value) -> str:
+            figures = [value(r) for r in rounds]
+            return f"{statistics.median(figures):+.2f} s (" + ", ".join(f"{f:+.2f}" for f in figures) + ")"
+
+        def stage(key: str):
+            return lambda r: r["elastic"]["rows"][at][key] - r["undisturbed"]["rows"][at][key]
+
+        print(f"\n{engines} engines, {len(rounds)} repeats; load average (1, 5, 15 min) around each repeat: "
+              + "; ".join(loads[engines]))
+        print("  undisturbed run wall: " + ", ".join(f"{r['undisturbed']['wall']:.1f}" for r in rounds) + " s")
+        elastic_wall = series(lambda r: r["elastic"]["wall"] - r["undisturbed"]["wall"])
+        print(f"  elastic, run wall vs undisturbed:        {elastic_wall}")
+        print(f"    iteration {at} time/iteration_seconds:   {series(stage('time/iteration_seconds'))}")
+        print(f"    iteration {at} time/rollout_seconds:     {series(stage('time/rollout_seconds'))}")
+        print(f"    iteration {at} time/weight_sync_seconds: {series(stage('time/weight_sync_seconds'))}")
+        replaced = [
+            r["elastic"]["rows"].get(at + 1, {}).get("fault/rollout_replace_seconds", float("nan")) for r in rounds
+        ]
+        print(f"    replacement start-up and load (row {at + 1}): {statistics.median(replaced):.2f} s ("
+              + ", ".join(f"{f:.2f}" for f in replaced) + ")")
+        print(f"  today (fail, auto-resume), run wall vs undisturbed: "
+              f"{series(lambda r: r['today']['wall'] - r['undisturbed']['wall'])}; resumed each time: "
+              f"{all(r['today']['resumed'] for r in rounds)}; elastic never resumed: "
+              f"{not any(r['elastic']['resumed'] for r in rounds)}")
 
 
 if __name__ == "__main__":

@@ -51,3 +51,17 @@ def test_the_summary_lists_the_engines_lost_and_replaced():
     assert faults_survived(rows) == "1 rollout engine lost and replaced (iteration 2: 1, 1.2 s replacing)"
     assert "| faults survived | 1 rollout engine lost" in summary_markdown({"run_name": "r"}, rows, None, None)
     assert faults_survived([{"iteration": 1}]) == ""  # one engine, or elasticity off: no key, no line
+
+
+def test_one_engine_or_elasticity_off_starts_no_fleet_and_the_deadline_follows_the_stage():
+    """S-ELASTIC-3: one engine, or rl.rollout.max_engine_replacements=0, runs as before."""
+    from configs.loading import load_config
+    from processes.rollout_fleet import elastic, engine_deadline
+    from tests.conftest import TINY_PROFILE
+
+    config = load_config(TINY_PROFILE, [])
+    assert elastic(config, 2) and not elastic(config, 1)
+    assert not elastic(load_config(TINY_PROFILE, ["rl.rollout.max_engine_replacements=0"]), 2)
+    assert engine_deadline(config) == 75.0  # a quarter of the profile's 300 s stage timeout
+    assert engine_deadline(load_config(TINY_PROFILE, ["rl.rollout.engine_timeout_seconds=5"])) == 5.0
+    assert engine_deadline(load_config(TINY_PROFILE, ["rl.stage_timeout_seconds=null"])) is None
