@@ -25,6 +25,7 @@ from rundir.base_model import current_fingerprint, record_in_boundary
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages
+from weights.transport import deliver
 
 
 class Runner(Protocol):
@@ -238,7 +239,7 @@ def queue_actor_update(run: Runner, roles: Roles, plan: UpdatePlan, batch_id: An
     # hands them to the engines.
     published = [run.call(rank.publish_weights, *receipts, returns=2) for rank in policy_ranks]
     weights, new_version = published[0]
-    loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.engines()]
+    loaded = deliver(weights, new_version, roles.engines(), run.call)
     return ActorUpdate(receipts, loaded, new_version, [version for _, version in published[1:]])
 
 

@@ -9,8 +9,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from weights.nixl_transport import WeightTransferError
 from weights.publication import WeightPublication
+from weights.transport import transport_named
 
 
 def receive(
@@ -20,11 +20,5 @@ def receive(
     """`published`'s buckets for `receiver` (an engine named in errors) as
     `policy_version`; over NIXL a stalled read fails within `timeout_s`."""
     published.check_covers(expected, receiver)
-    if published.transport == "nixl":  # every bucket's header is checked against this version
-        stale = [bucket.version for bucket in published.stored if bucket.version != policy_version]
-        if stale:
-            raise WeightTransferError(
-                f"weight sync over nixl: {receiver} was handed buckets of policy_version {stale[0]} "
-                f"as policy_version {policy_version}"
-            )
+    transport_named(published.transport, loopback).check_version(published.stored, policy_version, receiver)
     return published.fetch(receiver, timeout_s=timeout_s, loopback=loopback, owned=owned)

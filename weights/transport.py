@@ -6,13 +6,12 @@ is an argument of `deliver`, never fixed at publication, so an engine started la
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-import torch
+if TYPE_CHECKING:  # imported where a bucket moves: `deliver` alone needs neither torch nor NIXL
+    import torch
 
-from weights.nixl_transport import NixlBucket, NixlPeer
-from weights.nixl_transport import publisher as nixl_publisher
-from weights.nixl_transport import reader as nixl_reader
+    from weights.nixl_transport import NixlBucket, NixlPeer
 
 TRANSPORTS = ("object_store", "nixl")
 
@@ -32,6 +31,11 @@ class Transport(Protocol):
         self, peer: NixlPeer | None, stored: Any, where: str, deadline: float, owned: bool
     ) -> dict[str, torch.Tensor]:
         """Receiving side: the bucket `stored` names, checked as the transport can."""
+        ...
+
+    def check_version(self, stored: Sequence[Any], version: int, receiver: str) -> None:
+        """Receiving side, before any bucket is read: refuse handles that say they carry
+        another version than the one the receiver is told to take."""
         ...
 
 
@@ -60,6 +64,9 @@ class ObjectStoreTransport:
 
         return ray.get(stored)
 
+    def check_version(self, stored: Sequence[Any], version: int, receiver: str) -> None:
+        """An object-store bucket carries no version: the manifest's is the caller's."""
+
 
 class NixlTransport:
     """Buckets staged in the policy's registered memory under the version; a receiver
@@ -73,6 +80,8 @@ class NixlTransport:
         self._publisher: Any = None  # a rank that publishes nothing starts no NIXL agent
 
     def stage(self, index: int, bucket: dict[str, torch.Tensor], version: int) -> NixlBucket:
+        from weights.nixl_transport import publisher as nixl_publisher
+
         self._publisher = self._publisher or nixl_publisher(self.loopback)
         return self._publisher.stage(index, bucket, version)
 
@@ -82,8 +91,20 @@ class NixlTransport:
     def read(
         self, peer: NixlPeer | None, stored: Any, where: str, deadline: float, owned: bool
     ) -> dict[str, torch.Tensor]:
+        from weights.nixl_transport import reader as nixl_reader
+
         assert peer is not None
         return nixl_reader(self.loopback).read(peer, stored, where, deadline, owned)
+
+    def check_version(self, stored: Sequence[Any], version: int, receiver: str) -> None:
+        from weights.nixl_transport import WeightTransferError
+
+        stale = [bucket.version for bucket in stored if bucket.version != version]
+        if stale:
+            raise WeightTransferError(
+                f"weight sync over nixl: {receiver} was handed buckets of policy_version {stale[0]} "
+                f"as policy_version {version}"
+            )
 
 
 def transport_named(name: str, loopback: bool = True) -> Transport:
