@@ -157,6 +157,27 @@ def test_a_kill_at_a_random_moment_ends_like_the_twin(
 
 
 @pytest.mark.slow
+def test_an_engine_killed_inside_its_weight_load_is_replaced_before_the_next_rollout(
+    twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
+):
+    """A loss outside generate (here in iteration 2's weight sync) costs no shard: the
+    replacement takes the version at the fleet's next call and the loss is reported with
+    the next batch."""
+    from flows.training import ppo
+    from tests.support.elastic import fault_inside_load_weights
+
+    name = "elastic-load"
+    fault = fault_inside_load_weights(name, 1, 2, signal.SIGKILL)
+    summary = ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name))
+    assert fault.armed.is_set() and not summary.get("resumed_from")
+    rows = metric_records(tmp_path / "outputs" / name)
+    assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 0.0, 1.0]
+    assert rows[2]["fault/rollout_replace_seconds"] > 0
+    assert any("replacement rollout engine 1 is serving policy_version 2" in r.getMessage() for r in caplog.records)
+    assert_same_run(tmp_path / "outputs" / name, twins())
+
+
+@pytest.mark.slow
 def test_a_hung_engine_is_found_within_its_deadline_killed_named_and_replaced(
     twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
 ):

@@ -26,9 +26,6 @@ def fault_inside_generate(run_name: str, engine: int, iteration: int, signum: in
     `iteration`, the engine's process sends itself `signum` (SIGKILL: a crash inside
     generation; SIGSTOP: a hang). The thread's `pid` is the engine's process and its
     `armed` event is set once the fault is in place."""
-    import ray
-
-    actor = "rollout" if engine == 0 else f"rollout-rank{engine}"
 
     def arm(role, at=iteration, signum=signum):
         import os as os_inside
@@ -42,6 +39,36 @@ def fault_inside_generate(run_name: str, engine: int, iteration: int, signum: in
 
         role._sample = faulty
         return os_inside.getpid()
+
+    return _arm_when_found(run_name, engine, arm, timeout)
+
+
+def fault_inside_load_weights(run_name: str, engine: int, version: int, signum: int, timeout: float = 300.0):
+    """As `fault_inside_generate`, inside the weight load that brings policy_version
+    `version` (one after another, as a synchronous run loads them)."""
+
+    def arm(role, at=version, signum=signum):
+        import os as os_inside
+
+        # Ray calls an actor's methods as its class defines them, so the fault goes into
+        # the engine the role's load_weights calls, while the role still holds at - 1.
+        original = role.engine.load_weights
+
+        def faulty(buckets, *args, **kwargs):
+            if role.policy_version == at - 1:
+                os_inside.kill(os_inside.getpid(), signum)
+            return original(buckets, *args, **kwargs)
+
+        role.engine.load_weights = faulty
+        return os_inside.getpid()
+
+    return _arm_when_found(run_name, engine, arm, timeout)
+
+
+def _arm_when_found(run_name: str, engine: int, arm, timeout: float):
+    import ray
+
+    actor = "rollout" if engine == 0 else f"rollout-rank{engine}"
 
     def find_and_arm() -> None:
         deadline = time.monotonic() + timeout
