@@ -5,7 +5,7 @@ Run with the python of the environment under test (the Makefile's GPU_LOCK_VENV:
 
 1. checks that torch is a CPU build and that every installed package the GPU lock also
    pins has the GPU lock's version (torch itself excepted), and that the NIXL package
-   the transport loads (trainer/nixl_package.py) is the GPU lock's build;
+   the transport loads (weights/nixl_package.py) is the GPU lock's build;
 2. `python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2
    job.name=gpu-lock-proof job.output_root=OUT` must end at policy_version 2;
 3. the same with rl.max_steps=3 must resume from the boundary of iteration 2 and end
@@ -180,7 +180,7 @@ def main() -> int:
     print("gpu_lock_proof: torch", torch.__version__, "|",
           ", ".join(f"{k} {have[k][1]}" for k in KEY), flush=True)
     sys.path.insert(0, str(ROOT))
-    from trainer.nixl_package import nixl_module
+    from weights.nixl_package import nixl_module
 
     nixl = nixl_module().__name__
     locked_nixl = [name.replace("-", "_") for name in pins if name.startswith("nixl-cu")]
@@ -220,7 +220,7 @@ def main() -> int:
             "# tests/pure/test_locks.py fails when requirements-gpu.lock pins another version of any",
             "# package listed below (torch excepted): rerun `make test-gpu-lock-versions` and commit this file.",
             f"# when: {stamp}; {os.cpu_count()} cores; load average {load_before} before, {load_after} after",
-            f"# NIXL: trainer/nixl_package.py loads {nixl} {have[canonical(nixl)][1]}, the GPU lock's build",
+            f"# NIXL: weights/nixl_package.py loads {nixl} {have[canonical(nixl)][1]}, the GPU lock's build",
             f"# run 1: python -m flows.ppo --config configs/ppo_tiny_cpu.py -- rl.max_steps=2 job.name={JOB}"
             f" job.output_root={output_root} (PREFECT_HOME={prefect_home}): exit 0 in {sqlite['t1']} s",
             f"#   {sqlite['iter2']}",

@@ -20,6 +20,9 @@ WITH_MATCHER = "every iteration with a terminal matcher (absent with rl.reward.t
 DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of that role)"
 POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
 SEVERAL_ENGINES = "only with more than one rollout engine"
+ELASTIC = (
+    "only with more than one rollout engine and elastic rollout on (rl.rollout.max_engine_replacements > 0)"
+)
 ONE_STEP_OFF = "only one step off (rl.rollout.max_staleness=1, S-ASYNC)"
 OVER_NIXL = "iterations where the actor updates, with rl.weight_sync_transport=nixl"
 SAVE_ITERATIONS = "save iterations only (rl.save_every, and the final iteration with rl.save_final)"
@@ -31,7 +34,7 @@ WITH_REFERENCES = "only when every evaluation prompt has a reference"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
-    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL,
+    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC,
 )
 
 
@@ -73,6 +76,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("rollout/logprob_abs_diff",
            "mean |trainer log-prob − engine log-prob| over response tokens: how far the engine's numerics are "
            "from the trainer's", "nats", EVERY_ITERATION, "roles/policy_role.py"),
+    Metric("fault/rollout_engines_lost", "rollout engines lost (process gone, or no answer within "
+           "rl.rollout.engine_timeout_seconds) while this batch was generated; each lost shard was generated again "
+           "on a surviving engine with its own seed and version", "count", ELASTIC, "processes/rollout_fleet.py"),
+    Metric("fault/rollout_replace_seconds", "start-up and weight-load seconds of the replacement engines that "
+           "began serving before this batch (a replacement starts while the iteration that lost the engine trains); "
+           "0 when none did", "seconds", ELASTIC, "processes/rollout_fleet.py"),
     Metric("perf/rollout_weight_loads", "weight loads engine 0 has received since its process started "
            "(process-local: restarts with the actor)", "count", EVERY_ITERATION, "roles/rollout_role.py"),
     # reward

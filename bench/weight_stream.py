@@ -4,7 +4,7 @@
 for policy rank 0 and an engine standing for a rollout engine (the HF engine's load path
 around a model loaded from the same folder, its weights zeroed first). For each
 transport (`object_store`, `nixl`) and bucket size it publishes the model's weights
-through `trainer.weight_publication.publish`, as the policy does, and loads them into
+through `weights.publication.publish`, as the policy does, and loads them into
 the engine through `WeightPublication.fetch`, as the rollout role does, `--repeats`
 times. It prints medians of the publication and load times, the engine process's
 largest RSS rise during a load (its high-water mark reset before each; the object store's shared
@@ -70,9 +70,9 @@ class Publisher:
 
     def publish(self, transport: str, bucket_bytes: int):
         from trainer.sharding import full_weight_buckets
-        from trainer.weight_publication import publish
+        from weights.publication import publish
 
-        from trainer import nixl_transport
+        from weights import nixl_transport
 
         self.version += 1
         started = time.perf_counter()
@@ -111,7 +111,7 @@ class Engine:
         seconds = time.perf_counter() - started
         peak = _status_kib("VmHWM")
         state = self.engine.model.state_dict()
-        from trainer import nixl_transport
+        from weights import nixl_transport
 
         _, buffer = nixl_transport.held_bytes()
         return {"seconds": seconds, "peak_rise": (peak - before) * 1024, "received": received, "buffer": buffer,

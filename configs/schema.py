@@ -451,6 +451,20 @@ class RolloutConfig(Section):
         description="One step off: each token's loss is weighted by pi_prox/pi_behav (the policy before this update "
         "over the one that sampled the token), truncated at this cap (decoupled PPO).",
     )
+    engine_timeout_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="With several engines: an engine call (a shard's generation, a weight load) that has not "
+        "answered after this many seconds counts the engine as lost; it is killed, its shard generated again on "
+        "a surviving engine and the engine replaced. Must be below rl.stage_timeout_seconds; null: a quarter of "
+        "rl.stage_timeout_seconds (no deadline when that is null either).",
+    )
+    max_engine_replacements: int = Field(
+        3,
+        ge=0,
+        description="With several engines: how many lost engines one run may replace before a further loss fails "
+        "the rollout stage. 0 turns elastic rollout off (a lost engine fails the stage, as with one engine).",
+    )
 
 
 class RLConfig(Section):

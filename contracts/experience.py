@@ -8,6 +8,7 @@ renamed. Resume removes or sets them aside as it does metrics rows (docs/archite
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -79,8 +80,11 @@ def write_experience(directory: str, iteration: int, rows: list[dict[str, Any]])
     fs.makedirs(root, exist_ok=True)
     final = experience_file(root, iteration)
     partial = f"{final}.partial"
-    with fs.open(partial, "wt", compression="gzip", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+    # No time stamp and no file name in the gzip header: the same samples make the same
+    # bytes, so two runs' experience files can be compared byte for byte.
+    with fs.open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
+        handle.write(text.encode("utf-8"))
     fs.mv(partial, final)
     return experience_file(directory, iteration)
 

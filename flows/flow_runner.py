@@ -44,6 +44,7 @@ class FlowRunner:
         self.task_runs = 0  # stage task runs started in the current block
         self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
+        self._inputs: dict[Any, list[Any]] = {}  # a call's result -> the calls it takes as arguments
         labelled = labelled_actors(roles) if roles is not None else {}
         where = actor_whereabouts(labelled) if labelled else {}
         # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
@@ -60,6 +61,29 @@ class FlowRunner:
     def start_iteration(self) -> None:
         self.seconds = {}
         self._upstream = []
+        # Only this iteration's calls: every stage that waits for them (one step off, the
+        # next batch's rollout too) ends inside it, and the references are let go here.
+        self._inputs = {}
+
+    def _waits_for(self, ref: Any) -> list[Any]:
+        return self._inputs.get(ref, [])
+
+    def stuck_call(self, late: Any) -> Any:
+        """The call that holds `late` up: `late` itself, unless an input it waits for
+        has not finished either (engine 0's gather waits for every engine's shard, so a
+        hung engine k is found behind it, not engine 0)."""
+        seen = {late}
+        while True:
+            pending = [ref for ref in self._waits_for(late) if ref not in seen]
+            if not pending:
+                return late
+            import ray
+
+            unfinished = [ref for ref in pending if not ray.wait([ref], timeout=0)[0]]
+            if not unfinished:
+                return late
+            late = unfinished[0]
+            seen.add(late)
 
     def block_ran(self, last_block: bool) -> None:
         """Called at the end of a block's subflow run: wait until the server has recorded
@@ -82,9 +106,14 @@ class FlowRunner:
             wait_until_recorded(flow_run_id, task_runs)
 
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any:
-        if returns == 1:
-            return method.remote(*args)
-        return method.options(num_returns=returns).remote(*args)
+        from ray import ObjectRef
+
+        result = method.remote(*args) if returns == 1 else method.options(num_returns=returns).remote(*args)
+        inputs = [arg for arg in args if isinstance(arg, ObjectRef)]
+        if inputs:  # what the call waits for before it can run: how a timeout finds the stuck call
+            for ref in result if returns > 1 else [result]:
+                self._inputs[ref] = inputs
+        return result
 
     def stage(self, body: Callable[..., Any], iteration: int, *args: Any, waits: Sequence[Any] = ()) -> Any:
         started = time.perf_counter()
@@ -161,7 +190,7 @@ class FlowRunner:
         if isinstance(error, StageTimeout):
             # The first outstanding call is the stuck one; later calls of the stage may
             # only be waiting for its output.
-            stuck = error.late[0].task_id().actor_id().hex()
+            stuck = self.stuck_call(error.late[0]).task_id().actor_id().hex()
             name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
             if handle is not None:
                 kill_quietly(handle)
@@ -202,6 +231,8 @@ def labelled_actors(roles: Any) -> dict[str, Any]:
         ranks = roles.ranks(role)
         for rank, handle in enumerate(ranks):
             labelled[actor_label(role, rank, len(ranks))] = handle
+    if getattr(roles, "fleet", None) is not None:
+        labelled["rollout fleet"] = roles.fleet
     return labelled
 
 

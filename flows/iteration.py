@@ -26,6 +26,7 @@ from rundir.base_model import current_fingerprint, record_in_boundary
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages
+from weights.transport import deliver
 
 
 class Runner(Protocol):
@@ -235,7 +236,7 @@ def queue_actor_update(run: Runner, roles: Roles, plan: UpdatePlan, batch_id: An
     # hands them to the engines.
     published = [run.call(rank.publish_weights, *receipts, returns=2) for rank in policy_ranks]
     weights, new_version = published[0]
-    loaded = [run.call(engine.load_weights, weights, new_version) for engine in roles.engines()]
+    loaded = deliver(weights, new_version, roles.engines(), run.call)
     return ActorUpdate(receipts, loaded, new_version, [version for _, version in published[1:]])
 
 
@@ -259,7 +260,7 @@ def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> 
     the reward role (S-OPS-2). Nothing here moves the data cursor or any sampling
     stream training uses, so evaluating never changes training."""
     prompts = run.call(roles.data.validation_batch, iteration)
-    trajectory, summary = run.call(roles.rollout.evaluate, prompts, policy_version, returns=2)
+    trajectory, summary = run.call(roles.engines()[0].evaluate, prompts, policy_version, returns=2)
     scores = run.call(roles.reward.score_validation, trajectory)
     return run.stage(stages.evaluate, iteration, summary, scores)
 

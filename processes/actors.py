@@ -23,6 +23,8 @@ from roles.bodies import ROLE_CLASSES
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from processes.rollout_fleet import RolloutFleet
+
     from roles.critic_role import CriticRole
     from roles.data_role import DataRole
     from roles.policy_role import PolicyRole
@@ -47,10 +49,15 @@ class RoleHandles:
     policy: ActorHandle[PolicyRole]
     peers: dict[str, tuple[ActorHandle, ...]] = field(default_factory=dict)
     ready_seconds: dict[str, float] = field(default_factory=dict)  # actor label -> seconds from launch to ready
+    # Several engines with elastic rollout: the one actor every engine call goes through
+    # (processes/rollout_fleet.py); None with one engine or elasticity off.
+    fleet: ActorHandle[RolloutFleet] | None = None
 
     def items(self) -> list[tuple[str, Any]]:
         """(role, rank-0 handle) for every role."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("peers", "ready_seconds")]
+        return [
+            (f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("peers", "ready_seconds", "fleet")
+        ]
 
     def ranks(self, role: str) -> list[Any]:
         """Every rank of one role, rank 0 first."""
@@ -68,6 +75,10 @@ class RoleHandles:
         return self.ranks("reference")
 
     def engines(self) -> list[ActorHandle[RolloutRole]]:
+        """The rollout engines the iteration program calls: every engine, or the fleet
+        that owns them all, which takes the calls of one engine (S-ELASTIC-1)."""
+        if self.fleet is not None:
+            return [self.fleet]  # type: ignore[list-item]  # the same verbs as RolloutRole
         return self.ranks("rollout")
 
 
@@ -89,6 +100,7 @@ class LaunchedActors:
 
     groups: dict[str, list[Any]]
     launched_at: float
+    engine_launches: list[Any] = field(default_factory=list)  # how each rollout engine was started
 
 
 def discard_launched(launched: LaunchedActors) -> None:
@@ -126,7 +138,30 @@ def start_role_actors(
         **{role: ranks[0] for role, ranks in groups.items()},
         peers={role: tuple(ranks[1:]) for role, ranks in groups.items() if len(ranks) > 1},
         ready_seconds=ready_seconds,
+        fleet=start_fleet(config, groups["rollout"], launched, ready_timeout_s),
     )
+
+
+def start_fleet(
+    config: PPOConfig, engines: list[Any], launched: LaunchedActors, ready_timeout_s: float | None
+) -> Any:
+    """The actor that owns every engine call when the run has several engines and
+    elastic rollout is on (S-ELASTIC-1); None otherwise, and nothing is started."""
+    from processes.rollout_fleet import RolloutFleet, elastic
+
+    if not elastic(config, len(engines)) or not launched.engine_launches:
+        return None
+    options = launched.engine_launches[0][1]
+    fleet = ray.remote(RolloutFleet).options(
+        name="rollout-fleet", namespace=ray_namespace(config), max_restarts=0, **options
+    ).remote(config, engines, [launch for launch, _ in launched.engine_launches])
+    try:
+        ray.get(fleet.ready.remote(), timeout=ready_timeout_s)
+    except Exception as error:
+        kill_quietly(fleet)
+        _kill_groups(launched.groups)
+        raise ActorStartupError(f"the rollout fleet failed to start: {startup_cause(error)}") from error
+    return fleet
 
 
 def launch_role_actors(config: PPOConfig) -> LaunchedActors:
@@ -142,6 +177,7 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
     _live_placements.append(lowered)
     placements = role_placements(plan)  # the one decision every device role is built from
     groups: dict[str, list[Any]] = {}
+    engine_launches = []
     for role, cls in ROLE_CLASSES.items():
         if role in placements:
             arguments = [(config, placement) for placement in placements[role]]
@@ -151,7 +187,15 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
             _launch_actor(role, rank, len(arguments), cls, args, lowered.actor_options(role, rank), namespace)
             for rank, args in enumerate(arguments)
         ]
-    return LaunchedActors(groups, launched_at)
+        if role == "rollout":
+            from processes.rollout_fleet import EngineLaunch
+
+            engine_launches = [
+                EngineLaunch(rank, args, lowered.actor_options(role, rank), namespace)
+                for rank, args in enumerate(arguments)
+            ]
+    fleet_options = lowered.actor_options("data")  # a host actor: where the host roles run
+    return LaunchedActors(groups, launched_at, [(launch, fleet_options) for launch in engine_launches])
 
 
 class ActorSource(Protocol):
@@ -276,6 +320,8 @@ def kill_quietly(handle: Any) -> None:
 def stop_role_actors(handles: RoleHandles | None) -> None:
     """Kill the run's actors, or hand the live ones back to an `ActorSource` that
     keeps processes for the next run."""
+    if handles is not None and handles.fleet is not None:
+        kill_quietly(handles.fleet)  # its replacement engines go with it (Ray fate-shares them with their owner)
     for role, _ in handles.items() if handles is not None else []:
         for handle in handles.ranks(role):
             _end_actor(role, handle, keep=True)

@@ -41,7 +41,7 @@ from placement.role_placement import RolePlacement
 from roles.trainer_role import TrainerRole
 from contracts.trajectory import PPOTargets, TrainReceipt, Trajectory
 from trainer.sharding import full_weight_buckets
-from trainer.weight_publication import WeightPublication, publish
+from weights.publication import WeightPublication, publish
 
 
 class StaleSampleError(RuntimeError):
@@ -239,7 +239,7 @@ class PolicyRole(TrainerRole):
 
     def _published_weights(self) -> WeightPublication:
         """The full weights as host buckets of at most `rl.rollout.weight_sync_bucket_mib`
-        (trainer/weight_publication.py); on the host and unsharded, the model's own
+        (weights/publication.py); on the host and unsharded, the model's own
         tensors (`.cpu()` copies nothing) until the object store takes each bucket."""
         bucket_bytes = int(self.rl.rollout.weight_sync_bucket_mib * 2**20)
         return publish(

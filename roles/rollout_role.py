@@ -14,10 +14,11 @@ from data.packer_choice import build_packer
 from models.model_io import ensure_model, load_tokenizer
 from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
+from contracts.generated_rows import AbortedGeneration, GeneratedRowError, check_generated
 from contracts.trajectory import PromptBatch, Trajectory
 from trainer.runtime import configure_torch_threads
-from trainer.nixl_transport import WeightTransferError
-from trainer.weight_publication import WeightPublication
+from weights.publication import WeightPublication
+from weights.receive import receive
 
 
 class StalePolicyError(RuntimeError):
@@ -104,11 +105,15 @@ class RolloutRole:
         self.sleep_between_rollouts = placement.parks
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
         self.weight_loads = 0  # counted so tests and users can see warmup moves no weights (S-CW-5)
+        self.built_at = time.time()  # wall clock: how long a replacement engine took to start (S-ELASTIC-2)
 
     def ready(self) -> dict[str, Any]:
         # vLLM places itself (its own workers inside the actor's GPU bundle).
         device = str(getattr(self.engine, "device", "managed by the engine"))
-        return {"role": "rollout", "policy_version": self.policy_version, "device": device, "rank": self.rank}
+        return {
+            "role": "rollout", "policy_version": self.policy_version, "device": device, "rank": self.rank,
+            "built_at": self.built_at,
+        }
 
     def generate(
         self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1
@@ -119,7 +124,14 @@ class RolloutRole:
         # Per iteration and shard: a resumed run samples what the uninterrupted one
         # did, and no two engines draw the same stream.
         seed = self.config.job.seed * 1_000_003 + prompts.iteration + 7_919 * shard
-        trajectory, seconds = self._sample(prompts, required_version, seed, greedy=False)
+        try:
+            trajectory, seconds = self._sample(prompts, required_version, seed, greedy=False)
+        except AbortedGeneration as aborted:
+            raise GeneratedRowError(
+                f"iteration {prompts.iteration}: the engine aborted row {prompts.row_ids[aborted.position]} "
+                f"(shard {shard} of {shards}, position {aborted.position}); a failed generation is never trained on"
+            ) from aborted
+        check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3
         lengths = trajectory.response_mask.sum(dim=1)
         return trajectory, {
             "rollout/response_length_mean": float(lengths.mean()),
@@ -202,19 +214,11 @@ class RolloutRole:
         A publication that misses a weight or carries one twice is refused before any
         is copied, and the engine keeps its version."""
         started = time.perf_counter()
-        receiver = f"rollout engine {self.rank}"
-        published.check_covers(self.engine.weight_names(), receiver)
-        if published.transport == "nixl":  # S-XFER-1: every bucket's header is checked against this version
-            stale = [bucket.version for bucket in published.stored if bucket.version != policy_version]
-            if stale:
-                raise WeightTransferError(
-                    f"weight sync over nixl: {receiver} was handed buckets of policy_version {stale[0]} "
-                    f"as policy_version {policy_version}"
-                )
         # Over NIXL a stalled read fails this engine by name before the stage's own timeout.
         timeout = self.config.rl.stage_timeout_seconds
-        buckets = published.fetch(
-            receiver, timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
+        buckets = receive(
+            published, policy_version, f"rollout engine {self.rank}", self.engine.weight_names(),
+            timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
             owned=getattr(self.engine, "keeps_buckets", True),
         )
         received = self.engine.load_weights(buckets)

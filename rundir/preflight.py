@@ -22,7 +22,7 @@ from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_me
 from views.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
-from trainer.nixl_package import unavailable_reason
+from weights.nixl_package import unavailable_reason
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,13 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             "rl.minibatch_size",
             f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
             "whole minibatches",
+        ))
+    engine_timeout, stage_timeout = rl.rollout.engine_timeout_seconds, rl.stage_timeout_seconds
+    if engine_timeout is not None and stage_timeout is not None and engine_timeout >= stage_timeout:  # S-ELASTIC-1
+        problems.append(Problem(
+            "rl.rollout.engine_timeout_seconds",
+            f"is {engine_timeout:g}, not below rl.stage_timeout_seconds={stage_timeout:g}: a hung engine would fail "
+            "the rollout stage before it could be replaced; set it well below (null: a quarter of the stage's)",
         ))
     if config.grid.grouping != "per_role":  # S-XFER-2
         problems.append(Problem(

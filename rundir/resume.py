@@ -28,6 +28,7 @@ from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from rundir.base_model import base_model_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
+from weights.transport import deliver
 from contracts.experience import remove_experience_after, set_aside_experience
 
 
@@ -208,7 +209,7 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
         )
     # Every policy rank gathers (a collective on sharded ranks); rank 0's are the weights.
     weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.policy_ranks()][0]
-    run.get([run.call(engine.load_weights, weights, version) for engine in roles.engines()])
+    run.get(deliver(weights, version, roles.engines(), run.call))
     if point.went_back:
         go_back(paths, point.iteration)
     else:

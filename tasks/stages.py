@@ -10,6 +10,7 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Sequence
 
+from contracts.rollout_faults import FAULT_EVENTS
 from contracts.trajectory import TrainReceipt
 
 stage_log: ContextVar[logging.Logger | logging.LoggerAdapter] = ContextVar(
@@ -36,7 +37,11 @@ def numeric_metrics(*summaries: dict[str, Any]) -> dict[str, float]:
 def rollout(iteration: int, data_summary: dict, rollout_summary: dict) -> dict[str, float]:
     """Done when the data cursor handed out the batch and the engines generated it.
     The data call is folded in here: a task of its own would cost far more in Prefect
-    bookkeeping than its compute."""
+    bookkeeping than its compute. An engine lost and replaced on the way is logged
+    here, a WARNING, and the task still completes (S-ELASTIC-2)."""
+    rollout_summary = dict(rollout_summary)
+    for level, message in rollout_summary.pop(FAULT_EVENTS, ()):
+        stage_log.get().log(logging.WARNING if level == "warning" else logging.INFO, message)
     return numeric_metrics(data_summary, rollout_summary)
 
 

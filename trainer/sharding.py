@@ -162,7 +162,7 @@ def _full_tensors(model: torch.nn.Module, keep: bool) -> Iterator[tuple[str, tor
 
 def full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
     """Every bucket of `full_weight_buckets` in one host dict, for a weights-only
-    artifact (weight publication streams the buckets instead: trainer/weight_publication.py)."""
+    artifact (weight publication streams the buckets instead: weights/publication.py)."""
     weights: dict[str, torch.Tensor] = {}
     for bucket in full_weight_buckets(model, keep):
         weights.update(bucket)

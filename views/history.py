@@ -124,6 +124,20 @@ def _file_link(path: str) -> str:
     return f"[{path}]({target})"
 
 
+def faults_survived(rows: list[dict[str, Any]]) -> str:
+    """The rollout engines a run lost and replaced without stopping (S-ELASTIC-2), as
+    one cell: `2 rollout engines lost and replaced (iteration 3: 1, 1.2 s; ...)`."""
+    hits = [row for row in rows if row.get("fault/rollout_engines_lost")]
+    if not hits:
+        return ""
+    total = int(sum(row["fault/rollout_engines_lost"] for row in hits))
+    where = "; ".join(
+        f"iteration {row['iteration']}: {int(row['fault/rollout_engines_lost'])}, "
+        f"{row.get('fault/rollout_replace_seconds', 0.0):.1f} s replacing" for row in hits
+    )
+    return f"{total} rollout engine{'s' if total > 1 else ''} lost and replaced ({where})"
+
+
 def summary_markdown(
     summary: Mapping[str, Any],
     records: list[dict[str, Any]],
@@ -170,6 +184,9 @@ def summary_markdown(
             )
     if rows and rows[-1].get("train/kl") is not None:
         lines.append(f"| final KL | {rows[-1]['train/kl']:+.5f} |")
+    survived = faults_survived(rows)
+    if survived:
+        lines.append(f"| faults survived | {survived} |")
     final_model = summary.get("final_model")
     if isinstance(final_model, Mapping):
         for role, path in final_model.items():

@@ -18,6 +18,7 @@ import torch
 
 from compat.vllm_compat import executor_backend
 from data.packing import PackedPrompts
+from contracts.generated_rows import AbortedGeneration
 from roles.rollout.engine import GenerationResult
 
 WORKER_EXTENSION = "roles.rollout.vllm_engine.PolicyWeightReceiver"
@@ -156,6 +157,8 @@ class VLLMEngine:
         response_mask = torch.zeros((len(completions), width), dtype=torch.float32)
         logprobs = torch.zeros((len(completions), width), dtype=torch.float32)
         for row, completion in enumerate(completions):
+            if getattr(completion, "finish_reason", None) == "abort":  # never trained on as an empty row
+                raise AbortedGeneration(row)
             # token_ids end with EOS when the model stopped there: it is part of the
             # response (mask 1.0 up to and including EOS), as in the HF engine.
             token_ids = list(completion.token_ids)

@@ -17,9 +17,9 @@ from flows.in_process import run_in_process
 from rundir.run_outputs import RunPaths
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 from tests.support.helpers import without_timings
-from trainer import nixl_package, nixl_transport
-from trainer.nixl_transport import WeightTransferError
-from trainer.weight_publication import publish
+from weights import nixl_package, nixl_transport
+from weights.nixl_transport import WeightTransferError
+from weights.publication import publish
 
 UNAVAILABLE = nixl_package.unavailable_reason()  # either CUDA build of NIXL, as the transport loads it
 if UNAVAILABLE:
@@ -61,7 +61,7 @@ def test_buckets_arrive_bit_exact_and_a_corrupted_or_replaced_one_is_refused_by_
 FROZEN_PEER = r"""
 import multiprocessing, os, signal, sys, time
 import torch
-from trainer.weight_publication import publish
+from weights.publication import publish
 
 def policy(pipe):
     pipe.send(publish([{"w": torch.randn(256, 256)}], transport="nixl", version=1))

@@ -14,7 +14,7 @@ import torch
 from algorithm.update_plan import UpdatePlan
 from configs.loading import load_config
 from tests.conftest import TINY_PROFILE, first_rank
-from trainer.weight_publication import WeightPublicationError
+from weights.publication import WeightPublicationError
 
 BUCKET_MIB = 0.02  # about 21 KB: the tiny model (about 0.5 MB) arrives in many buckets
 

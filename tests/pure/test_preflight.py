@@ -30,6 +30,15 @@ def test_a_batch_the_rollout_engines_cannot_split_is_refused_naming_both_keys():
     assert "grid.cpu_rollout_engines" in problems[0].message and "4 rollout engines" in problems[0].message
 
 
+def test_an_engine_deadline_not_below_the_stage_timeout_is_refused():
+    """S-ELASTIC-1: a hung engine must be found and replaced before its stage fails."""
+    late = ["rl.stage_timeout_seconds=60", "rl.rollout.engine_timeout_seconds=60"]
+    problems = config_problems(load_config(TINY_PROFILE, late))
+    assert _keys(problems) == ["rl.rollout.engine_timeout_seconds"]
+    assert "not below rl.stage_timeout_seconds=60" in problems[0].message
+    assert config_problems(load_config(TINY_PROFILE, ["rl.stage_timeout_seconds=60"])) == []  # null: 15 s
+
+
 def test_a_minibatch_that_does_not_divide_the_batch_is_refused_at_config():
     problems = config_problems(
         load_config(TINY_PROFILE, ["rl.batch_size=12", "rl.minibatch_size=8", "rl.micro_batch_size=8"])
@@ -142,7 +151,7 @@ def test_one_step_off_on_gpus_needs_the_engines_on_gpus_of_their_own():
 def test_nixl_that_cannot_load_is_refused_before_anything_starts(monkeypatch):
     """S-XFER-1: a machine without a loadable NIXL is told so by the key, with the
     package each name gave; the object store needs nothing."""
-    from trainer import nixl_package
+    from weights import nixl_package
 
     monkeypatch.setattr(nixl_package, "MODULES", ("nixl_not_installed_here",))
     config = load_config(TINY_PROFILE, ["rl.weight_sync_transport=nixl"])

@@ -5,7 +5,7 @@ shard and one bucket; it returns a small manifest of bucket references and the n
 each carries, which lets a receiver refuse a publication (a weight missing, twice, or
 unknown) before touching its model. In process the buckets are the dicts themselves.
 With `rl.weight_sync_transport=nixl` a bucket is a NIXL descriptor instead
-(trainer/nixl_transport.py), in process too. docs/architecture.md "Data flow" follows
+(weights/nixl_transport.py), in process too. docs/architecture.md "Data flow" follows
 a version to the engines.
 """
 
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from trainer.nixl_transport import NixlBucket, NixlPeer
-from trainer.nixl_transport import publisher as nixl_publisher
-from trainer.nixl_transport import reader as nixl_reader
+from weights.nixl_transport import NixlPeer
+from weights.transport import transport_named
 
 
 class WeightPublicationError(RuntimeError):
@@ -82,13 +81,9 @@ class WeightPublication:
         NIXL the whole fetch must end within `timeout_s`, and without `owned` a bucket's
         tensors are valid only until the next one is fetched."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
+        transport = transport_named(self.transport, loopback)
         for index, (names, stored) in enumerate(zip(self.names, self.stored)):
-            if isinstance(stored, NixlBucket):
-                assert self.peer is not None
-                where = f"{receiver}, bucket {index} of {self.buckets}"
-                bucket = nixl_reader(loopback).read(self.peer, stored, where, deadline, owned)
-            else:
-                bucket = stored if isinstance(stored, dict) else _object_store_get(stored)
+            bucket = transport.read(self.peer, stored, f"{receiver}, bucket {index} of {self.buckets}", deadline, owned)
             if set(bucket) != set(names):
                 absent, extra = sorted(set(names) - set(bucket)), sorted(set(bucket) - set(names))
                 raise WeightPublicationError(
@@ -106,43 +101,13 @@ def publish(
     """The manifest of gathered buckets (empty buckets, those of ranks that keep
     nothing, are left out), each stored as soon as it is gathered: in the object
     store, or staged for NIXL readers under `version`."""
-    staging = None  # a rank that publishes nothing starts no NIXL agent
-    store = _bucket_store() if transport != "nixl" else None
+    carrier = transport_named(transport, loopback)
     names, sizes, stored = [], [], []
     for bucket in buckets:
         if not bucket:
             continue
         names.append(tuple(bucket))
         sizes.append(sum(t.numel() * t.element_size() for t in bucket.values()))
-        if store is None:
-            staging = staging or nixl_publisher(loopback)
-            stored.append(staging.stage(len(stored), bucket, version))
-        else:
-            stored.append(store(bucket))
+        stored.append(carrier.stage(len(stored), bucket, version))
         del bucket
-    peer = staging.peer if staging is not None else None
-    return WeightPublication(tuple(names), tuple(sizes), tuple(stored), peer)
-
-
-def _bucket_store() -> Callable[[dict[str, torch.Tensor]], Any]:
-    """`ray.put` inside a Ray actor (the role's process then drops the bucket), the
-    bucket itself anywhere else (a driver or a test holding role objects)."""
-    try:
-        import ray
-
-        from compat.ray_compat import current_actor
-    except ImportError:
-        return _keep
-    if current_actor() is not None:
-        return ray.put
-    return _keep
-
-
-def _keep(bucket: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return bucket
-
-
-def _object_store_get(reference: Any) -> dict[str, torch.Tensor]:
-    import ray
-
-    return ray.get(reference)
+    return WeightPublication(tuple(names), tuple(sizes), tuple(stored), carrier.peer())

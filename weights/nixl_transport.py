@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import xxhash
 
-from trainer.nixl_package import nixl_module
+from weights.nixl_package import nixl_module
 
 HEADER_BYTES = 64  # the policy_version (int64), padded so every tensor starts aligned
 ALIGN = 64

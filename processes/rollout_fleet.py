@@ -1,0 +1,356 @@
+"""Elastic rollout: one actor that owns every call to the rollout engines of a run with
+several of them, so that losing one costs a shard, not the run (S-ELASTIC-1..3).
+
+The iteration program sees the fleet as its one engine: `generate`, `load_weights` and
+`evaluate` go to it, and it hands shard `i` of `N` to engine `i` as before. An engine
+whose process dies, or that does not answer within `rl.rollout.engine_timeout_seconds`,
+is killed; its shard is generated again on a surviving engine with the same shard
+index, hence the same seed, and the same policy version; then a new engine is started
+on the lost one's placement and given the current weights through the configured
+transport (`weights.transport.deliver` over the one new receiver). The N logical
+shards never change: re-splitting the rows would change every row's random stream.
+
+The fleet's calls run one at a time, in the order the flow queued them, so a
+regenerated shard is finished before the next version's `load_weights` reaches any
+engine: a shard is always generated with the version it was asked for. The fleet
+keeps the current publication, so its buckets stay alive until every engine, a
+replacement included, holds it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from configs.schema import PPOConfig
+from contracts.generated_rows import check_generated
+from contracts.rollout_faults import FAULT_EVENTS, LOST_KEY, REPLACE_SECONDS_KEY
+from contracts.trajectory import PromptBatch, Trajectory
+from placement.nodes import actor_whereabouts, node_addresses, node_name
+from weights.nixl_transport import WeightTransferError
+from weights.publication import WeightPublication
+from weights.transport import deliver
+
+
+class RolloutEngineLost(RuntimeError):
+    """More rollout engines were lost than the run may replace, or every one of them."""
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """How engine `rank` was started, so that its replacement starts the same way: the
+    role's constructor arguments and the actor options (its placement bundle)."""
+
+    rank: int
+    args: tuple[Any, ...]
+    options: dict[str, Any]
+    namespace: str
+
+
+@dataclass
+class Engine:
+    rank: int
+    handle: Any
+    node: str  # as users read it
+    outstanding: int = 0  # calls queued on it and not yet answered
+    lost: bool = False
+    # A replacement that could not read the current version (over NIXL the policy may
+    # have staged the next one meanwhile): it serves no shard until the next load.
+    behind: bool = False
+
+
+@dataclass
+class ShardCall:
+    shard: int
+    engine: Engine
+    trajectory: Any  # ObjectRef
+    summary: Any  # ObjectRef
+    deadline: float
+    submitted: float
+    event: int | None = None  # a regenerated shard: its loss's entry in the events
+
+
+@dataclass
+class Replacement:
+    lost: Engine
+    handle: Any
+    started: float  # wall clock (time.time), comparable with the engine's own `built_at`
+
+
+@dataclass
+class Faults:
+    """What one fleet call survived, reported with the batch it generated."""
+
+    lost: int = 0
+    replace_seconds: float = 0.0
+    events: list[list[str]] = field(default_factory=list)  # [level, message]
+
+    def summary(self) -> dict[str, Any]:
+        return {LOST_KEY: float(self.lost), REPLACE_SECONDS_KEY: self.replace_seconds, FAULT_EVENTS: self.events}
+
+
+def engine_deadline(config: PPOConfig) -> float | None:
+    """Seconds an engine call may take before the engine counts as lost: the key, or a
+    quarter of the stage timeout, so a hung engine is replaced long before its stage fails."""
+    stage = config.rl.stage_timeout_seconds
+    return config.rl.rollout.engine_timeout_seconds or (None if stage is None else stage / 4)
+
+
+def elastic(config: PPOConfig, engines: int) -> bool:
+    """Whether a run gets a fleet: several engines and replacements allowed. One
+    engine, or elasticity off, runs exactly as before: no actor, no metric key."""
+    return engines > 1 and config.rl.rollout.max_engine_replacements > 0
+
+
+class RolloutFleet:
+    """The run's rollout engines behind the verbs of one engine (RolloutRole's)."""
+
+    def __init__(self, config: PPOConfig, engines: list[Any], launches: list[EngineLaunch]):
+        rollout = config.rl.rollout
+        self.timeout_s = engine_deadline(config)
+        self.max_replacements = rollout.max_engine_replacements
+        self.ready_timeout_s = max(900.0, config.rl.stage_timeout_seconds or 0.0)
+        self.launches = launches
+        self.engines = [Engine(rank, handle, "") for rank, handle in enumerate(engines)]
+        self._locate(self.engines)
+        self.replaced = 0  # engines replaced in this run (this fleet's life)
+        self.published: tuple[WeightPublication, int] | None = None
+        self.pending: list[Replacement] = []
+        self.carried = Faults()  # losses met outside a generate, reported with the next batch
+
+    def ready(self) -> dict[str, Any]:
+        return {"role": "rollout fleet", "engines": len(self.engines)}
+
+    # --- the verbs of one engine -------------------------------------------------
+
+    def generate(
+        self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1
+    ) -> tuple[Trajectory, dict[str, Any]]:
+        """The whole batch, one shard per engine, each lost shard generated again on a
+        survivor; then checked row by row before anything trains on it."""
+        self._finish_replacements(self.carried)  # started after an earlier loss: waited for now, not then
+        faults, self.carried = self.carried, Faults()
+        count = len(self.engines)
+        prompts_ref = ray.put(prompts)
+        calls: dict[Any, ShardCall] = {}
+
+        def submit(index: int, engine: Engine, event: int | None = None) -> None:
+            trajectory, summary = engine.handle.generate.options(num_returns=2).remote(
+                prompts_ref, required_version, index, count
+            )
+            engine.outstanding += 1
+            now = time.monotonic()
+            deadline = float("inf") if self.timeout_s is None else now + self.timeout_s * engine.outstanding
+            calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, event)
+
+        for engine in self.engines:  # shard i on engine i; a lost or lagging one's on a survivor
+            submit(engine.rank, engine if self._serves(engine) else self._least_busy())
+        done: dict[int, ShardCall] = {}
+        while calls:
+            wait_s = min(call.deadline for call in calls.values()) - time.monotonic()
+            timeout = None if wait_s == float("inf") else max(0.0, wait_s)
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=timeout)
+            if ready:
+                call = calls.pop(ready[0])
+                call.engine.outstanding -= 1
+                try:
+                    ray.get(call.summary)
+                except RayActorError as error:
+                    moved = self._lose(call.engine, f"its process is gone ({_first_line(error)})", faults, calls)
+                    self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
+                    continue
+                done[call.shard] = call
+                if call.event is not None:
+                    faults.events[call.event][1] += f", done after {time.monotonic() - call.submitted:.1f} s more"
+                continue
+            now = time.monotonic()
+            for call in [c for c in calls.values() if c.deadline <= now]:
+                if call.summary not in calls:  # moved with an engine lost in this same pass
+                    continue
+                calls.pop(call.summary)
+                why = f"no answer within {self.timeout_s:g} s (rl.rollout.engine_timeout_seconds)"
+                moved = self._lose(call.engine, why, faults, calls)
+                self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
+        trajectory, summary = self._gather([done[index] for index in range(count)], faults, calls)
+        check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3: never train on a failed generation
+        return trajectory, {**summary, **faults.summary()}
+
+    def load_weights(self, published: WeightPublication, policy_version: int) -> dict[str, float]:
+        """Every engine takes the version: a replacement started since the last call as
+        soon as it is ready, the others as before; one lost meanwhile is replaced at the
+        next call. The publication is kept until the next one."""
+        self.published = (published, policy_version)
+        fresh = self._finish_replacements(self.carried)
+        metrics: dict[str, float] | None = None
+        engines = [engine for engine in self.engines if not engine.lost and engine.rank not in fresh]
+        for engine, loaded in zip(engines, deliver(published, policy_version, [e.handle for e in engines], _remote)):
+            try:
+                answer = ray.get(loaded, timeout=self.timeout_s)
+            except (RayActorError, GetTimeoutError) as error:
+                self._lose(engine, _why(error, self.timeout_s), self.carried, {})
+                continue
+            engine.behind = False
+            metrics = metrics if metrics is not None else answer
+        if metrics is None:  # no engine but fresh replacements took it: their load was not timed here
+            metrics = {"perf/weight_sync_bytes": 0.0, "perf/weight_sync_buckets": float(published.buckets)}
+        return metrics
+
+    def evaluate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
+        """Held-out prompts on the first live engine (S-OPS-2); another one if it is lost."""
+        self._finish_replacements(self.carried)
+        while True:
+            engine = self._live()[0]
+            trajectory, summary = engine.handle.evaluate.options(num_returns=2).remote(prompts, required_version)
+            try:
+                answer = ray.get([trajectory, summary], timeout=self.timeout_s)
+            except (RayActorError, GetTimeoutError) as error:
+                self._lose(engine, _why(error, self.timeout_s), self.carried, {})
+                continue
+            return answer[0], answer[1]
+
+    # --- losing and replacing an engine ------------------------------------------
+
+    @staticmethod
+    def _serves(engine: Engine) -> bool:
+        return not engine.lost and not engine.behind
+
+    def _live(self) -> list[Engine]:
+        live = [engine for engine in self.engines if self._serves(engine)]
+        if not live:
+            raise RolloutEngineLost(f"every rollout engine is lost ({len(self.engines)} of {len(self.engines)})")
+        return live
+
+    def _least_busy(self) -> Engine:
+        return min(self._live(), key=lambda engine: (engine.outstanding, engine.rank))
+
+    def _lose(self, engine: Engine, why: str, faults: Faults, calls: dict[Any, ShardCall]) -> list[ShardCall]:
+        """Kill `engine`, count it against the run's bound, start its replacement, and
+        take back every call still queued on it (returned, to be given to survivors)."""
+        if engine.lost:
+            return []
+        engine.lost = True
+        kill_quietly(engine.handle)
+        what = f"rollout engine {engine.rank} on {engine.node}: {why}"
+        if self.replaced >= self.max_replacements:
+            raise RolloutEngineLost(
+                f"lost {what}; the run has already replaced {self.replaced} engine(s) "
+                f"(rl.rollout.max_engine_replacements={self.max_replacements})"
+            )
+        if not [other for other in self.engines if self._serves(other)]:
+            raise RolloutEngineLost(f"every rollout engine is lost ({len(self.engines)} of {len(self.engines)}); "
+                                    f"the last was {what}")
+        self.replaced += 1
+        faults.lost += 1
+        self.pending.append(Replacement(engine, self._launch(engine.rank), time.time()))
+        moved = [call for call in calls.values() if call.engine is engine]
+        for call in moved:
+            calls.pop(call.summary)
+        engine.outstanding = 0
+        faults.events.append(["warning", f"lost {what}"])
+        return moved
+
+    def _regenerate(self, lost: list[ShardCall], iteration: int, count: int, faults: Faults, submit: Any) -> None:
+        """Each lost shard once more on the least busy survivor, same index, same version."""
+        for call in lost:
+            survivor = self._least_busy()
+            submit(call.shard, survivor, len(faults.events) - 1)
+            faults.events[-1][1] += (
+                f"; iteration {iteration}: shard {call.shard} of {count} generated again on rollout engine "
+                f"{survivor.rank} ({time.monotonic() - call.submitted:.1f} s into the shard)"
+            )
+
+    def _gather(
+        self, done: list[ShardCall], faults: Faults, calls: dict[Any, ShardCall]
+    ) -> tuple[Trajectory, dict[str, Any]]:
+        """The shards merged by a live engine, exactly as engine 0 merges them."""
+        parts, summaries = [call.trajectory for call in done], [call.summary for call in done]
+        while True:
+            engine = self._live()[0]
+            merged = engine.handle.gather.options(num_returns=2).remote(len(done), *parts, *summaries)
+            try:
+                trajectory, summary = ray.get(merged, timeout=self.timeout_s)
+                return trajectory, summary
+            except (RayActorError, GetTimeoutError) as error:
+                self._lose(engine, _why(error, self.timeout_s), faults, calls)
+
+    def _launch(self, rank: int) -> Any:
+        from roles.rollout_role import RolloutRole
+
+        launch = self.launches[rank]
+        name = f"rollout-rank{rank}-replacement{self.replaced}"
+        return ray.remote(RolloutRole).options(
+            name=name, namespace=launch.namespace, max_restarts=0, **launch.options
+        ).remote(*launch.args)
+
+    def _finish_replacements(self, faults: Faults) -> set[int]:
+        """Wait for each started replacement, hand it the current weights and version
+        (S-ELASTIC-1), and put it in the lost engine's place; returns their ranks. Called
+        at the start of the fleet's next call, not when the loss is handled: a new engine
+        starts (a vLLM engine in minutes) while the iteration trains, and the rollout
+        stage that lost one waits only for the regenerated shard."""
+        fresh = set()
+        while self.pending:
+            replacement = self.pending.pop(0)
+            handle, lost = replacement.handle, replacement.lost
+            waited = time.monotonic()
+            built = ray.get(handle.ready.remote(), timeout=self.ready_timeout_s)["built_at"]
+            version, behind, loading = 0, False, 0.0
+            if self.published is not None:
+                published, version = self.published
+                loading = time.monotonic()
+                try:
+                    ray.get(deliver(published, version, [handle], _remote), timeout=self.ready_timeout_s)
+                except RayTaskError as error:
+                    if not isinstance(error.cause, WeightTransferError):
+                        raise
+                    behind = True  # the policy staged a newer version over it: the next load brings that one
+                loading = time.monotonic() - loading
+            # Its own cost: start-up (launch to built) and the weight load, whatever overlapped it.
+            seconds = max(0.0, built - replacement.started) + loading
+            faults.replace_seconds += seconds
+            waited = time.monotonic() - waited
+            lost.handle, lost.lost, lost.behind, lost.outstanding = handle, False, behind, 0
+            self._locate([lost])
+            serving = (
+                f"waits for the next weight sync (policy_version {version} was replaced before it could read it)"
+                if behind else f"is serving policy_version {version}"
+            )
+            faults.events.append([
+                "info", f"replacement rollout engine {lost.rank} {serving} on {lost.node} "
+                f"(started in {seconds:.1f} s, weights included; this call waited {waited:.1f} s for it)",
+            ])
+            fresh.add(lost.rank)
+        return fresh
+
+    def _locate(self, engines: list[Engine]) -> None:
+        where = actor_whereabouts({engine.rank: engine.handle for engine in engines})
+        addresses = node_addresses()
+        for engine in engines:
+            node = where.get(engine.rank, (None, None))[1]
+            engine.node = node_name(node, addresses) if node else "an unknown node"
+
+
+def kill_quietly(handle: Any) -> None:
+    try:
+        ray.kill(handle)
+    except Exception:  # already dead: nothing to release
+        pass
+
+
+def _remote(method: Any, *args: Any) -> Any:
+    return method.remote(*args)
+
+
+def _why(error: BaseException, timeout_s: float | None) -> str:
+    if isinstance(error, GetTimeoutError):
+        return f"no answer within {timeout_s:g} s (rl.rollout.engine_timeout_seconds)"
+    return f"its process is gone ({_first_line(error)})"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
