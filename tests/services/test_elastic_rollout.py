@@ -182,7 +182,7 @@ def test_a_hung_engine_is_found_within_its_deadline_killed_named_and_replaced(
     twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
 ):
     from flows.training import ppo
-    from tests.support.elastic import alive
+    from tests.support.helpers import alive
 
     name = "elastic-hang"
     engine_timeout = 5

@@ -13,16 +13,7 @@ import pytest
 
 from flows.failures import StageFailed
 from tests.conftest import TINY_PROFILE
-from tests.support.helpers import assert_ends_like_the_uninterrupted_run, signal_actor_after
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited too
-        return stat.read().split()[2] != "Z"
+from tests.support.helpers import alive, assert_ends_like_the_uninterrupted_run, signal_actor_after
 
 
 FROZEN_TIMEOUT = 10
@@ -50,11 +41,11 @@ def test_a_frozen_actor_fails_its_stage_by_name_within_the_timeout_and_is_killed
         ) in message
         assert FROZEN_TIMEOUT <= failed_after < FROZEN_TIMEOUT + 40, failed_after
         deadline = time.monotonic() + 30
-        while _alive(freezer.pid) and time.monotonic() < deadline:
+        while alive(freezer.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(freezer.pid)  # the stuck actor was killed, not left holding its device
+        assert not alive(freezer.pid)  # the stuck actor was killed, not left holding its device
     finally:
-        if freezer.pid and _alive(freezer.pid):
+        if freezer.pid and alive(freezer.pid):
             os.kill(freezer.pid, signal.SIGKILL)
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.support.helpers import metric_records, run_actor, without_timings
+from tests.support.helpers import alive, metric_records, run_actor, without_timings
 
 FAULT_KEYS = {"fault/rollout_engines_lost", "fault/rollout_replace_seconds"}
 # Files whose JSON carries wall-clock figures (a row, the in-flight batch's stage
@@ -125,15 +125,6 @@ def _marker(path: Path) -> dict:
     marker = json.loads(path.read_text())
     files = {name: entry for name, entry in marker.get("files", {}).items() if Path(name).name not in TIMED_JSON}
     return {**{k: v for k, v in marker.items() if k != "files"}, "files": files}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited too
-        return stat.read().split()[2] != "Z"
 
 
 def release(pid: int | None) -> None:

@@ -4,6 +4,7 @@ boundaries on disk."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -117,3 +118,12 @@ def assert_ends_like_the_uninterrupted_run(
     assert [without_timings(r) for r in metric_records(run_dir)] == [
         without_timings(r) for r in metric_records(straight)
     ]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited too
+        return stat.read().split()[2] != "Z"
