@@ -77,6 +77,9 @@ def test_an_engine_killed_inside_generate_costs_a_shard_and_the_run_ends_like_it
     assert len(serving) == 1 and "policy_version 2 on node" in serving[0].getMessage(), serving
     print(f"\nengine {engine} killed inside generate of iteration 2: run took {seconds:.1f} s")
     assert summary["policy_version"] == 3 and not summary.get("resumed_from")  # the same flow run throughout
+    # No other role restarted: the role actors were started once (a resume starts them all again).
+    launches = [r.getMessage() for r in caplog.records if r.getMessage().startswith("actors: ")]
+    assert len(launches) == 1, launches
     rows = metric_records(run_dir)
     assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 1.0, 0.0]
     assert [r["fault/rollout_replace_seconds"] > 0 for r in rows] == [False, False, True]
