@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from processes.process_tree import terminate, with_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE = "configs/ppo_tiny_cpu.py"
@@ -135,31 +136,6 @@ def free_port() -> int:
 
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def pids_with_env(entry: str) -> list[int]:
-    wanted = entry.encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid():
-            try:
-                if wanted in (proc / "environ").read_bytes().split(b"\0"):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
-
-
-def kill_pids(pids: list[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 10
-        while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
-            time.sleep(0.2)
 
 
 @dataclass
@@ -267,7 +243,7 @@ def bench_database(
         deadline = time.monotonic() + timeout_s
         listening: set[str] = set()
         while any(tab.is_alive() for tab in tabs) and time.monotonic() < deadline:
-            listening.update(listening_beyond_loopback(set(pids_with_env(f"{MARKER}={marker}"))))
+            listening.update(listening_beyond_loopback({pid for pid, _ in with_environment(f"{MARKER}={marker}")}))
             time.sleep(every_s)
         figures.listening_beyond_loopback = sorted(listening)
         for tab in tabs:
@@ -285,7 +261,7 @@ def bench_database(
             tab.stop.set()
         stop = subprocess.run([str(REPO_ROOT / "deployments" / "stop.sh")], cwd=REPO_ROOT, env=env,
                               capture_output=True, text=True, timeout=300)
-        kill_pids(pids_with_env(f"{MARKER}={marker}"))  # what the runs left (Ray), by pid
+        terminate(with_environment(f"{MARKER}={marker}"), wait_s=10)  # what the runs left (Ray), by pid
         print(f"{database}: " + " | ".join(stop.stdout.split("\n")).strip(" |"), flush=True)
     calls = [call for tab in tabs for call in tab.calls]
     if calls:

@@ -33,17 +33,23 @@ def _start_time(pid: int) -> int | None:
 def marked(mark: str) -> set[Proc]:
     """Live processes, other than this one, whose environment holds `MARK_ENV=mark`
     (only this user's processes can be read, and only theirs can hold it)."""
-    needle = f"{MARK_ENV}={mark}".encode()
+    return with_environment(f"{MARK_ENV}={mark}")
+
+
+def with_environment(entry: str) -> set[Proc]:
+    """Live processes, other than this one, whose environment holds `entry` (`KEY=value`),
+    as it was when each process started."""
+    needle = entry.encode()
     found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
-            environment = Path(f"/proc/{entry}/environ").read_bytes()
+            environment = Path(f"/proc/{name}/environ").read_bytes()
         except OSError:
             continue
-        if needle in environment.split(b"\0") and (start := _start_time(int(entry))) is not None:
-            found.add((int(entry), start))
+        if needle in environment.split(b"\0") and (start := _start_time(int(name))) is not None:
+            found.add((int(name), start))
     return found
 
 
@@ -65,3 +71,13 @@ def end_processes(processes: set[Proc], wait_s: float) -> set[Proc]:
         except OSError:
             pass
     return left
+
+
+def terminate(processes: set[Proc], wait_s: float) -> set[Proc]:
+    """SIGTERM each of `processes` still alive, then as `end_processes`."""
+    for pid, _ in alive(processes):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    return end_processes(processes, wait_s)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from processes.process_tree import MARK_ENV, alive, end_processes, marked
+from processes.process_tree import MARK_ENV, alive, end_processes, marked, terminate, with_environment
 
 # A parent that starts a grandchild and lingers, as Ray's agents outlive their raylet.
 TREE = (
@@ -40,3 +40,28 @@ def test_the_marked_processes_are_ended_and_nothing_else_is_touched():
     finally:
         bystander.kill()
         started.kill()
+
+
+def test_terminate_asks_first_and_kills_only_what_stays():
+    """SIGTERM ends a process that heeds it (nothing had to be killed); one that ignores
+    it is killed when the wait is over."""
+    entry = f"PPO_TEST_TERMINATE=test-{os.getpid()}-{time.monotonic_ns()}"
+    key, value = entry.split("=")
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    heeding = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, key: value})
+    ignoring = subprocess.Popen(
+        [sys.executable, "-c", stubborn], env={**os.environ, key: value}, stdout=subprocess.PIPE
+    )
+    try:
+        ignoring.stdout.readline()  # its handler is in place
+        deadline = time.monotonic() + 10
+        while len(with_environment(entry)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = with_environment(entry)
+        assert {pid for pid, _ in found} == {heeding.pid, ignoring.pid}
+        killed = terminate(found, wait_s=1.0)
+        assert {pid for pid, _ in killed} == {ignoring.pid}
+        assert heeding.wait(timeout=5) == -15 and ignoring.wait(timeout=5) == -9
+    finally:
+        heeding.kill()
+        ignoring.kill()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from processes.process_tree import with_environment
 from tests.conftest import REPO_ROOT, TINY_PROFILE, short_run_overrides
 
 pytestmark = pytest.mark.slow
@@ -28,19 +29,7 @@ MARK = "PPO_TEST_RUN_MARK"
 
 def marked(mark: str) -> set[int]:
     """Live processes whose environment holds `MARK=mark`."""
-    found = set()
-    needle = f"{MARK}={mark}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state not in ("Z", "X"):
-                    found.add(int(entry))
-        except OSError:
-            pass
-    return found
+    return {pid for pid, _ in with_environment(f"{MARK}={mark}")}
 
 
 def _rows(run_dir: Path) -> int:
