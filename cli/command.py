@@ -156,7 +156,9 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
         if api is not None:
             from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
-            api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+            # S-STOP-4: a stop while the API comes up is honoured there, not after it.
+            if not api.wait_until_up(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), stop.signalled):
+                return stopped_before_the_flow(launch)
         with handed_to_the_flow(launch):
             summary = ppo(profile=args.config, overrides=overrides, resume=not args.fresh,
                           resume_from=args.resume_from)

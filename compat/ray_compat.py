@@ -72,6 +72,43 @@ def worker_python(launcher: str | None) -> Iterator[None]:
         services.sys = real_sys
 
 
+@contextlib.contextmanager
+def daemons_in_sessions_of_their_own() -> Iterator[None]:
+    """While a local Ray starts: every process Ray's process starter launches (the GCS,
+    the raylet, the monitors) starts in a session of its own (S-STOP-5). The raylet
+    answers SIGTERM by unregistering its node and sending SIGTERM to every worker, and
+    the GCS by stopping: in the run's process group, a stop signal for the whole group
+    (a Prefect worker's Cancel, `timeout`, Slurm) killed the actors before the commit.
+    Ray has no setting for it; its starter builds each process through its own
+    `ConsolePopen`. A run killed outright still takes them with it: Ray's starter
+    makes the kernel kill each of them when the run's process dies (PR_SET_PDEATHSIG).
+    Outside `WRITTEN_FOR` they stay in the run's group: signal the run's process
+    alone (docs/stopping.md)."""
+    if not internals_usable(
+        "starting Ray's daemons in sessions of their own",
+        "they stay in the run's process group (signal the run's process, not its group)",
+    ):
+        yield
+        return
+    from ray._private import services
+
+    real_popen = services.ConsolePopen
+    services.ConsolePopen = _popen_in_own_session(real_popen)
+    try:
+        yield
+    finally:
+        services.ConsolePopen = real_popen
+
+
+def _popen_in_own_session(popen: type) -> type:
+    class PopenInOwnSession(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    return PopenInOwnSession
+
+
 class _SysWithExecutable:
     """`sys`, but with another `executable`."""
 

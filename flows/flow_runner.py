@@ -18,7 +18,7 @@ from prefect import flow
 from prefect.states import Cancelled
 
 from flows.blocks import BLOCK_FLOW, block_name
-from flows.failures import naming_failures
+from flows.failures import naming_failures, stage_run_name
 from flows.iteration_loop import IterationLoop
 from flows.stopping import stop_signals
 from flows.recording import wait_until_recorded
@@ -45,6 +45,7 @@ class FlowRunner:
         self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for
         self._upstream: list[Any] = []  # the previous stage's result: an arrow in the UI's graph
         self._inputs: dict[Any, list[Any]] = {}  # a call's result -> the calls it takes as arguments
+        self.running: dict[str, None] = {}  # the stage task runs in flight, as the UI names them
         labelled = labelled_actors(roles) if roles is not None else {}
         where = actor_whereabouts(labelled) if labelled else {}
         # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
@@ -117,7 +118,7 @@ class FlowRunner:
 
     def stage(self, body: Callable[..., Any], iteration: int, *args: Any, waits: Sequence[Any] = ()) -> Any:
         started = time.perf_counter()
-        with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
+        with self._bounded(), self._in_flight(body, iteration), naming_failures(body.__name__, iteration, self.explain):
             self.task_runs += 1
             result = self._run(body, iteration, args, list(self._upstream) or None, waits)
         self.seconds[body.__name__] = time.perf_counter() - started
@@ -136,7 +137,9 @@ class FlowRunner:
             futures = [(body, self._submit(body, iteration, args, upstream)) for body, args in stages]
             self._upstream = [future for _, future in futures]
             for body, future in futures:
-                with naming_failures(body.__name__, iteration, self.explain):
+                self.running[stage_run_name(body.__name__, iteration)] = None
+            for body, future in futures:
+                with self._in_flight(body, iteration), naming_failures(body.__name__, iteration, self.explain):
                     results.append(future.result())
         self.seconds[label] = time.perf_counter() - started
         return results
@@ -146,14 +149,25 @@ class FlowRunner:
         off: the next iteration's rollout); `finish_stage` waits for it."""
         with self._bounded():
             self.task_runs += 1
+            self.running[stage_run_name(body.__name__, iteration)] = None
             return (body, iteration, time.perf_counter(), self._submit(body, iteration, args, None))
 
     def finish_stage(self, started: Any) -> tuple[Any, float]:
         """The started stage's result and its seconds from start to end."""
         body, iteration, began, future = started
-        with self._bounded(), naming_failures(body.__name__, iteration, self.explain):
+        with self._bounded(), self._in_flight(body, iteration), naming_failures(body.__name__, iteration, self.explain):
             result = future.result()
         return result, time.perf_counter() - began
+
+    @contextmanager
+    def _in_flight(self, body: Callable[..., Any], iteration: int) -> Iterator[None]:
+        """The stage counts as running until its result is in (a stop past its grace names it)."""
+        label = stage_run_name(body.__name__, iteration)
+        self.running[label] = None
+        try:
+            yield
+        finally:
+            self.running.pop(label, None)
 
     def _run(
         self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any, waits: Sequence[Any]

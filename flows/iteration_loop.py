@@ -64,11 +64,15 @@ class IterationLoop:
         last_commit = None
         for iteration in range(first, last + 1):
             started = time.perf_counter()
+            if self.stop is not None:
+                self.stop.progress.doing, self.stop.progress.iteration = f"iteration {iteration}", iteration
             result = ppo_iteration(
                 self.run, self.roles, self.config, iteration, policy_version, self.paths, self.in_flight
             )
             result.record["time/iteration_seconds"] = time.perf_counter() - started
             policy_version, last_commit = result.policy_version, result.committed or last_commit
+            if self.stop is not None and result.committed is not None:
+                self.stop.progress.kept(iteration, result.committed.path)
             self.in_flight = result.ahead
             self._emit(result.record)
             if self.stop is not None and self.stop.due() is not None:
@@ -78,6 +82,8 @@ class IterationLoop:
                     self.run, self.roles, self.config, iteration, policy_version, self.paths, result.record,
                     result.ahead, kind="full",
                 )
+                if committed is not None:
+                    self.stop.progress.kept(iteration, committed.path)
                 self.stop.stopped_at(iteration, committed.path if committed else None)
                 return policy_version, committed or last_commit
         return policy_version, last_commit

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from configs.schema import STOP_SHUTDOWN_MARGIN_S as SHUTDOWN_MARGIN_S, PPOConfig
@@ -57,6 +57,34 @@ def signal_exit_code(name: str) -> int:
     return 128 + int(signal.Signals[name])
 
 
+@dataclass
+class Progress:
+    """Where the run is, for the last line of a stop that ran out of grace: what it
+    was doing, the iteration in progress, the stages still running (the runner's
+    live set) and the last boundary committed (S-STOP-4)."""
+
+    doing: str = "the start-up"
+    iteration: int | None = None
+    committed: int = 0
+    boundary: str | None = None
+    stages: dict[str, None] = field(default_factory=dict)
+
+    def kept(self, iteration: int, boundary: str | None) -> None:
+        self.committed, self.boundary = iteration, boundary
+
+    def lost(self, why: str, resume: str = RESUME_BY_COMMAND) -> str:
+        """The hard stop's line: what was still running and what is lost with it."""
+        running = self.doing + (f" ({', '.join(self.stages)} still running)" if self.stages else "")
+        stands = f"the last committed boundary {self.boundary} stands" if self.boundary else "nothing was committed yet"
+        if self.iteration is not None and self.iteration > self.committed:
+            first = self.committed + 1
+            span = f"iteration {first}" if first == self.iteration else f"iterations {first}-{self.iteration}"
+            lost = f"lost {span}, run since the last boundary"
+        else:
+            lost = "lost nothing"
+        return f"stopped at once ({why}) during {running}: {lost}; {stands}; {resume} to resume from it"
+
+
 class StopRequest:
     """One per launch. `due()` is asked at every iteration end and at every step of the
     start-up and the close; `hard_stop` is what a second signal or the end of the grace
@@ -68,6 +96,7 @@ class StopRequest:
         self.reason: str | None = None
         self.outcome: Stopped | None = None  # set once the run has stopped and kept what it could
         self.hard_stop: Callable[[str], None] = self.exit_now
+        self.progress = Progress()  # kept up to date by the run, read by the hard stop
         self._timer: threading.Timer | None = None
         self._ended = False
 
@@ -120,19 +149,14 @@ class StopRequest:
         if self.outcome is not None:
             print(self.outcome.line(), file=sys.stderr, flush=True)
             os._exit(self.outcome.exit_code())
-        exit_now(why, signal_exit_code(self.reason) if self.reason and self.reason != TIME_LIMIT else None)
+        print(self.progress.lost(why), file=sys.stderr, flush=True)
+        os._exit(signal_exit_code(self.reason) if self.reason and self.reason != TIME_LIMIT else 128 + signal.SIGTERM)
 
 
 def stop_request(config: PPOConfig) -> StopRequest:
     """The run's stop request, its time limit counted from now (the launch)."""
     limit = config.job.time_limit_minutes
     return StopRequest(config.job.stop_grace_seconds, None if limit is None else limit * 60.0)
-
-
-def exit_now(why: str, code: int | None = None) -> None:
-    print(f"stopped at once ({why}): the last committed boundary stands; {RESUME_BY_COMMAND} to resume from it",
-          file=sys.stderr, flush=True)
-    os._exit(code if code is not None else 128 + signal.SIGTERM)
 
 
 @contextlib.contextmanager

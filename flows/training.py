@@ -160,10 +160,13 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     history = None
     trackers = None
     kept = (resume_point.iteration, resume_point.boundary) if resume_point else (0, None)
+    progress = stop.progress
+    progress.kept(*kept)
     try:
         stop.hard_stop = hard_stop_of(config, stop)
         if stop.signalled():  # S-STOP-4: stopped while Ray started; nothing of the run ran yet
             return stopped_summary(config, paths, stop.stopped_at(*kept))
+        progress.doing = "the start of the role actors"
         roles = start_role_actors(config, startup_timeout(config.rl.stage_timeout_seconds), launch.adopt_actors())
         if stop.signalled():  # while the actors started
             return stopped_summary(config, paths, stop.stopped_at(*kept))
@@ -173,8 +176,11 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         runner = FlowRunner(
             roles, stage_timeout_s=config.rl.stage_timeout_seconds, samples_key=artifact_key(config.job.name, "samples")
         )
+        runner.running = progress.stages
         if len(node_addresses()) > 1:  # on a cluster: where the plan put each role (S-RUN-4, S-TEAM-2)
             say(f"nodes: {describe_layout(runner.layout())}")
+        if resume_point:
+            progress.doing = f"the restore of {resume_point.boundary}"
         resumed = resume_roles(runner, roles, config, paths, resume_point)
         policy_version = resumed.policy_version or 0
         if resume_point:
@@ -216,6 +222,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
         ):
             # Also a rerun of a run stopped before its export: every iteration committed, so
             # it only exports (S-STOP-4). The export is written aside and renamed when whole.
+            progress.doing, progress.iteration = "the final export", None
             exported = export(config.rl.max_steps, last_boundary, paths.final_model, roles.policy)
             if stop.signalled():  # during the export, which finished within the grace
                 stop.stopped_at(last_iteration, last_boundary)

@@ -31,8 +31,10 @@ def main(argv: list[str]) -> None:
     if not is_worker_command(argv):
         # One of Ray's own daemons: a process group of its own, so a signal to the run's
         # group (a Prefect worker's Cancel, Ctrl-C) reaches the run, which stops cleanly
-        # through its Ray, and not this daemon; Ray still stops it by its pid.
-        os.setpgid(0, 0)
+        # through its Ray, and not this daemon; Ray still stops it by its pid. One the
+        # run started in a session of its own already leads its group (setpgid would fail).
+        if os.getpgid(0) != os.getpid():
+            os.setpgid(0, 0)
         os.execv(sys.executable, [sys.executable, *argv])
     path = os.environ.get(SOCKET_ENV) if os.environ.get(ENABLE_ENV, "1") != "0" else None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from compat.ray_compat import (
     attach_to_node,
+    daemons_in_sessions_of_their_own,
     fork_launch_supported,
     stop_autoscaler_monitor,
     worker_python,
@@ -165,13 +166,14 @@ def _launcher() -> str | None:
 @contextlib.contextmanager
 def _local_ray_environment(env_vars: dict[str, str], launcher: str | None) -> Iterator[None]:
     """While a local Ray starts: `env_vars` in the environment its daemons inherit (the
-    raylet passes its own to every worker), and `launcher` (processes/fork_launch.py) as
-    the Python the raylet runs for its workers. The environment is put back as it was
-    afterwards: this process keeps its own."""
+    raylet passes its own to every worker), `launcher` (processes/fork_launch.py) as
+    the Python the raylet runs for its workers, and each daemon in a session of its own,
+    out of reach of a signal to the run's process group (S-STOP-5). The environment is
+    put back as it was afterwards: this process keeps its own."""
     saved = {key: os.environ.get(key) for key in env_vars}
     os.environ.update(env_vars)
     try:
-        with worker_python(launcher):
+        with worker_python(launcher), daemons_in_sessions_of_their_own():
             yield
     finally:
         for key, value in saved.items():

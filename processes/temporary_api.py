@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from compat.prefect_compat import SERVER_ENV, standing_api_possible, temporary_api_supported
 from compat.prefect_schema import sqlite_database_problem
@@ -42,11 +43,15 @@ class TemporaryApi:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
-    def wait_until_up(self, timeout_s: float) -> None:
-        """Block until `/api/health` answers 200; a server that exits or does not answer
-        in time is a TemporaryApiFailed naming which."""
+    def wait_until_up(self, timeout_s: float, abandon: Callable[[], object] = lambda: None) -> bool:
+        """Block until `/api/health` answers 200 (True), or until `abandon()` says the run
+        stops meanwhile (False: on a loaded machine the server may take longer than a
+        stop's grace); a server that exits or does not answer in time is a
+        TemporaryApiFailed naming which."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if abandon():
+                return False
             if self.process.poll() == PORT_IN_USE_EXIT and port_taken(self.port):
                 # Another process took the port between our probe and the server's bind.
                 self.port = free_loopback_port()
@@ -61,7 +66,7 @@ class TemporaryApi:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.05)

@@ -41,6 +41,31 @@ def test_rays_process_starter_names_the_python_it_runs_through_its_sys_module():
     assert "sys.executable" in inspect.getsource(services.start_raylet)
 
 
+def test_rays_process_starter_builds_every_daemon_through_its_console_popen():
+    """S-STOP-5: the GCS and the raylet leave the run's process group only through this."""
+    from ray._private import services
+
+    assert issubclass(services.ConsolePopen, subprocess.Popen)
+    assert "ConsolePopen(" in inspect.getsource(services.start_ray_process)
+
+
+def test_while_a_local_ray_starts_its_daemons_get_sessions_of_their_own(monkeypatch):
+    from packaging.specifiers import SpecifierSet
+    from ray._private import services
+
+    def session_of_a_daemon() -> int:
+        daemon = services.ConsolePopen([sys.executable, "-c", "import os; print(os.getsid(0))"], stdout=subprocess.PIPE)
+        return int(daemon.communicate(timeout=30)[0])
+
+    with ray_compat.daemons_in_sessions_of_their_own():
+        started = services.ConsolePopen
+        assert session_of_a_daemon() not in (os.getsid(0), 0)
+    assert services.ConsolePopen is not started and session_of_a_daemon() == os.getsid(0)  # put back
+    monkeypatch.setattr(ray_compat, "WRITTEN_FOR", SpecifierSet("<0.1"))  # outside the range: as Ray starts them
+    with ray_compat.daemons_in_sessions_of_their_own():
+        assert session_of_a_daemon() == os.getsid(0)
+
+
 def test_ray_keeps_its_global_node_and_the_monitors_kill():
     from ray._private import node, worker
 

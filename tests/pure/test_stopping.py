@@ -188,3 +188,50 @@ def test_the_grace_ending_after_the_commit_exits_with_the_stops_own_status_and_l
         "stopped by SIGINT after iteration 7: committed /runs/a/checkpoints/iter_000007; "
         "run the same command again to resume from it"
     )
+
+
+HARD_STOP_IN_AN_ITERATION = """
+import os, signal, time
+from flows.stopping import StopRequest, stop_signals
+stop = StopRequest(grace_s=3.2)
+stop.progress.kept(5, "/runs/a/checkpoints/iter_000005")
+stop.progress.doing, stop.progress.iteration = "iteration 8", 8
+stop.progress.stages.update({"train_policy[iter=8]": None, "train_critic[iter=8]": None})
+with stop_signals(stop):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # the iteration never ends
+"""
+
+
+def test_a_stop_out_of_grace_names_what_still_ran_and_the_iterations_it_lost():
+    """S-STOP-4: past the grace the last line says what was running and which iterations
+    since the last boundary are lost, not only that the boundary stands."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    ended = subprocess.run([sys.executable, "-c", HARD_STOP_IN_AN_ITERATION], cwd=REPO_ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert ended.returncode == 143, ended.stderr
+    assert ended.stderr.strip().splitlines()[-1] == (
+        "stopped at once (the grace of 3.2 s ran out) during iteration 8 (train_policy[iter=8], train_critic[iter=8] "
+        "still running): lost iterations 6-8, run since the last boundary; the last committed boundary "
+        "/runs/a/checkpoints/iter_000005 stands; run the same command again to resume from it"
+    )
+
+
+def test_a_stop_out_of_grace_before_any_iteration_loses_nothing():
+    from flows.stopping import Progress
+
+    assert Progress().lost("a second SIGTERM") == (
+        "stopped at once (a second SIGTERM) during the start-up: lost nothing; nothing was committed yet; "
+        "run the same command again to resume from it"
+    )
+    restoring = Progress(doing="the restore of /r/iter_000004", committed=4, boundary="/r/iter_000004")
+    assert restoring.lost("the grace of 30 s ran out").startswith(
+        "stopped at once (the grace of 30 s ran out) during the restore of /r/iter_000004: lost nothing; "
+        "the last committed boundary /r/iter_000004 stands"
+    )
+    one = Progress(doing="iteration 5", iteration=5, committed=4, boundary="/r/iter_000004")
+    assert "lost iteration 5, run since the last boundary" in one.lost("x")

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -80,6 +81,21 @@ def test_a_server_whose_app_fails_to_start_is_named_at_once_not_relaunched_until
     started = time.monotonic()
     with pytest.raises(TemporaryApiFailed, match="exited with code 3"):
         api.wait_until_up(timeout_s=30)
+    assert time.monotonic() - started < 10
+
+
+def test_a_stop_while_the_server_is_still_starting_ends_the_wait_at_once():
+    """S-STOP-4: on a loaded machine the server can take longer than a stop's grace; a
+    stop signalled meanwhile is honoured there, not after the server answers."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # never answers
+    api = TemporaryApi(process, port=9, command=[], env={})
+    stopping = []
+    threading.Timer(0.3, stopping.append, args=("SIGTERM",)).start()
+    started = time.monotonic()
+    try:
+        assert api.wait_until_up(timeout_s=30, abandon=lambda: stopping) is False
+    finally:
+        process.kill()
     assert time.monotonic() - started < 10
 
 

@@ -14,12 +14,30 @@ do not ask for the fixture."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TINY_PROFILE, short_run_overrides
+
+
+# The proof by repetition that stops hold every time (S-STOP-2, S-STOP-5): each test
+# taking `stop_attempt` runs every case this many times, back to back, e.g.
+# `PPO_STOP_REPEATS=20 pytest -m slow tests/services/test_group_stop.py`.
+STOP_REPEATS = int(os.environ.get("PPO_STOP_REPEATS", "1"))
+
+
+def pytest_generate_tests(metafunc):
+    if "stop_attempt" in metafunc.fixturenames and STOP_REPEATS > 1:
+        metafunc.parametrize("stop_attempt", range(1, STOP_REPEATS + 1), ids=lambda n: f"try{n}")
+
+
+@pytest.fixture
+def stop_attempt() -> int:
+    """Which repetition of a stop test this is (1 unless PPO_STOP_REPEATS is set)."""
+    return 1
 
 
 @pytest.fixture(scope="session")

@@ -447,7 +447,9 @@ def test_a_deployment_resumes_by_itself_after_an_actor_dies(stack, tiny_model_di
     assert_ends_like_the_uninterrupted_run(tmp_path / "deploy-auto", overrides, "deploy-straight", 6)
 
 
-def test_cancel_from_the_ui_commits_the_finished_iteration_and_the_next_run_resumes(stack, tiny_model_dir, tmp_path):
+def test_cancel_from_the_ui_commits_the_finished_iteration_and_the_next_run_resumes(
+    stack, stop_attempt, tiny_model_dir, tmp_path
+):
     """S-STOP-2: Cancel (the state change the UI's button sends) makes the worker send
     SIGTERM to the flow run's process group; the run finishes its iteration, commits it
     (rl.save_every far away), releases its actors and ends Cancelled, which the crash
@@ -495,7 +497,7 @@ def test_cancel_from_the_ui_commits_the_finished_iteration_and_the_next_run_resu
 
 
 def test_cancel_from_the_ui_in_the_last_iteration_commits_it_and_the_rerun_only_exports(
-    stack, tiny_model_dir, tmp_path
+    stack, stop_attempt, tiny_model_dir, tmp_path
 ):
     """S-STOP-4 through the real server and worker: Cancel while the run's last
     iteration runs commits that iteration and starts no export; the run ends Cancelled

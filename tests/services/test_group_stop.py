@@ -5,7 +5,10 @@ with the resume line, and within a few seconds none of the processes it started 
 (S-STOP-5). Counted by a mark in their environment, which every process of the run
 inherits and nothing else has. (With `PPO_FORK_WORKERS=0` the raylet's agents used to be
 in the run's group: a signal while the actors started killed them, the raylet died with
-them, and the run hung past its grace.)"""
+them, and the run hung past its grace. The GCS and the raylet themselves stayed in it
+until they were given sessions of their own: the raylet answers SIGTERM by sending SIGTERM
+to every worker, so some tries lost the iteration.) A SIGKILL to the group, a Prefect
+worker's after its grace, still leaves nothing of the run behind."""
 
 from __future__ import annotations
 
@@ -37,11 +40,9 @@ def _rows(run_dir: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-@pytest.mark.parametrize(
-    ("fork_workers", "moment"), [("0", "while the actors start"), ("0", "in an iteration"), ("1", "in an iteration")]
-)
-def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(fork_workers, moment, tiny_model_dir, tmp_path):
-    mark = uuid.uuid4().hex
+def _start_run(fork_workers: str, mark: str, tiny_model_dir: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A command-line run leading a process group and session of its own, as a Prefect
+    process worker or a terminal starts it; its output goes to run.log."""
     overrides = short_run_overrides(tmp_path, tiny_model_dir) + [
         "job.name=group", "rl.max_steps=40", "rl.save_every=100",
         # Iterations of a few seconds, so the signal comes while the actors work.
@@ -54,6 +55,27 @@ def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(fork_workers, mo
         [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *overrides], cwd=REPO_ROOT, env=env,
         stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
+    return run, log
+
+
+def _left_running(mark: str, seconds: float) -> list[bytes]:
+    """The command lines of the marked processes still running after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in marked(mark)]
+
+
+@pytest.mark.parametrize(
+    ("fork_workers", "moment"),
+    [("0", "while the actors start"), ("0", "in an iteration"), ("1", "while the actors start"),
+     ("1", "in an iteration")],
+)
+def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(
+    fork_workers, moment, stop_attempt, tiny_model_dir, tmp_path
+):
+    mark = uuid.uuid4().hex
+    run, log = _start_run(fork_workers, mark, tiny_model_dir, tmp_path)
     run_dir = tmp_path / "group"
     try:
         if moment == "in an iteration":
@@ -80,10 +102,26 @@ def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(fork_workers, mo
         assert done == 0 and last.startswith("stopped by SIGTERM before its first iteration finished"), last
     # The run, its temporary API, its Ray's daemons and agents and the actors started so far: all gone.
     assert len(running) >= 6, running
-    deadline = time.monotonic() + 5
-    while marked(mark) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert marked(mark) == set(), [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in marked(mark)]
+    assert _left_running(mark, 5) == []
+
+
+def test_a_group_sigkill_leaves_nothing_of_the_run(stop_attempt, tiny_model_dir, tmp_path):
+    """S-STOP-5: a Prefect worker's SIGKILL after its grace reaches only the run's own
+    process now that Ray's daemons are out of its group: the kernel still ends each of
+    them with it (Ray's PR_SET_PDEATHSIG), and with them the agents and workers."""
+    mark = uuid.uuid4().hex
+    run, log = _start_run("1", mark, tiny_model_dir, tmp_path)
+    try:
+        while _rows(tmp_path / "group") < 1 and run.poll() is None:
+            time.sleep(0.05)
+        running = marked(mark)
+        os.killpg(run.pid, signal.SIGKILL)
+        assert run.wait(timeout=30) == -signal.SIGKILL, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert len(running) >= 6, running
+    assert _left_running(mark, 10) == []
 
 
 def test_a_group_sigterm_to_a_run_that_joined_a_cluster_stops_it_and_leaves_the_cluster_alone(
