@@ -173,16 +173,20 @@ with stop_signals(stop):
 """
 
 
-def test_the_grace_ending_after_the_commit_exits_with_the_stops_own_status_and_line():
-    """S-STOP-4: a SIGINT stop whose shutdown outlives the grace still exits 130 with its
-    stop line (it exited 143 "stopped at once"): the boundary was already committed."""
+def _run_script(script: str):
+    """`script` in a process of its own (its stop exits it), as it ended."""
     import subprocess
     import sys
 
     from tests.conftest import REPO_ROOT
 
-    ended = subprocess.run([sys.executable, "-c", HARD_STOP_AFTER_THE_COMMIT], cwd=REPO_ROOT, capture_output=True,
-                           text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_the_grace_ending_after_the_commit_exits_with_the_stops_own_status_and_line():
+    """S-STOP-4: a SIGINT stop whose shutdown outlives the grace still exits 130 with its
+    stop line (it exited 143 "stopped at once"): the boundary was already committed."""
+    ended = _run_script(HARD_STOP_AFTER_THE_COMMIT)
     assert ended.returncode == 130, ended.stderr
     assert ended.stderr.strip().splitlines()[-1] == (
         "stopped by SIGINT after iteration 7: committed /runs/a/checkpoints/iter_000007; "
@@ -206,13 +210,7 @@ with stop_signals(stop):
 def test_a_stop_out_of_grace_names_what_still_ran_and_the_iterations_it_lost():
     """S-STOP-4: past the grace the last line says what was running and which iterations
     since the last boundary are lost, not only that the boundary stands."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO_ROOT
-
-    ended = subprocess.run([sys.executable, "-c", HARD_STOP_IN_AN_ITERATION], cwd=REPO_ROOT, capture_output=True,
-                           text=True, timeout=60)
+    ended = _run_script(HARD_STOP_IN_AN_ITERATION)
     assert ended.returncode == 143, ended.stderr
     assert ended.stderr.strip().splitlines()[-1] == (
         "stopped at once (the grace of 3.2 s ran out) during iteration 8 (train_policy[iter=8], train_critic[iter=8] "
