@@ -1,7 +1,9 @@
 """The terminal reward rules as pure string functions, and the registry naming them.
 
 A rule answers one question, is this completion correct? (S-REW-1), as a bool;
-`rewards.terminal_reward` puts it on PPO's scale. Rules never execute model text: the
+`rewards.terminal_reward` puts it on PPO's scale. Adding a rule is one place: a function
+under `@reward_rule(...)`, whose entry also writes its row of docs/reference/reward-rules.md
+(`python -m algorithm.reward_rules > docs/reference/reward-rules.md`). Rules never execute model text: the
 countdown rule's equation goes through algorithm/answer_parsing.py's parser, and any
 failure is "not correct".
 The shared types live here, not in `rewards.py`, because `python -m algorithm.rewards`
@@ -10,6 +12,7 @@ runs that module as `__main__`: a user's callable must see the classes the CLI b
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +47,40 @@ class TerminalMatcher:
     match: Callable[[RewardContext], bool | float]
 
 
+@dataclass(frozen=True)
+class RewardRule:
+    """One registry entry: a rule's name, whether it is PPO's own matcher or a shared
+    rule (S-REW-1; a `terminal_callable` may override only PPO's own), whether it needs
+    the ground truth (S-REW-2), when it counts a completion correct, in the words of
+    the docs table, and its function (None for `none`: no terminal reward)."""
+
+    name: str
+    ppo_own: bool
+    needs_reference: bool
+    correct_when: str
+    match: Callable[[RewardContext], bool | float] | None
+
+    def matcher(self) -> TerminalMatcher | None:
+        return None if self.match is None else TerminalMatcher(self.name, self.needs_reference, self.match)
+
+
+RULES: dict[str, RewardRule] = {}  # name -> entry, in the order the docs list them
+
+
+def reward_rule(
+    name: str, *, correct_when: str, needs_reference: bool = True, ppo_own: bool = False
+) -> Callable[[Callable[[RewardContext], bool | float]], Callable[[RewardContext], bool | float]]:
+    """Registers the decorated function as the rule `name` (`rl.reward.terminal=name`)."""
+
+    def register(match: Callable[[RewardContext], bool | float]) -> Callable[[RewardContext], bool | float]:
+        if name in RULES:
+            raise ValueError(f"reward rule {name!r} is registered twice")
+        RULES[name] = RewardRule(name, ppo_own, needs_reference, correct_when, match)
+        return match
+
+    return register
+
+
 # --- the rules over a RewardContext ---------------------------------------------------
 
 
@@ -58,6 +95,11 @@ def _reference(ctx: RewardContext, rule: str) -> str:
     return str(ctx.reference)
 
 
+@reward_rule(
+    "arithmetic_exact_match", ppo_own=True,
+    correct_when="the completion with surrounding whitespace stripped is only an integer (optional leading `-`) "
+    "equal to the reference: `\"12\"` or `\" -7\\n\"`, but not `\"12.\"`, `\"+12\"` or `\"The answer is 12\"`",
+)
 def match_arithmetic_exact(ctx: RewardContext) -> bool:
     """PPO's own default: the completion is nothing but the reference integer."""
     expected = parse_integer(_reference(ctx, "arithmetic_exact_match"))
@@ -65,6 +107,11 @@ def match_arithmetic_exact(ctx: RewardContext) -> bool:
     return expected is not None and got == expected
 
 
+@reward_rule(
+    "arithmetic",
+    correct_when="the first number anywhere in the completion equals the reference integer. Negative numbers count "
+    "(`\"x = -5\"`); `5-3` reads as 5 then 3; `1,234` is one number; `2.5` is 2.5, not the integer 2",
+)
 def match_arithmetic(ctx: RewardContext) -> bool:
     """The first number anywhere in the completion is the reference integer.
 
@@ -76,6 +123,13 @@ def match_arithmetic(ctx: RewardContext) -> bool:
     return expected is not None and bool(numbers) and numbers[0] == expected
 
 
+@reward_rule(
+    "gsm8k",
+    correct_when="the first number after the last `####`, or the last number in the text if there is no `####`, "
+    "equals the reference numerically. Commas (`1,234`), a trailing period (`72.`), a `$` and `72.0` vs `72` are all "
+    "fine. The reference may be a full gsm8k solution ending in `#### 72`. A `####` with no number after it is an "
+    "empty answer",
+)
 def match_gsm8k(ctx: RewardContext) -> bool:
     """gsm8k's final answer compared numerically; the reference may be a full
     gsm8k solution ("... #### 72") or just the number."""
@@ -101,6 +155,11 @@ def _countdown_numbers(metadata: Mapping[str, Any]) -> list[int]:
         ) from error
 
 
+@reward_rule(
+    "countdown",
+    correct_when="the completion has an equation that uses numbers from the row's `numbers` field, each at most "
+    "once, and that evaluates exactly to the target, the reference (docs/rewards.md, \"countdown in detail\")",
+)
 def match_countdown(ctx: RewardContext) -> bool:
     """The countdown game; the target is the reference, the numbers come from the row."""
     target = parse_integer(_reference(ctx, "countdown"))
@@ -109,30 +168,57 @@ def match_countdown(ctx: RewardContext) -> bool:
     return countdown_correct(ctx.completion, _countdown_numbers(ctx.metadata), target)
 
 
+@reward_rule("exact_match", correct_when="`completion.strip() == reference.strip()` (case-sensitive)")
 def match_exact(ctx: RewardContext) -> bool:
     return ctx.completion.strip() == _reference(ctx, "exact_match").strip()
 
 
+@reward_rule("nonempty", needs_reference=False, correct_when="the completion has a non-whitespace character")
 def match_nonempty(ctx: RewardContext) -> bool:
     return ctx.completion.strip() != ""
 
 
+@reward_rule(
+    "constant", needs_reference=False,
+    correct_when="always; useful for plumbing checks where only the KL and process terms should move",
+)
 def match_constant(ctx: RewardContext) -> bool:
     """Always correct: a plumbing check where only the KL and process terms move."""
     return True
 
 
-# S-REW-1 / S-REW-2: name -> matcher. `none` is not here: it resolves to no matcher.
-RULES: dict[str, TerminalMatcher] = {
-    "arithmetic_exact_match": TerminalMatcher("arithmetic_exact_match", True, match_arithmetic_exact),
-    "arithmetic": TerminalMatcher("arithmetic", True, match_arithmetic),
-    "gsm8k": TerminalMatcher("gsm8k", True, match_gsm8k),
-    "countdown": TerminalMatcher("countdown", True, match_countdown),
-    "exact_match": TerminalMatcher("exact_match", True, match_exact),
-    "nonempty": TerminalMatcher("nonempty", False, match_nonempty),
-    "constant": TerminalMatcher("constant", False, match_constant),
-}
+RULES["none"] = RewardRule(  # PPO's own "no terminal reward": resolves to no matcher
+    "none", ppo_own=True, needs_reference=False, correct_when="there is no terminal reward; the term is 0.0", match=None
+)
 
-PPO_RULE_NAMES: tuple[str, ...] = ("arithmetic_exact_match", "none")  # PPO's own (S-REW-1)
-SHARED_RULE_NAMES: tuple[str, ...] = ("arithmetic", "gsm8k", "countdown", "exact_match", "nonempty", "constant")
+# S-REW-1: PPO's own names first, then the shared rules, each in the order registered.
+PPO_RULE_NAMES: tuple[str, ...] = tuple(name for name, rule in RULES.items() if rule.ppo_own)
+SHARED_RULE_NAMES: tuple[str, ...] = tuple(name for name, rule in RULES.items() if not rule.ppo_own)
 RULE_NAMES: tuple[str, ...] = PPO_RULE_NAMES + SHARED_RULE_NAMES
+
+
+def render() -> str:
+    """docs/reference/reward-rules.md, from RULES."""
+    from configs.reference_doc import reference_page  # pydantic, for the doc only
+    from configs.schema import RewardConfig
+
+    default = RewardConfig.model_fields["terminal"].default
+    kinds, needs = {True: "PPO's own", False: "shared"}, {True: "yes", False: "no"}
+    return reference_page(
+        "Reward rules reference",
+        [
+            "Generated from `algorithm/reward_rules.py` by `python -m algorithm.reward_rules`; do not edit by hand.",
+            f"`rl.reward.terminal` names one of these rules (default `{default}`). A rule that needs the reference",
+            "makes the framework fill it from the data's `rl.data.reference_key` column, and pre-flight then requires",
+            "that column. `rl.reward.terminal_callable` may override only PPO's own rules (docs/rewards.md).",
+        ],
+        ["rule", "kind", "needs reference", "correct when"],
+        [
+            f"| `{rule.name}` | {kinds[rule.ppo_own]} | {needs[rule.needs_reference]} | {rule.correct_when} |"
+            for rule in (RULES[name] for name in RULE_NAMES)
+        ],
+    )
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

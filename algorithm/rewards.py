@@ -90,9 +90,7 @@ def resolve_terminal(
                 f"rl.reward.terminal to one of {', '.join(PPO_RULE_NAMES)} to let the callable override it"
             )
         return _callable_matcher(terminal_callable, trusted)
-    if terminal == "none":
-        return None
-    return RULES[terminal]
+    return RULES[terminal].matcher()
 
 
 # --- PPO's scale --------------------------------------------------------------------

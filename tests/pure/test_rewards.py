@@ -252,6 +252,29 @@ def test_constant(completion):
 # --- S-REW-2: needs ---------------------------------------------------------------
 
 
+def test_the_reward_rules_page_is_generated_from_the_registry():
+    from algorithm.reward_rules import render
+    from tests.conftest import REPO_ROOT
+
+    committed = (REPO_ROOT / "docs" / "reference" / "reward-rules.md").read_text()
+    assert committed == render(), "run: python -m algorithm.reward_rules > docs/reference/reward-rules.md"
+
+
+def test_a_rule_is_one_registry_entry_and_a_name_is_registered_once(monkeypatch):
+    from algorithm import reward_rules
+
+    monkeypatch.setattr(reward_rules, "RULES", dict(reward_rules.RULES))
+
+    @reward_rules.reward_rule("yes_or_no", correct_when="the completion is `yes`", needs_reference=False)
+    def says_yes(ctx: RewardContext) -> bool:
+        return ctx.completion.strip() == "yes"
+
+    entry = reward_rules.RULES["yes_or_no"]
+    assert not entry.ppo_own and entry.matcher().match(RewardContext(prompt="p", completion=" yes ")) is True
+    with pytest.raises(ValueError, match="'gsm8k' is registered twice"):
+        reward_rules.reward_rule("gsm8k", correct_when="twice")(says_yes)
+
+
 def test_rule_names_are_the_spec_list():
     assert set(RULE_NAMES) == {
         "arithmetic_exact_match", "none", "arithmetic", "gsm8k", "countdown", "exact_match", "nonempty", "constant",
