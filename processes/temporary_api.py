@@ -38,6 +38,7 @@ class TemporaryApi:
     port: int
     command: list[str]
     env: dict[str, str]
+    answered: bool = False  # /api/health has answered: the server is up and serving
 
     @property
     def api_url(self) -> str:
@@ -66,6 +67,7 @@ class TemporaryApi:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
+                        self.answered = True
                         return True
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
@@ -90,7 +92,13 @@ class TemporaryApi:
         return None
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        if self.process.poll() is None:
+        """SIGTERM and a wait for a server that serves; a server that never answered
+        (a stop while it started) has served nothing and is killed, where SIGTERM would
+        have it print its cancelled start-up under the run's last line."""
+        if self.process.poll() is None and not self.answered:
+            self.process.kill()
+            self.process.wait()
+        elif self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=timeout_s)
