@@ -11,7 +11,7 @@ Run with the python of the environment under test (the Makefile's GPU_LOCK_VENV:
 3. the same with rl.max_steps=3 must resume from the boundary of iteration 2 and end
    at policy_version 3;
 4. the same two runs (job gpu-lock-proof-postgres) against a standing `prefect server` of
-   this environment's Prefect on a throwaway PostgreSQL 15 cluster (bench/local_postgres.py,
+   this environment's Prefect on a throwaway PostgreSQL 15 cluster (deployments/local_postgres.py,
    loopback; S-TEAM-1), each flow run then read back from that server as Completed; the
    cluster's binaries are required (PPO_PG_BIN, default /usr/lib/postgresql/15/bin);
 5. then (with --record) writes the record: what ran, when, the resolver's proof of the
@@ -123,7 +123,7 @@ def postgres_server(prefect_home: Path) -> Iterator[tuple[str, float]]:
     """(API URL, start seconds) of this environment's `prefect server`, on loopback, on a
     throwaway PostgreSQL cluster; the server and then the cluster are stopped on exit."""
     sys.path.insert(0, str(ROOT))
-    from bench.local_postgres import throwaway_cluster
+    from deployments.local_postgres import throwaway_cluster
 
     with throwaway_cluster() as database_url, socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ API calls it made and its slowest call.
     .venv/bin/python -m bench.ui_scale --iterations 1000 --database sqlite postgres
 
 `--database postgres` serves from a throwaway PostgreSQL 15 cluster
-(bench/local_postgres.py) instead of SQLite under the server's home; with both, each
+(deployments/local_postgres.py) instead of SQLite under the server's home; with both, each
 database gets its own server, one after the other, and the table a row per database.
 
 Needs Debian's `chromium` for the page loads (`apt-get install -y chromium`);
@@ -47,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.local_postgres import execute, throwaway_cluster
+from bench.local_postgres import execute
+from deployments.local_postgres import throwaway_cluster
 from cli.environment import DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -78,34 +78,13 @@ alive() {  # alive NAME: the pid in NAME.pid is a running process
   [[ -f "$pid_file" ]] && kill -0 "$(cat "$pid_file")" 2>/dev/null
 }
 
-api_healthy() {
-  "$PYTHON" - "$API_URL/health" <<'EOF'
-import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1], timeout=2).read()
-except Exception:
-    sys.exit(1)
-EOF
-}
+api_healthy() { "$PYTHON" -m deployments.stack_checks healthy "$API_URL/health"; }
 
-port_free() {
-  "$PYTHON" - "$HOST" "$PORT" <<'EOF'
-import socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-    # As the server will: a port a stopped server left in TIME_WAIT is free.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError:
-        sys.exit(1)
-EOF
-}
+port_free() { "$PYTHON" -m deployments.stack_checks port-free "$HOST" "$PORT"; }
 
 # 0. the database (S-TEAM-1)
 DB_KIND="${PPO_PREFECT_DB:-sqlite}"
 PG_DIR="$STATE_DIR/postgres"
-PG_BIN="${PPO_PG_BIN:-/usr/lib/postgresql/15/bin}"
 case "$DB_KIND" in
   sqlite | postgres) ;;
   *) echo "serve: PPO_PREFECT_DB=$DB_KIND: choose sqlite (the default) or postgres" >&2; exit 2 ;;
@@ -116,67 +95,13 @@ if [[ "$DB_KIND" == postgres && -n "${PREFECT_SERVER_DATABASE_CONNECTION_URL:-}"
   exit 2
 fi
 
-as_postgres() {  # PostgreSQL refuses to run as root: as root, its commands run as the `postgres` user
-  if [[ "$(id -u)" -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
-
-started_postgres=""
-start_local_postgres() {
-  if [[ ! -x "$PG_BIN/initdb" ]]; then
-    echo "serve: PPO_PREFECT_DB=postgres needs PostgreSQL 15 (apt-get install postgresql-15) or PPO_PG_BIN naming" \
-      "its bin directory; $PG_BIN/initdb is missing" >&2
-    exit 2
-  fi
-  mkdir -p "$PG_DIR"
-  chmod 700 "$PG_DIR"
-  [[ "$(id -u)" -eq 0 ]] && chown postgres "$PG_DIR"
-  if [[ ! -f "$PG_DIR/data/PG_VERSION" ]]; then
-    (umask 077; "$PYTHON" -c "import secrets; print(secrets.token_hex(24))" >"$PG_DIR/password")
-    "$PYTHON" - >"$PG_DIR/port" <<'PY'
-import socket
-with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    print(probe.getsockname()[1])
-PY
-    [[ "$(id -u)" -eq 0 ]] && chown postgres "$PG_DIR/password" "$PG_DIR/port"
-    # Over TCP (loopback only) a password; on the socket, in a directory only the
-    # cluster's user can enter, that user itself (to create the database).
-    as_postgres "$PG_BIN/initdb" -D "$PG_DIR/data" -U prefect --pwfile="$PG_DIR/password" -E UTF8 \
-      --auth-host=scram-sha-256 --auth-local=trust >"$PG_DIR/initdb.log" 2>&1 || {
-      echo "serve: initdb failed; see $PG_DIR/initdb.log" >&2
-      exit 1
-    }
-  fi
-  PG_PORT="$(cat "$PG_DIR/port")"
-  if as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1; then
-    echo "serve: PostgreSQL already running on 127.0.0.1:$PG_PORT"
-  else
-    if ! as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w -t "$STARTUP_TIMEOUT" \
-      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR" start >/dev/null; then
-      echo "serve: PostgreSQL did not start on 127.0.0.1:$PG_PORT; see $PG_DIR/postgres.log" >&2
-      exit 1
-    fi
-    started_postgres=1
-    echo "serve: started PostgreSQL on 127.0.0.1:$PG_PORT, data $PG_DIR/data"
-  fi
-  if ! as_postgres "$PG_BIN/psql" -h "$PG_DIR" -p "$PG_PORT" -U prefect -d postgres -tAc \
-    "SELECT 1 FROM pg_database WHERE datname = 'prefect'" | grep -q 1; then
-    as_postgres "$PG_BIN/createdb" -h "$PG_DIR" -p "$PG_PORT" -U prefect prefect
-  fi
-  DATABASE_URL="postgresql+asyncpg://prefect:$(cat "$PG_DIR/password")@127.0.0.1:$PG_PORT/prefect"
-}
-
 DATABASE_URL="${PREFECT_SERVER_DATABASE_CONNECTION_URL:-}"
 if [[ "$DB_KIND" == postgres ]]; then
-  start_local_postgres
-fi
-if ! alive server; then  # SQLite too: a database written by a newer Prefect is named here
-  if ! PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" "$PYTHON" -m deployments.database check; then
-    if [[ -n "$started_postgres" ]]; then  # leave nothing running
-      as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
-    fi
-    exit 1
-  fi
+  # Started (or found running) and checked by deployments/local_postgres.py, which stops a
+  # cluster it started when its database does not answer; its URL holds the password.
+  DATABASE_URL="$("$PYTHON" -m deployments.local_postgres start "$PG_DIR" --timeout "$STARTUP_TIMEOUT")" || exit $?
+elif ! alive server; then  # SQLite too: a database written by a newer Prefect is named here
+  PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" "$PYTHON" -m deployments.database check || exit 1
 fi
 
 # 1. server (setsid: its own process group, so stop.sh can end it and its children)
@@ -204,13 +129,7 @@ until api_healthy; do
   if ! alive server; then
     echo "serve: the server exited; last lines of $STATE_DIR/server.log:" >&2
     # A database password never reaches the terminal, whatever the server logged.
-    tail -n 20 "$STATE_DIR/server.log" | PPO_DATABASE_URL="$DATABASE_URL" "$PYTHON" -c '
-import os, sys
-from urllib.parse import unquote, urlsplit
-secret = urlsplit(os.environ["PPO_DATABASE_URL"]).password if os.environ["PPO_DATABASE_URL"] else None
-for line in sys.stdin:
-    sys.stderr.write(line.replace(secret, "***").replace(unquote(secret), "***") if secret else line)
-' 
+    PPO_DATABASE_URL="$DATABASE_URL" "$PYTHON" -m deployments.stack_checks masked-tail "$STATE_DIR/server.log"
     exit 1
   fi
   if ((SECONDS > deadline)); then

@@ -70,14 +70,7 @@ stop_group server
 
 # The local PostgreSQL of `make serve PPO_PREFECT_DB=postgres` (S-TEAM-1), after the server
 # that used it; a team's own database is never touched.
-PG_DIR="$STATE_DIR/postgres"
-PG_BIN="${PPO_PG_BIN:-/usr/lib/postgresql/15/bin}"
-if [[ -f "$PG_DIR/data/postmaster.pid" && -x "$PG_BIN/pg_ctl" ]]; then
-  as_postgres() { if [[ "$(id -u)" -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-  if as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w -t 60 stop >/dev/null 2>&1; then
-    echo "stop: postgres stopped"
-  else
-    echo "stop: postgres in $PG_DIR/data did not stop; see $PG_DIR/postgres.log" >&2
-    exit 1
-  fi
+if [[ -d "$STATE_DIR/postgres/data" ]]; then
+  (cd "$REPO_ROOT" && "${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}" -m deployments.local_postgres stop \
+    "$STATE_DIR/postgres") || exit 1
 fi

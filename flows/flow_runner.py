@@ -173,12 +173,11 @@ class FlowRunner:
         self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any, waits: Sequence[Any]
     ) -> Any:
         """The stage's task run, waited for."""
-        barrier = {"barrier": list(waits)} if waits else {}
-        return TASKS[body](iteration, *args, **barrier, wait_for=upstream)
+        return TASKS[body](iteration, args, waits, wait_for=upstream)
 
     def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
         """The stage's task run, started; its `.result()` waits for it."""
-        return TASKS[body].submit(iteration, *args, wait_for=upstream)
+        return TASKS[body].submit(iteration, args, wait_for=upstream)
 
     def get(self, pending: Any) -> Any:
         import ray

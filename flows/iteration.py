@@ -145,7 +145,7 @@ def ppo_iteration(
         ahead.finish_rollout(run)
     if actor is not None:
         policy_version, synced = run.stage(
-            stages.weight_sync, iteration, actor.loaded, actor.new_version, actor.follows, parks
+            stages.weight_sync, iteration, actor.loaded, actor.new_version, parks, waits=actor.follows
         )
         record |= synced
     record["train/actor_warmup"] = 1.0 if actor is None else 0.0
@@ -321,7 +321,7 @@ def save_on_cadence(
     if kind == "model":
         folder = f"{paths.artifacts}/{boundary_name(iteration)}"
         saves = rank_saves(run, roles, folder, "model")
-        run.stage(commit_stage.save_artifact, iteration, saves, folder)
+        run.stage(commit_stage.save_artifact, iteration, folder, waits=[saves])
     return None
 
 

@@ -47,8 +47,9 @@ def commit(
     return committed
 
 
-def save_artifact(iteration: int, saves: dict[str, Any], folder: str) -> str:
-    """A weights-only save (S-CKPT-5): never verified for resume, never marked,
-    never moves latest_checkpoint.txt."""
+def save_artifact(iteration: int, folder: str) -> str:
+    """Done once every rank has saved its weights into `folder` (the runner waits for
+    the saves): a weights-only save (S-CKPT-5), never verified for resume, never
+    marked, never moves latest_checkpoint.txt."""
     stage_log.get().info(f"saved weights-only artifact {folder}")
     return folder

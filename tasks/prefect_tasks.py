@@ -9,10 +9,8 @@ or persists results: resume reads committed boundaries, never Prefect results.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ray
 from prefect import get_run_logger, task
@@ -20,7 +18,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import Task
 
 from contracts.pending import pending_in, replace_pending
-from contracts.stage_names import ITERATION_TASKS, SAVE_ARTIFACT_TASK
 from tasks import commit, stages
 from views.samples_table import publish_samples
 
@@ -69,42 +66,39 @@ samples_key: ContextVar[str | None] = ContextVar("samples_key", default=None)
 
 
 def stage_task(body: Callable[..., Any]) -> Task:
-    """The Prefect task `<stage>[iter=N]` that runs `body` once its inputs, and the
-    calls in `barrier` that the stage waits for without reading, are ready."""
+    """The Prefect task `<stage>[iter=N]` that runs `body` on the values of `arguments`
+    once they, and the calls in `waits` that the stage only waits for, are ready."""
 
-    @functools.wraps(body)
-    def waited(iteration: int, *arguments: Any, barrier: Any = ()) -> Any:
-        token = stages.stage_log.set(get_run_logger())
+    def waited(iteration: int, arguments: tuple[Any, ...], waits: Sequence[Any] = ()) -> Any:
+        log = stages.stage_log.set(get_run_logger())
+        view = stages.samples_view.set(lambda experience: publish_samples(experience, samples_key.get()))
         try:
-            *values, _ = resolve((*arguments, barrier))
+            *values, _ = resolve((*arguments, list(waits)))
             return body(iteration, *values)
         finally:
-            stages.stage_log.reset(token)
+            stages.samples_view.reset(view)
+            stages.stage_log.reset(log)
 
-    # Prefect binds a call to the signature it reads (the body's, through `wraps`): the
-    # barrier is one more keyword there, never passed on to the body.
-    signature = inspect.signature(body)
-    barrier = inspect.Parameter("barrier", inspect.Parameter.KEYWORD_ONLY, default=())
-    waited.__signature__ = signature.replace(parameters=[*signature.parameters.values(), barrier])
     name = body.__name__
     return task(name=name, task_run_name=f"{name}[iter={{iteration}}]", **STAGE_TASK)(waited)
 
 
-def _prepare_batch_with_samples(
-    iteration: int, summary: dict, installs: Any, experience: Any = None
-) -> tuple[str, dict[str, float]]:
-    """prepare_batch, and a few of the batch's samples as a table in its task run (S-OPS-3)."""
-    agreed = stages.prepare_batch(iteration, summary, installs, experience)
-    if experience is not None:
-        publish_samples(experience, samples_key.get())
-    return agreed
-
-
-_prepare_batch_with_samples.__name__ = "prepare_batch"
-
-_BODIES = [getattr(stages, name, None) or getattr(commit, name) for name in (*ITERATION_TASKS, SAVE_ARTIFACT_TASK)]
-TASKS: dict[Callable[..., Any], Task] = {body: stage_task(body) for body in _BODIES}
-TASKS[stages.prepare_batch] = stage_task(_prepare_batch_with_samples)
+STAGE_BODIES: tuple[Callable[..., Any], ...] = (
+    stages.rollout,
+    stages.reward,
+    stages.reference_score,
+    stages.critic_predict,
+    stages.prepare_batch,
+    stages.train_policy,
+    stages.train_critic,
+    stages.weight_sync,
+    stages.evaluate,
+    commit.commit,
+    commit.save_artifact,
+)
+"""Every stage body that runs as a task, in iteration order (contracts/stage_names.py
+names them; a test holds the two together)."""
+TASKS: dict[Callable[..., Any], Task] = {body: stage_task(body) for body in STAGE_BODIES}
 """Each stage body's task: the flow's runner looks a body up here."""
 
 

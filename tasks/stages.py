@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from contracts.rollout_faults import FAULT_EVENTS
 from contracts.trajectory import TrainReceipt
@@ -18,6 +18,10 @@ stage_log: ContextVar[logging.Logger | logging.LoggerAdapter] = ContextVar(
 )
 """Where a stage's metrics line goes: the task run's logger when Prefect runs the stage
 (prints inside actors never reach the UI), a plain logger in process."""
+
+samples_view: ContextVar[Callable[[Any], None] | None] = ContextVar("samples_view", default=None)
+"""Where prepare_batch shows a few samples of its batch: a table in the task run when
+Prefect runs the stage (S-OPS-3); nowhere in process."""
 
 
 def log_metrics(metrics: dict[str, Any]) -> None:
@@ -67,13 +71,16 @@ def prepare_batch(
 ) -> tuple[str, dict[str, float]]:
     """Done when the targets are frozen, every trainer rank holds them (the runner also
     waits for every other policy rank's same forward) and the iteration's experience
-    file is written; the flow's task also shows a few of its samples. Returns the batch
-    id all ranks agree on, which their receipts must quote."""
+    file is written; a few of its samples are shown where `samples_view` says. Returns
+    the batch id all ranks agree on, which their receipts must quote."""
     batch_ids = {held["batch_id"] for held in installs}
     if len(batch_ids) != 1:  # S-FLOW-5
         raise RuntimeError(
             f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)}"
         )
+    show = samples_view.get()
+    if experience is not None and show is not None:
+        show(experience)
     return batch_ids.pop(), numeric_metrics(summary)
 
 
@@ -120,11 +127,11 @@ def park_metrics(parked: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def weight_sync(
-    iteration: int, loaded: Sequence[dict], policy_version: int, follows: Sequence[int], parks: Sequence[dict]
+    iteration: int, loaded: Sequence[dict], policy_version: int, parks: Sequence[dict]
 ) -> tuple[int, dict[str, float]]:
-    """Done once every engine and every policy rank holds the new version and every
-    policy rank has parked. The weights went actor to actor, never through the
-    controller (S-FLOW-6)."""
+    """Done once every engine and every policy rank holds the new version (the runner
+    also waits for every other policy rank to follow it) and every policy rank has
+    parked. The weights went actor to actor, never through the controller (S-FLOW-6)."""
     metrics = {**loaded[0], **park_metrics(parks)}  # engine 0's load metrics
     log_metrics(metrics)
     return int(policy_version), metrics

@@ -64,3 +64,19 @@ def test_a_stage_timeout_on_a_cluster_names_the_node_the_stuck_actor_ran_on(runn
         "no result from the policy actor within 20 s (rl.stage_timeout_seconds=20); killed it so it holds no device; "
         "it ran on node 11111111 (10.0.0.5)"
     )
+
+
+def test_every_stage_name_has_its_task_and_every_task_body_reads_what_it_takes():
+    """One way to wait (S-FLOW-1): the task list is the stage list, and a stage body
+    takes only what it reads; what a stage only waits for goes through `waits=`."""
+    import inspect
+
+    from contracts.stage_names import ITERATION_TASKS, SAVE_ARTIFACT_TASK
+    from tasks.prefect_tasks import STAGE_BODIES, TASKS
+
+    assert [body.__name__ for body in STAGE_BODIES] == [*ITERATION_TASKS, SAVE_ARTIFACT_TASK]
+    assert [task.name for task in TASKS.values()] == [*ITERATION_TASKS, SAVE_ARTIFACT_TASK]
+    for body in STAGE_BODIES:
+        source = inspect.getsource(body).split('"""')[-1]  # the code after the docstring
+        unread = [name for name in inspect.signature(body).parameters if name != "iteration" and name not in source]
+        assert unread == [], f"{body.__name__} takes {unread} without reading it: pass it as waits="

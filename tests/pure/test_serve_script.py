@@ -209,3 +209,42 @@ def test_the_temporary_api_names_a_postgresql_that_is_down_by_host_and_port_neve
     message = str(raised.value)
     assert f"the Prefect database 'prefect' at 127.0.0.1:{closed} is not reachable" in message
     assert "PREFECT_SERVER_DATABASE_CONNECTION_URL" in message and "s3cret" not in message
+
+
+def test_the_local_postgresql_starts_answers_on_loopback_only_and_stops(tmp_path):
+    """S-TEAM-1: the one module that starts a local PostgreSQL, for `make serve
+    PPO_PREFECT_DB=postgres` and the benchmarks alike: started, checked, its URL on stdout
+    (the password nowhere else), found running the second time, stopped by stop.sh's call."""
+    import sys
+
+    from deployments.local_postgres import PG_BIN
+
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN}; .ci/run installs postgresql-15)")
+    folder = Path("/tmp") / f"ppo-test-pg-{os.getpid()}"  # the `postgres` user must reach it: not under /root
+
+    def local_postgres(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "deployments.local_postgres", *args, str(folder)],
+                              cwd=SERVE.parents[1], capture_output=True, text=True, timeout=300)
+
+    try:
+        started = local_postgres("start")
+        assert started.returncode == 0, started.stderr
+        url = started.stdout.strip()
+        password = (folder / "password").read_text().strip()
+        assert url.startswith("postgresql+asyncpg://prefect:") and url.endswith("/prefect") and password in url
+        assert "serve: started PostgreSQL on 127.0.0.1:" in started.stderr and password not in started.stderr
+        assert oct((folder / "password").stat().st_mode & 0o777) == "0o600"
+        again = local_postgres("start")
+        assert again.returncode == 0 and again.stdout.strip() == url
+        assert "already running" in again.stderr
+        listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        assert [line.split()[3] for line in listening.splitlines() if line.split()[3].endswith(f":{port}")] == [
+            f"127.0.0.1:{port}"
+        ]
+        stopped = local_postgres("stop")
+        assert stopped.returncode == 0 and stopped.stdout.strip() == "stop: postgres stopped", stopped.stderr
+    finally:
+        local_postgres("stop")
+        subprocess.run(["rm", "-rf", str(folder)])

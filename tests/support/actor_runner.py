@@ -15,7 +15,7 @@ class ActorRunner(FlowRunner):
     def _run(
         self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any, waits: Any = ()
     ) -> Any:
-        *values, _ = resolve((*args, list(waits)))  # the stage's barrier waited for, as its task does
+        *values, _ = resolve((*args, list(waits)))  # what the stage only waits for, as its task does
         return body(iteration, *values)
 
     def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
