@@ -194,3 +194,14 @@ def project_reference(row: Mapping, *, reference_key: str | None, where: str = "
         reference_key,
         f"is {_kind(value)}; accepted: a reference answer that is a string or an integer",
     )
+
+
+def conversation_without_template(where: str, prompt_key: str, model_path: str) -> str:
+    """Why a conversation cannot be shaped for a tokenizer without a chat template, and
+    the fixes; the pre-flight and the packer refuse with the same words (S-BYO-1)."""
+    return (
+        f"{where}: {prompt_key} is a conversation (a list of messages), but the tokenizer at {model_path} has no "
+        f"chat template, so the plain-text packer feeds prompts as they are; give each row a string under "
+        f"rl.data.prompt_key={prompt_key!r}, save a chat template with the tokenizer (tokenizer.chat_template = "
+        "...; tokenizer.save_pretrained), or set data_packer.factory"
+    )

@@ -10,10 +10,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from rundir.preflight import require_runnable
 from configs.schema import PPOConfig
 from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
+from rundir.run_checks import require_runnable
 from rundir.run_config import resolve_config
 from rundir.run_lock import RunLock
 from flows.stopping import StopRequest, stop_request
