@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any, get_args, get_origin
 
@@ -160,11 +161,25 @@ def check_callable_module(path: str, *, key: str, error: type[Exception] = Value
     module_name, _ = split_callable_path(path, key=key, error=error)
     try:
         found = importlib.util.find_spec(module_name)
+    except ModuleNotFoundError as problem:  # a parent package that is missing
+        raise error(f"{key}: {path!r}: {module_not_found(problem.name or module_name)}") from None
     except (ImportError, ValueError) as problem:  # a parent package that is missing or broken
         raise error(f"{key}: {path!r}: cannot find module {module_name!r} ({problem})") from None
     if found is None:
-        raise error(f"{key}: {path!r}: no module named {module_name!r}")
+        raise error(f"{key}: {path!r}: {module_not_found(module_name)}")
     return path
+
+
+def module_not_found(module_name: str) -> str:
+    """Where a module was looked for and how to make it importable (S-BYO-3): the
+    folders on the path (the profile's own among them), not the installed packages."""
+    folders = dict.fromkeys(entry for entry in sys.path if entry and "-packages" not in entry and ".zip" not in entry
+                            and not entry.startswith(sys.base_prefix))
+    return (
+        f"no module named {module_name!r} (looked in {', '.join(folders)} and the installed packages); put "
+        f"{module_name.split('.')[0]}.py (or its package folder) beside the profile, which is importable in the "
+        "driver and every actor, or install its package into the environment (pip install -e) or the image"
+    )
 
 
 def import_callable(
@@ -190,6 +205,9 @@ def import_callable(
     checked = within(module_name, trusted_here)
     try:
         target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as problem:
+        missing = problem.name or module_name
+        raise error(f"{key}: {path!r}: {module_not_found(missing)}") from problem
     except Exception as problem:
         raise error(
             f"{key}: {path!r}: cannot import module {module_name!r} ({type(problem).__name__}: {problem})"

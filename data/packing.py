@@ -17,6 +17,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from contracts.faults import RepeatsOnRerun
 from data.prompt_projection import conversation_without_template
 
 MULTIMODAL_EXTRA = "multimodal"
@@ -138,7 +139,7 @@ def prompt_location(sources: Sequence[str] | None, index: int) -> str:
     return sources[index] if sources else f"prompt {index} of the batch"
 
 
-class UnsupportedPromptError(ValueError):
+class UnsupportedPromptError(ValueError, RepeatsOnRerun):
     pass
 
 

@@ -8,6 +8,8 @@ gives the accepted shapes and why.
 
 from __future__ import annotations
 
+from contracts.faults import RepeatsOnRerun
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +48,7 @@ _NULL_FILL = (
 )
 
 
-class PromptError(ValueError):
+class PromptError(ValueError, RepeatsOnRerun):
     """A row's prompt or reference has the wrong shape.
 
     The message names where the row is (``where``), the key path inside the row

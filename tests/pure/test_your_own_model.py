@@ -28,7 +28,8 @@ def _overrides(tmp_path, model, data: str, *extra: str) -> list[str]:
 
 
 def _questions(tmp_path, count: int = 60) -> str:
-    return _rows(tmp_path / "questions.jsonl", [{"question": f"{i} plus 1?", "answer": str(i + 1)} for i in range(count)])
+    rows = [{"question": f"{i} plus 1?", "answer": str(i + 1)} for i in range(count)]
+    return _rows(tmp_path / "questions.jsonl", rows)
 
 
 def _report(tmp_path, model, data=None, *extra):
