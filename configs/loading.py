@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from configs.callables import override_trust_problems
+from configs.callables import add_code_dir, override_trust_problems
 from contracts.faults import RepeatsOnRerun
 from configs.schema import PPOConfig
 
@@ -66,22 +65,6 @@ def allow_profile_dir(directory: str | Path) -> None:
         os.environ[PROFILE_DIRS_ENV] = os.pathsep.join([*named, resolved])
 
 
-def make_importable(folder: Path) -> None:
-    """S-BYO-3: modules beside a profile (a reward function, a row factory) import by
-    their bare names here and in every process this one starts: Ray's daemons and
-    actors, the fork server, a deployment's flow run (which loads its profile the same
-    way), all through PYTHONPATH. Appended, so a user's file never shadows an installed
-    package; the project's own configs/ is a package already and is left alone."""
-    directory = str(folder.resolve())
-    if folder.resolve() == Path(__file__).resolve().parent:
-        return
-    if directory not in sys.path:
-        sys.path.append(directory)
-    entries = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    if directory not in entries:
-        os.environ["PYTHONPATH"] = os.pathsep.join([*entries, directory])
-
-
 def load_profile(profile: str | Path, *, allowed_dirs: Iterable[Path] | None = None) -> PPOConfig:
     """Execute the profile and return its CONFIG; with ``allowed_dirs`` (a flow
     run's parameter) only a file inside one of them is executed."""
@@ -97,7 +80,8 @@ def load_profile(profile: str | Path, *, allowed_dirs: Iterable[Path] | None = N
     if spec is None or spec.loader is None:  # not a .py file: nothing could load it
         raise ConfigError([f"profile: {str(profile)!r} is not a Python file (a profile is a .py file defining CONFIG)"])
     module = importlib.util.module_from_spec(spec)
-    make_importable(path.parent)
+    if path.resolve().parent != Path(__file__).resolve().parent:  # configs/ is a package of the project
+        add_code_dir(path.parent)
     try:
         spec.loader.exec_module(module)
     except ValidationError as error:
