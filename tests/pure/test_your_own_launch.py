@@ -75,3 +75,15 @@ def test_a_typo_in_a_profile_reads_like_the_same_typo_as_an_override(tmp_path):
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: rl.max_step: unknown key (known here: batch_size, ")
     assert "max_steps" in line and line.endswith(f"({profile} line 4)")
+
+
+def test_help_shows_the_override_form(capsys):
+    import pytest
+
+    from cli.arguments import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: python -m flows.ppo --config FILE [options] [-- key=value ...]")
+    assert "-- rl.max_steps=5" in shown and "docs/howto/your-own-model.md" in shown
