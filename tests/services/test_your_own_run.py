@@ -36,11 +36,15 @@ def _launch(profile, *overrides: str) -> tuple[subprocess.CompletedProcess, floa
     return result, time.monotonic() - started
 
 
+def _first_launch(tmp_path, user_models, module: str, reward_source: str):
+    """The user's project beside the GPT-2 with `reward_source` as `module`, launched once."""
+    profile = write_user_project(tmp_path / "mine", user_models.plain, module=module, reward_source=reward_source)
+    return profile, _launch(profile)
+
+
 @pytest.mark.slow
 def test_a_users_gpt2_run_finishes_and_a_relaunch_does_nothing(tmp_path, user_models):
-    profile = write_user_project(tmp_path / "mine", user_models.plain, module="own_run_rewards",
-                                 reward_source=ALWAYS_SCORES)
-    result, _ = _launch(profile)
+    profile, (result, _) = _first_launch(tmp_path, user_models, "own_run_rewards", ALWAYS_SCORES)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "packer: plain text (the tokenizer has no chat template" in result.stdout
     assert "done: run my-run at policy_version 1" in result.stdout
@@ -53,9 +57,7 @@ def test_a_users_gpt2_run_finishes_and_a_relaunch_does_nothing(tmp_path, user_mo
 
 @pytest.mark.slow
 def test_a_reward_that_raises_ends_on_the_row_and_the_fix_without_the_resume_hint(tmp_path, user_models):
-    profile = write_user_project(tmp_path / "mine", user_models.plain, module="own_run_raising",
-                                 reward_source=RAISES_ON_ODD)
-    result, _ = _launch(profile)
+    _, (result, _) = _first_launch(tmp_path, user_models, "own_run_raising", RAISES_ON_ODD)
     assert result.returncode == 1, result.stderr[-3000:]
     error, hint = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: reward[iter=1] failed: RewardCallableFailed: reward 'own_run_raising:score' "
