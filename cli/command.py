@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RunLocked, RayAuthRefused, ResumeError, CheckpointError) as error:
         return refuse([str(error)])
     try:
-        if launch.finished:  # issue 46: a finished run relaunched starts neither Prefect nor Ray
+        if launch.finished:  # a finished run relaunched starts neither Prefect nor Ray
             print(f"done: {launch.finished_line()}", flush=True)
             return 0
         from processes.temporary_api import launch_early

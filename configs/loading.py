@@ -211,7 +211,7 @@ def profile_problems(error: ValidationError, profile: Path) -> list[str]:
     """A mistake in a profile read like the same mistake as an override (S-RUN-2): the
     class that refused it (`RLConfig(max_step=4)`) knows only its own keys, so the
     dotted path in front comes from where that class sits in PPOConfig, the known keys
-    from the class, and the line from the profile's own frame (issue 46)."""
+    from the class, and the line from the profile's own frame."""
     paths = section_paths(error.title)
     line = next((frame.tb_lineno for frame in _frames(error.__traceback__)
                  if Path(frame.tb_frame.f_code.co_filename).resolve() == profile.resolve()), None)

@@ -1,5 +1,5 @@
 """`python -m deployments.own --profile FILE --name NAME`: the deployment `ppo/NAME`
-of your own profile (`make deploy PROFILE=... NAME=...`, issue 46).
+of your own profile (`make deploy PROFILE=... NAME=...`).
 
 The bundled deployments (deployments/prefect.yaml) name bundled profiles; starting one
 of them with `profile=` pointing at yours would label every run with its name. This

@@ -92,7 +92,7 @@ def ppo(
     launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume or attempt > 0,
                          resume_from=resume_from if attempt == 0 else None)
     config, paths = launch.config, launch.paths
-    if launch.finished:  # issue 46: nothing to train or export; Ray is never started
+    if launch.finished:  # nothing to train or export; Ray is never started
         say(f"done: {launch.finished_line()}")
         return Completed(message=launch.finished_line())
     if handed_launch() is None and launch.packer:

@@ -443,6 +443,8 @@ def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: boo
     if existing is not None and not os.access(existing, os.W_OK):
         report.problem("job.output_root", f"cannot write under {existing} (the run would create {run_dir})")
         return
+    if not resume:  # the launch reads the pointer itself next, refusing with its own error (rundir/resume.py)
+        return
     from checkpoint.boundary import read_latest
 
     try:
@@ -450,7 +452,7 @@ def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: boo
     except Exception as error:  # a dangling pointer: resume would refuse too
         report.problem("job.name", f"the run's checkpoint pointer is broken: {error}")
         return
-    if resume and latest:
+    if latest:
         from rundir.resume import ResumeError, resume_boundary
         from rundir.run_outputs import RunPaths
 
