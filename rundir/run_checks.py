@@ -443,7 +443,14 @@ def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: boo
     if existing is not None and not os.access(existing, os.W_OK):
         report.problem("job.output_root", f"cannot write under {existing} (the run would create {run_dir})")
         return
-    if not resume:  # the launch reads the pointer itself next, refusing with its own error (rundir/resume.py)
+    if not resume:  # the launch reads the pointer and takes the lock itself next, refusing with its own errors
+        return
+    from rundir.run_lock import RunLocked, check_run_lock, stale_after
+
+    try:  # S-FAULT-4: a launch now would be refused while that run lives
+        check_run_lock(run_dir, stale_after(config.rl.stage_timeout_seconds))
+    except RunLocked as error:
+        report.problem("job.name", str(error))
         return
     from checkpoint.boundary import read_latest
 

@@ -120,3 +120,13 @@ def test_the_launch_preflight_refuses_what_the_manifest_refuses(tmp_path, user_m
     with pytest.raises(ConfigError) as refused:
         require_runnable(config)
     assert refused.value.problems == [str(p) for p in check_manifest(config).problems]
+
+
+def test_the_manifest_refuses_a_run_that_is_running_as_the_launch_would(tmp_path, user_models):
+    from rundir.run_lock import RunLock
+
+    config = load_config(TINY_PROFILE, _overrides(tmp_path, user_models.plain, _questions(tmp_path)))
+    with RunLock(tmp_path / "outputs" / config.job.name):  # this process holds it: a live run
+        (problem,) = check_manifest(config).problems
+    assert problem.key == "job.name" and "is being written by a running run" in problem.message
+    assert check_manifest(config).ok  # released
