@@ -242,7 +242,8 @@ def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, A
     report.summary.append(
         f"model: {path} ({architectures}; {model_sizes(model_config)}), dtype {config.model.dtype}"
     )
-    _check_folder(config, Path(source).parent, model_config, report)
+    if source == str(local):  # a hub model's cache may hold only config.json: the launch downloads the rest
+        _check_folder(config, local.parent, model_config, report)
     return model_config
 
 
