@@ -10,6 +10,9 @@ and no automatic resume retries them. The classes that mean "fix this first" inh
 from __future__ import annotations
 
 
+REWARD_EVENTS = "reward/error_events"  # [[level, message], ...]: logged by the stage's task, never a metric
+
+
 class RepeatsOnRerun(Exception):
     """A failure in the user's code, data, model folder or config; its message names
     what to fix."""

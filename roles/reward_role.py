@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 import torch
@@ -12,6 +11,7 @@ import torch
 from algorithm.reward_errors import LOGGED_ERRORS, describe_reward_error, failed
 from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resolve_terminal, terminal_score
 from configs.schema import PPOConfig
+from contracts.faults import REWARD_EVENTS
 from contracts.trajectory import Trajectory
 
 
@@ -28,7 +28,7 @@ class RewardRole:
 
     def score(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         batch = trajectory.prompts
-        scores, correct, errors = [], [], 0
+        scores, correct, errors, events = [], [], 0, []
         sources = batch.sources or [None] * len(batch.prompts)
         for prompt, completion, reference, metadata, row_id, source in zip(
             batch.prompts, trajectory.completions, batch.references, batch.metadata, batch.row_ids, sources
@@ -42,7 +42,7 @@ class RewardRole:
                 if self.reward.on_error == "fail":
                     raise failed(description) from error
                 errors += 1
-                self._log_error(description)
+                events += self._logged_error(description)
                 score = 0.0
             scores.append(on_ppo_scale(
                 score, correct_reward=self.reward.correct_reward, incorrect_reward=self.reward.incorrect_reward
@@ -68,15 +68,17 @@ class RewardRole:
             metrics["reward/fraction_correct"] = float(sum(correct) / len(correct))
         if self.reward.on_error == "zero":
             metrics["reward/errors"] = float(errors)
+        if events:
+            metrics[REWARD_EVENTS] = events  # logged by the reward task, not recorded
         return scored, metrics
 
-    def _log_error(self, description: str) -> None:
+    def _logged_error(self, description: str) -> list[list[str]]:
+        """The first few errors of the run, as events for the stage's log."""
         self.errors_logged += 1
-        if self.errors_logged <= LOGGED_ERRORS:
-            more = "; later ones are only counted (reward/errors)" if self.errors_logged == LOGGED_ERRORS else ""
-            logging.getLogger("ppo.reward").warning(
-                f"{description}; scored as incorrect (rl.reward.on_error=zero){more}"
-            )
+        if self.errors_logged > LOGGED_ERRORS:
+            return []
+        more = "; later ones are only counted (reward/errors)" if self.errors_logged == LOGGED_ERRORS else ""
+        return [["warning", f"{description}; scored as incorrect (rl.reward.on_error=zero){more}"]]
 
     def score_validation(self, trajectory: Trajectory) -> dict[str, float]:
         """The run's own reward on evaluation completions, as `val/*` metrics (S-OPS-2).
@@ -84,6 +86,8 @@ class RewardRole:
         whatever the reward rule; `val/fraction_correct` is the rule's verdict."""
         scored, metrics = self.score(trajectory)
         result = {"val/reward_mean": metrics["train/reward_mean"]}
+        if REWARD_EVENTS in metrics:
+            result[REWARD_EVENTS] = metrics[REWARD_EVENTS]
         if "reward/fraction_correct" in metrics:
             result["val/fraction_correct"] = metrics["reward/fraction_correct"]
         references = trajectory.prompts.references

@@ -15,6 +15,7 @@ from contracts.faults import repeats_on_rerun
 from contracts.trajectory import PromptBatch, Trajectory
 from flows.failures import StageFailed, naming_failures
 from roles.reward_role import RewardRole
+from tasks import stages
 from tests.support.user_project import write_user_project
 
 
@@ -55,13 +56,20 @@ def test_a_raising_reward_is_named_with_row_and_completion_and_repeats(tmp_path,
 def test_on_error_zero_scores_it_incorrect_counts_and_logs_the_first_few(tmp_path, user_models, own_path, caplog):
     profile = write_user_project(tmp_path / "mine", user_models.plain, module="raising_reward_b", on_error="zero")
     role = RewardRole(load_config(profile))
-    with caplog.at_level(logging.WARNING, logger="ppo.reward"):
-        scored, metrics = role.score(_trajectory(["2", "", "", "", "", "3"]))
+    scored, summary = role.score(_trajectory(["2", "", "", "", "", "3"]))
     assert scored.scores.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    # The reward task logs the first three with their rows (the UI shows a task's log,
+    # never an actor's) and records the count; the events are no metric.
+    with caplog.at_level(logging.WARNING, logger="ppo.stages"):
+        metrics = stages.reward(1, summary, {})
     assert metrics["reward/errors"] == 4.0 and metrics["reward/fraction_correct"] == pytest.approx(1 / 6)
+    assert not any(key.endswith("events") for key in metrics)
     logged = [record.getMessage() for record in caplog.records]
     assert len(logged) == 3 and "on row 11 (questions.jsonl row 11)" in logged[0]
     assert logged[-1].endswith("later ones are only counted (reward/errors)")
+    _, later = role.score(_trajectory([""]))
+    assert later["reward/errors"] == 1.0 and stages.reward(2, later, {})["reward/errors"] == 1.0  # counted only
+    assert len(caplog.records) == 3
 
 
 def test_a_fault_a_rerun_gets_past_keeps_the_resume_hint():
