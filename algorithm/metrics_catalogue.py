@@ -17,6 +17,7 @@ from dataclasses import dataclass
 EVERY_ITERATION = "every iteration"
 ACTOR_UPDATES = "iterations where the actor updates (not during critic warmup)"
 WITH_MATCHER = "every iteration with a terminal matcher (absent with rl.reward.terminal=none: no verdict)"
+ON_ERROR_ZERO = "every iteration with rl.reward.on_error=zero"
 DATA_PARALLEL = "only with data-parallel trainer ranks (more than one rank of that role)"
 POLICY_PARKS = "only when the policy parks between updates (colocated GPU with rl.colocated_offload)"
 SEVERAL_ENGINES = "only with more than one rollout engine"
@@ -34,7 +35,7 @@ WITH_REFERENCES = "only when every evaluation prompt has a reference"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
-    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC,
+    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO,
 )
 
 
@@ -94,6 +95,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("reward/fraction_correct",
            "fraction of completions the terminal matcher judged correct (a full score of 1.0; its verdict, "
            "not a comparison of rewards)", "fraction in [0, 1]", WITH_MATCHER, "roles/reward_role.py"),
+    Metric("reward/errors", "completions on which the terminal rule or callable raised, scored as incorrect "
+           "(the first few are logged with their rows)", "count", ON_ERROR_ZERO, "roles/reward_role.py"),
     # critic predictions and the frozen targets
     Metric("critic/value_mean", "mean critic prediction over response tokens, before this iteration's update",
            "reward", EVERY_ITERATION, "roles/critic_role.py"),

@@ -24,6 +24,7 @@ from algorithm.reward_rules import (
     TerminalMatcher,
 )
 from configs.callables import import_callable
+from contracts.faults import RepeatsOnRerun
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +49,7 @@ PROCESS_KINDS: tuple[str, ...] = ("none", "linear")  # S-REW-5
 DEFAULT_PROCESS_COEF = 0.1  # the whole linear term is worth a tenth of the default correct/incorrect gap
 
 
-class RewardConfigError(ValueError):
+class RewardConfigError(ValueError, RepeatsOnRerun):
     """A reward setting that cannot be resolved; the message names the config keys."""
 
 

@@ -13,7 +13,14 @@ def parse_args(argv: list[str], prog: str = "python -m flows.ppo") -> tuple[argp
         argv, overrides = argv[:split], argv[split + 1 :]
     else:
         overrides = []
-    parser = argparse.ArgumentParser(prog=prog, description="Run PPO as a Prefect flow over Ray role actors.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        usage=f"{prog} --config FILE [options] [-- key=value ...]",
+        description="Run PPO as a Prefect flow over Ray role actors.",
+        epilog="Overrides go after `--` as dotted config keys, e.g. `-- rl.max_steps=5 job.name=try1 "
+        "model.path=/models/mine` (every key: docs/reference/config.md; your own model, data and reward: "
+        "docs/howto/your-own-model.md).",
+    )
     parser.add_argument("--config", required=True, help="profile file, e.g. configs/ppo_tiny_cpu.py")
     parser.add_argument(
         "--validate-manifest", action="store_true", help="check the whole run without starting workers, then exit"

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 EXIT_FAILED = 1  # a stage failed: resumable
 EXIT_REFUSED = 2  # config, resume point or checkpoint refused: nothing ran
+RESUME_HINT = "run it again to resume from the last committed boundary"
+REPEATS_HINT = "a rerun would fail the same way: fix what the line above names first"
 HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")  # and legacy name
 
 
@@ -60,11 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     except (RunLocked, RayAuthRefused, ResumeError, CheckpointError) as error:
         return refuse([str(error)])
     try:
+        if launch.finished:  # a finished run relaunched starts neither Prefect nor Ray
+            print(f"done: {launch.finished_line()}", flush=True)
+            return 0
         from processes.temporary_api import launch_early
 
         early_api = launch_early()  # before this process imports Prefect (processes/temporary_api.py)
         print(f"ppo: run {config.job.name!r}, {config.rl.max_steps} iterations, outputs in {launch.paths.run_dir}",
               flush=True)
+        if launch.packer:
+            print(f"packer: {launch.packer}", flush=True)
         if config.rl.weight_sync_transport != "object_store":
             from cli.manifest import describe_transport
 
@@ -176,9 +183,9 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
         print(launch.stop.outcome.line(), file=sys.stderr, flush=True)
         return launch.stop.outcome.exit_code()
     except (StageFailed, ActorStartupError) as error:
-        # The traceback is above (Prefect logs it) and in the UI; end on where it broke.
-        print(f"error: {error}\n  run it again to resume from the last committed boundary", file=sys.stderr,
-              flush=True)
+        # The traceback is above (Prefect logs it) and in the UI; end on where it broke,
+        # and on what to do: resume past a fault, fix what a rerun would hit again (S-BYO-3).
+        print(f"error: {error}\n  {REPEATS_HINT if error.repeats else RESUME_HINT}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     print_summary(summary)
     return 0

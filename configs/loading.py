@@ -15,7 +15,8 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from configs.callables import override_trust_problems
+from configs.callables import add_code_dir, override_trust_problems
+from contracts.faults import RepeatsOnRerun
 from configs.schema import PPOConfig
 
 
@@ -25,7 +26,7 @@ PROFILE_DIRS_ENV = "PPO_PROFILE_DIRS"
 """Colon-separated directories, besides configs/, whose profiles a flow run may load."""
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, RepeatsOnRerun):
     """Every problem found, one per line, each starting with its dotted key path."""
 
     def __init__(self, problems: list[str]):
@@ -79,10 +80,12 @@ def load_profile(profile: str | Path, *, allowed_dirs: Iterable[Path] | None = N
     if spec is None or spec.loader is None:  # not a .py file: nothing could load it
         raise ConfigError([f"profile: {str(profile)!r} is not a Python file (a profile is a .py file defining CONFIG)"])
     module = importlib.util.module_from_spec(spec)
+    if path.resolve().parent != Path(__file__).resolve().parent:  # configs/ is a package of the project
+        add_code_dir(path.parent)
     try:
         spec.loader.exec_module(module)
     except ValidationError as error:
-        raise ConfigError(_pydantic_problems(error)) from None
+        raise ConfigError(profile_problems(error, path)) from None
     config = getattr(module, "CONFIG", None)
     if not isinstance(config, PPOConfig):
         raise ConfigError([f"profile: {path} must define CONFIG = PPOConfig(...) (found {type(config).__name__})"])
@@ -188,6 +191,57 @@ def _section_model(annotation: Any) -> type | None:
     for candidate in candidates:
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
             return candidate
+    return None
+
+
+def section_paths(section: str, model: type = PPOConfig, prefix: str = "") -> list[str]:
+    """The dotted keys where the section class named `section` sits in the schema
+    (`RLConfig` -> ["rl"]; `DataConfig` -> ["rl.data", "rl.validation.data"])."""
+    if model.__name__ == section:
+        return [prefix.rstrip(".")]
+    found: list[str] = []
+    for name, info in model.model_fields.items():
+        child = _section_model(info.annotation)
+        if child is not None:
+            found += section_paths(section, child, f"{prefix}{name}.")
+    return found
+
+
+def profile_problems(error: ValidationError, profile: Path) -> list[str]:
+    """A mistake in a profile read like the same mistake as an override (S-RUN-2): the
+    class that refused it (`RLConfig(max_step=4)`) knows only its own keys, so the
+    dotted path in front comes from where that class sits in PPOConfig, the known keys
+    from the class, and the line from the profile's own frame."""
+    paths = section_paths(error.title)
+    line = next((frame.tb_lineno for frame in _frames(error.__traceback__)
+                 if Path(frame.tb_frame.f_code.co_filename).resolve() == profile.resolve()), None)
+    where = f" ({profile}{f' line {line}' if line else ''})"
+    also = f"; {error.title} is also at {', '.join(paths[1:])}" if len(paths) > 1 else ""
+    prefix = f"{paths[0]}." if paths and paths[0] else ""
+    model = _model_named(error.title)
+    problems = []
+    for problem in _pydantic_problems(error):
+        problem = f"{prefix}{problem}" if prefix and not problem.startswith(prefix) else problem
+        if problem.endswith(": unknown key") and model is not None:
+            problem += f" (known here: {', '.join(sorted(model.model_fields))})"
+        problems.append(f"{problem}{where}{also}")
+    return problems
+
+
+def _frames(traceback: Any) -> Iterable[Any]:
+    while traceback is not None:
+        yield traceback
+        traceback = traceback.tb_next
+
+
+def _model_named(name: str, model: type = PPOConfig) -> type | None:
+    if model.__name__ == name:
+        return model
+    for info in model.model_fields.values():
+        child = _section_model(info.annotation)
+        found = _model_named(name, child) if child is not None else None
+        if found is not None:
+            return found
     return None
 
 

@@ -42,7 +42,8 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         else:
             value = field.default_factory() if field.default_factory is not None else field.default
             default = f"`{value!r}`"
-        type_name = _type_name(field.annotation) if section is None else "section"
+        # The class a profile writes for this section (`rl=RLConfig(...)`), beside its dotted key.
+        type_name = _type_name(field.annotation) if section is None else f"section `{section.__name__}`"
         rows.append(f"| `{key}` | {type_name} | {default} | {field.description or ''} |")
         if section is not None:
             rows.extend(_rows(section, f"{key}."))
@@ -66,6 +67,11 @@ def render() -> str:
             "list of the `ppo` flow. Values are parsed as JSON when they parse (numbers, `true`,",
             "`null`), else taken as strings. Setting one of `rl.data.path`, `rl.data.name`,",
             "`rl.data.factory` on the command line replaces the profile's data source.",
+            "",
+            "A profile writes the same keys as Python: each section is the class named in its type",
+            "column (`PPOConfig(job=JobConfig(...), model=ModelConfig(...), rl=RLConfig(data=DataConfig(...),",
+            "reward=RewardConfig(...)))`, all from `configs.schema`); docs/howto/your-own-model.md derives",
+            "a profile from a bundled one.",
         ],
         ["key", "type", "default", "meaning"],
         _rows(PPOConfig, ""),

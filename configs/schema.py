@@ -406,6 +406,12 @@ class RewardConfig(Section):
     process: Literal["none", "linear"] = Field(
         "none", description="Per-token shaping term added beside the terminal reward."
     )
+    on_error: Literal["fail", "zero"] = Field(
+        "fail",
+        description="When the terminal rule or callable raises on a completion: `fail` ends the run naming the "
+        "callable, the row and the completion; `zero` scores it as incorrect, counts it in `reward/errors` and logs "
+        "the first few.",
+    )
 
 
 class OptimizerConfig(Section):

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from data.packing import DataPacker, chat_text_packer
+from data.packing import DataPacker, text_packer
 from data.vision_packer import qwen_vl_packer
-
-# model_type values of config.json with a built-in vision packer (data/vision_packer.py).
-QWEN_VL_MODEL_TYPES = frozenset({"qwen2_5_vl"})
+from models.model_folder import QWEN_VL_MODEL_TYPES
 
 
 def build_packer(
@@ -26,9 +24,10 @@ def build_packer(
     """The DataPacker of a run (`data_packer.factory`, `data_packer.factory_kwargs`).
 
     A configured factory is called as `factory(model_path, **factory_kwargs)`; without
-    one the model's config.json decides: the Qwen-VL packer for Qwen2.5-VL, the chat
-    text packer for a model without a vision tower, and a clear refusal for another
-    vision-language family (which needs its own factory).
+    one the model's config.json decides: the Qwen-VL packer for Qwen2.5-VL, the text
+    packer for a model without a vision tower (its chat template, or the prompt as it
+    is where the tokenizer has none), and a clear refusal for another vision-language
+    family (which needs its own factory).
     """
     kwargs = dict(factory_kwargs or {})
     if factory:
@@ -60,5 +59,5 @@ def build_packer(
             "(docs/howto/custom-datapacker.md)"
         )
     if kwargs:
-        raise TypeError(f"data_packer.factory_kwargs: {sorted(kwargs)} given, but the chat text packer takes none")
-    return chat_text_packer(model_path)
+        raise TypeError(f"data_packer.factory_kwargs: {sorted(kwargs)} given, but the text packer takes none")
+    return text_packer(model_path)

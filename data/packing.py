@@ -17,6 +17,9 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from contracts.faults import RepeatsOnRerun
+from data.prompt_projection import conversation_without_template
+
 MULTIMODAL_EXTRA = "multimodal"
 """Key of `MultimodalInputs` in `Trajectory.extras` and `PPOTargets.extras`."""
 
@@ -136,7 +139,7 @@ def prompt_location(sources: Sequence[str] | None, index: int) -> str:
     return sources[index] if sources else f"prompt {index} of the batch"
 
 
-class UnsupportedPromptError(ValueError):
+class UnsupportedPromptError(ValueError, RepeatsOnRerun):
     pass
 
 
@@ -199,7 +202,42 @@ class ChatTextPacker:
         return decode_responses(self.tokenizer, response_ids, response_mask)
 
 
+class PlainTextPacker:
+    """Causal-LM packer for a base model whose tokenizer has no chat template: each
+    prompt string is tokenized as it is, with the tokenizer's own special tokens (a
+    BOS where it adds one). A conversation is refused: joining its turns would invent
+    a format the model never saw."""
+
+    def __init__(self, tokenizer, model_path: str = "model.path"):
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+
+    def pack_prompts(self, prompts: Sequence[Any], sources: Sequence[str] | None = None) -> PackedPrompts:
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, str):
+                raise UnsupportedPromptError(
+                    conversation_without_template(prompt_location(sources, index), "prompt", self.model_path)
+                )
+        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
+        return PackedPrompts(encoded["input_ids"], encoded["attention_mask"])
+
+    def decode_completions(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        return decode_responses(self.tokenizer, response_ids, response_mask)
+
+
 def chat_text_packer(model_path: str) -> ChatTextPacker:
-    """The default factory for causal LMs."""
+    """The chat-template packer, whatever the tokenizer (`data_packer.factory`)."""
     return ChatTextPacker(load_chat_tokenizer(model_path))
+
+
+def plain_text_packer(model_path: str) -> PlainTextPacker:
+    """The prompt text as it is, even where the tokenizer has a template (`data_packer.factory`)."""
+    return PlainTextPacker(load_chat_tokenizer(model_path), model_path)
+
+
+def text_packer(model_path: str) -> ChatTextPacker | PlainTextPacker:
+    """The default for causal LMs: the chat template where the tokenizer has one, the
+    prompt text as it is where it has none (S-BYO-1)."""
+    tokenizer = load_chat_tokenizer(model_path)
+    return ChatTextPacker(tokenizer) if tokenizer.chat_template else PlainTextPacker(tokenizer, model_path)
 

@@ -8,6 +8,8 @@ gives the accepted shapes and why.
 
 from __future__ import annotations
 
+from contracts.faults import RepeatsOnRerun
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +48,7 @@ _NULL_FILL = (
 )
 
 
-class PromptError(ValueError):
+class PromptError(ValueError, RepeatsOnRerun):
     """A row's prompt or reference has the wrong shape.
 
     The message names where the row is (``where``), the key path inside the row
@@ -193,4 +195,15 @@ def project_reference(row: Mapping, *, reference_key: str | None, where: str = "
         where,
         reference_key,
         f"is {_kind(value)}; accepted: a reference answer that is a string or an integer",
+    )
+
+
+def conversation_without_template(where: str, prompt_key: str, model_path: str) -> str:
+    """Why a conversation cannot be shaped for a tokenizer without a chat template, and
+    the fixes; the pre-flight and the packer refuse with the same words (S-BYO-1)."""
+    return (
+        f"{where}: {prompt_key} is a conversation (a list of messages), but the tokenizer at {model_path} has no "
+        f"chat template, so the plain-text packer feeds prompts as they are; give each row a string under "
+        f"rl.data.prompt_key={prompt_key!r}, save a chat template with the tokenizer (tokenizer.chat_template = "
+        "...; tokenizer.save_pretrained), or set data_packer.factory"
     )

@@ -8,6 +8,8 @@ layouts accepted, how rows, lines and columns are counted (S-DATA-4) and the ref
 
 from __future__ import annotations
 
+from contracts.faults import RepeatsOnRerun
+
 import json
 import os
 import re
@@ -65,7 +67,7 @@ class Row:
     position: RowPosition
 
 
-class RowReadError(ValueError):
+class RowReadError(ValueError, RepeatsOnRerun):
     """A file or one of its rows cannot be read (S-DATA-4).
 
     ``line``/``column`` point at the offending character (for a bad row that is

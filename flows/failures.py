@@ -12,9 +12,17 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from contracts.faults import repeats_on_rerun
+
 
 class StageFailed(RuntimeError):
-    """A stage of an iteration raised; the original error is chained."""
+    """A stage of an iteration raised; the original error is chained. `repeats`: the
+    cause was the user's code, data, model folder or config, which a rerun would hit
+    again (contracts/faults.py)."""
+
+    def __init__(self, message: str, *, repeats: bool = False):
+        super().__init__(message)
+        self.repeats = repeats
 
 
 def stage_run_name(stage: str, iteration: int) -> str:
@@ -32,7 +40,10 @@ def naming_failures(
     except Exception as error:
         cause = _actor_cause(error)
         detail = (explain(cause) if explain is not None else None) or str(cause)
-        raise StageFailed(f"{stage_run_name(stage, iteration)} failed: {type(cause).__name__}: {detail}") from error
+        raise StageFailed(
+            f"{stage_run_name(stage, iteration)} failed: {type(cause).__name__}: {detail}",
+            repeats=repeats_on_rerun(cause),
+        ) from error
 
 
 def _actor_cause(error: Exception) -> BaseException:

@@ -6,14 +6,15 @@ handed one (a deployment's) builds its own the same way."""
 from __future__ import annotations
 
 import contextlib
+import os
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from rundir.preflight import require_runnable
 from configs.schema import PPOConfig
 from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
+from rundir.run_checks import require_runnable
 from rundir.run_config import resolve_config
 from rundir.run_lock import RunLock
 from flows.stopping import StopRequest, stop_request
@@ -44,6 +45,25 @@ class Launch:
     lock: RunLock | None = None  # taken before any service started; the flow holds it on and releases it
     stop: StopRequest = field(default_factory=StopRequest)  # signals and the time limit (S-STOP)
     parameters: LaunchParameters | None = None  # what it was planned from: the flow taking it must say the same
+    packer: str | None = None  # which DataPacker shapes the prompts (S-BYO-1), as the pre-flight found it
+
+    @property
+    def finished(self) -> bool:
+        """Every iteration committed and the model exported: running it again would do
+        nothing, so nothing is started (a rerun of a run stopped before its export
+        still exports, S-STOP-4)."""
+        point = self.resume_point
+        return (
+            point is not None and not point.went_back and point.iteration == self.config.rl.max_steps
+            and os.path.isdir(self.paths.final_model)
+        )
+
+    def finished_line(self) -> str:
+        return (
+            f"run {self.config.job.name!r} is complete: iteration {self.config.rl.max_steps} of "
+            f"{self.config.rl.max_steps} committed and the model exported to {self.paths.final_model}; nothing to do. "
+            "Raise rl.max_steps to train on from it, or start a new job.name"
+        )
 
     def adopt_actors(self) -> LaunchedActors | None:
         """The launched actors, now the caller's to start or kill: taken once."""
@@ -58,14 +78,14 @@ def plan_launch(
     """Everything a run can be refused for before it starts anything: a config it cannot
     run here, a resume point it cannot use."""
     config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
-    require_runnable(config)
+    checked = require_runnable(config)  # S-BYO-2: the pre-flight --validate-manifest prints
     config = pin_hub_model(config)  # after the checks that answer in a second: this may download
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
     planned_from = LaunchParameters(
         profile, tuple(overrides or ()), critic_warmup_iterations, run_name, resume, resume_from
     )
-    return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from)
+    return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from, packer=checked.packer)
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)

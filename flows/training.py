@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from prefect import flow, get_run_logger
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Completed
 
 from compat.prefect_compat import quiet_cancelled_run_error
 from configs.schema import PPOConfig
@@ -92,6 +92,11 @@ def ppo(
     launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume or attempt > 0,
                          resume_from=resume_from if attempt == 0 else None)
     config, paths = launch.config, launch.paths
+    if launch.finished:  # nothing to train or export; Ray is never started
+        say(f"done: {launch.finished_line()}")
+        return Completed(message=launch.finished_line())
+    if handed_launch() is None and launch.packer:
+        say(f"packer: {launch.packer}")
     # S-FAULT-4: one writer per run directory, taken before anything is read or written
     # (by the command line, before it started any service, when it launched this run).
     stale = stale_after(config.rl.stage_timeout_seconds)
@@ -115,7 +120,7 @@ def ppo(
                     # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
                     return Cancelled(message=Stopped(**stopped).line(_resume_hint()))
                 except StageFailed as error:
-                    if attempt >= auto_resume_attempts or launch.stop.signalled() is not None:
+                    if attempt >= auto_resume_attempts or launch.stop.signalled() is not None or error.repeats:
                         raise
                     attempt += 1
                     say(f"auto-resume: attempt {attempt} of {auto_resume_attempts} after `{error}`; "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 import ray
 
 from configs.schema import PPOConfig
+from contracts.faults import RepeatsOnRerun, repeats_on_rerun
 from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
@@ -249,7 +250,32 @@ def _launch_actor(
 
 
 class ActorStartupError(RuntimeError):
-    """A role actor failed in its constructor or never became ready."""
+    """A role actor failed in its constructor or never became ready; `repeats` as
+    StageFailed's (a constructor that refused the user's data or code)."""
+
+    def __init__(self, message: str, *, repeats: bool = False):
+        super().__init__(message)
+        self.repeats = repeats
+
+
+def startup_repeats(error: BaseException) -> bool:
+    """Whether a constructor's failure would repeat on a rerun (contracts/faults.py).
+    Ray hands the exception object over for a failed call, but for a constructor often
+    only its text: then the raised class's name is looked up among those that repeat."""
+    from ray.exceptions import RayTaskError
+
+    cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
+    if repeats_on_rerun(cause):
+        return True
+    raised = startup_cause(error).split(":", 1)[0].rsplit(".", 1)[-1]
+    return raised in _subclass_names(RepeatsOnRerun)
+
+
+def _subclass_names(base: type) -> set[str]:
+    names: set[str] = set()
+    for subclass in base.__subclasses__():
+        names |= {subclass.__name__} | _subclass_names(subclass)
+    return names
 
 
 def startup_cause(error: BaseException) -> str:
@@ -294,7 +320,9 @@ def wait_until_ready(
         try:
             ray.get(done[0])
         except Exception as error:
-            raise ActorStartupError(f"{labels[done[0]]} failed to start: {startup_cause(error)}") from error
+            raise ActorStartupError(
+                f"{labels[done[0]]} failed to start: {startup_cause(error)}", repeats=startup_repeats(error)
+            ) from error
         seconds[labels[done[0]]] = time.perf_counter() - started
     return seconds
 

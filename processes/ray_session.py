@@ -24,6 +24,7 @@ from compat.ray_compat import (
     worker_python,
     worker_script,
 )
+from configs.callables import CODE_DIRS_ENV
 from processes.fork_client import SOCKET_ENV, WORKER_SCRIPT_ENV
 from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server, write_launcher
 from processes.process_tree import MARK_ENV, end_processes, marked
@@ -70,6 +71,7 @@ def worker_env() -> dict[str, str]:
     and the quiet, offline settings the whole run uses."""
     return {
         "PYTHONPATH": os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        CODE_DIRS_ENV: os.environ.get(CODE_DIRS_ENV, ""),  # S-BYO-3: the profile's folder, for named code
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",

@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
+from algorithm.reward_errors import LOGGED_ERRORS, describe_reward_error, failed
 from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resolve_terminal, terminal_score
 from configs.schema import PPOConfig
+from contracts.faults import REWARD_EVENTS
 from contracts.trajectory import Trajectory
 
 
@@ -19,18 +21,29 @@ class RewardRole:
         self.matcher = resolve_terminal(
             self.reward.terminal, self.reward.terminal_callable, config.job.trusted_modules
         )
+        self.errors_logged = 0
 
     def ready(self) -> dict[str, Any]:
         return {"role": "reward", "terminal": self.matcher.name if self.matcher else "none"}
 
     def score(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         batch = trajectory.prompts
-        scores, correct = [], []
-        for prompt, completion, reference, metadata in zip(
-            batch.prompts, trajectory.completions, batch.references, batch.metadata
+        scores, correct, errors, events = [], [], 0, []
+        sources = batch.sources or [None] * len(batch.prompts)
+        for prompt, completion, reference, metadata, row_id, source in zip(
+            batch.prompts, trajectory.completions, batch.references, batch.metadata, batch.row_ids, sources
         ):
             context = RewardContext(prompt=prompt, completion=completion, reference=reference, metadata=metadata)
-            score = terminal_score(self.matcher, context)  # the user's callable runs once per completion
+            try:
+                score = terminal_score(self.matcher, context)  # the user's callable runs once per completion
+            except Exception as error:  # S-BYO-3: user code, named with its row and completion
+                assert self.matcher is not None  # no matcher, nothing that could raise
+                description = describe_reward_error(self.matcher.name, error, row_id, source, completion)
+                if self.reward.on_error == "fail":
+                    raise failed(description) from error
+                errors += 1
+                events += self._logged_error(description)
+                score = 0.0
             scores.append(on_ppo_scale(
                 score, correct_reward=self.reward.correct_reward, incorrect_reward=self.reward.incorrect_reward
             ))
@@ -53,7 +66,19 @@ class RewardRole:
         }
         if self.matcher is not None:  # terminal "none" gives no verdict, so no fraction to report
             metrics["reward/fraction_correct"] = float(sum(correct) / len(correct))
+        if self.reward.on_error == "zero":
+            metrics["reward/errors"] = float(errors)
+        if events:
+            metrics[REWARD_EVENTS] = events  # logged by the reward task, not recorded
         return scored, metrics
+
+    def _logged_error(self, description: str) -> list[list[str]]:
+        """The first few errors of the run, as events for the stage's log."""
+        self.errors_logged += 1
+        if self.errors_logged > LOGGED_ERRORS:
+            return []
+        more = "; later ones are only counted (reward/errors)" if self.errors_logged == LOGGED_ERRORS else ""
+        return [["warning", f"{description}; scored as incorrect (rl.reward.on_error=zero){more}"]]
 
     def score_validation(self, trajectory: Trajectory) -> dict[str, float]:
         """The run's own reward on evaluation completions, as `val/*` metrics (S-OPS-2).
@@ -61,6 +86,8 @@ class RewardRole:
         whatever the reward rule; `val/fraction_correct` is the rule's verdict."""
         scored, metrics = self.score(trajectory)
         result = {"val/reward_mean": metrics["train/reward_mean"]}
+        if REWARD_EVENTS in metrics:
+            result[REWARD_EVENTS] = metrics[REWARD_EVENTS]
         if "reward/fraction_correct" in metrics:
             result["val/fraction_correct"] = metrics["reward/fraction_correct"]
         references = trajectory.prompts.references

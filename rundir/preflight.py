@@ -1,8 +1,8 @@
 """The config-only checks every launch path makes, in one place (S-RUN-3).
 
-The CLI, a deployment's flow run and `--validate-manifest` all call `config_problems`,
-so they refuse the same configs with the same `key: message` lines. Checks that read
-files stay in cli/manifest.py; single-section rules are the schema's own validators.
+The CLI, a deployment's flow run and `--validate-manifest` all call `config_problems`
+through the one pre-flight (rundir/run_checks.py), so they refuse the same configs with
+the same `key: message` lines; single-section rules are the schema's own validators.
 Nothing here imports Prefect, Ray or torch.
 """
 
@@ -16,7 +16,6 @@ from typing import Mapping
 
 from models.tiny_spec import tiny_spec_differences
 from configs.callables import check_callable_module, code_reference_keys, value_at
-from configs.loading import ConfigError
 from configs.schema import PPOConfig
 from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_message, unmatched_targets
 from views.trackers import missing_tracker_packages, tracker_message
@@ -154,11 +153,3 @@ def machine_problems(
         "and no Ray cluster is named (RAY_ADDRESS or grid.ray_address); join a cluster with enough GPUs, or run the "
         "CPU profile (configs/ppo_tiny_cpu.py)",
     )]
-
-
-def require_runnable(config: PPOConfig, *, environ: Mapping[str, str] | None = None) -> None:
-    """Raise ConfigError naming every problem that would stop this launch."""
-    plan = plan_placement(config)
-    problems = config_problems(config, plan) + machine_problems(config, plan, environ=environ)
-    if problems:
-        raise ConfigError([str(problem) for problem in problems])

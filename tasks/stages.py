@@ -10,6 +10,7 @@ import logging
 from contextvars import ContextVar
 from typing import Any, Callable, Sequence
 
+from contracts.faults import REWARD_EVENTS
 from contracts.rollout_faults import FAULT_EVENTS
 from contracts.trajectory import TrainReceipt
 
@@ -43,15 +44,23 @@ def rollout(iteration: int, data_summary: dict, rollout_summary: dict) -> dict[s
     The data call is folded in here: a task of its own would cost far more in Prefect
     bookkeeping than its compute. An engine lost and replaced on the way is logged
     here, a WARNING, and the task still completes (S-ELASTIC-2)."""
-    rollout_summary = dict(rollout_summary)
-    for level, message in rollout_summary.pop(FAULT_EVENTS, ()):
+    return numeric_metrics(data_summary, logged_events(rollout_summary, FAULT_EVENTS))
+
+
+def logged_events(summary: dict, key: str) -> dict:
+    """`summary` without its `key` list of [level, message] events, which go to the
+    stage's log (the UI's, for a task run: an actor's own log never reaches it)."""
+    summary = dict(summary)
+    for level, message in summary.pop(key, ()):
         stage_log.get().log(logging.WARNING if level == "warning" else logging.INFO, message)
-    return numeric_metrics(data_summary, rollout_summary)
+    return summary
 
 
 def reward(iteration: int, reward_summary: dict, replay_summary: dict) -> dict[str, float]:
-    """Done when every completion is scored and the replay buffer has named the batch."""
-    return numeric_metrics(reward_summary, replay_summary)
+    """Done when every completion is scored and the replay buffer has named the batch;
+    the first completions a raising reward was scored 0 on are logged with their rows
+    (rl.reward.on_error=zero, S-BYO-3)."""
+    return numeric_metrics(logged_events(reward_summary, REWARD_EVENTS), replay_summary)
 
 
 def reference_score(iteration: int, summary: dict) -> dict[str, float]:
@@ -140,4 +149,4 @@ def weight_sync(
 def evaluate(iteration: int, generate_summary: dict, scores: dict) -> dict[str, float]:
     """Held-out evaluation of the policy after this iteration's update (iteration 0:
     the starting policy); its `val/*` metrics join the iteration's record (S-OPS-2)."""
-    return numeric_metrics(generate_summary, scores)
+    return numeric_metrics(generate_summary, logged_events(scores, REWARD_EVENTS))

@@ -94,6 +94,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return ensure_model(model.model_copy(update={"path": str(path)}))
 
 
+@pytest.fixture(scope="session")
+def user_models(tmp_path_factory):
+    """GPT-2 folders as users bring them (tests/support/user_models.py), built once."""
+    from tests.support.user_models import build_user_models
+
+    return build_user_models(tmp_path_factory.mktemp("user-models"))
+
+
 def short_run_overrides(output_root, model_dir: str) -> list[str]:
     """Overrides that point a short CPU-profile run at `output_root` and the shared model."""
     return [

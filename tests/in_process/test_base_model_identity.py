@@ -5,6 +5,7 @@ the first file that differs."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -55,6 +56,13 @@ def test_a_resume_over_other_content_is_refused_by_name(committed_run, tmp_path)
     assert message.startswith(f"model.path: {str(model)!r} now has content fingerprint sha256:")
     assert f"trained from sha256:{recorded.removeprefix('sha256:')[:16]}" in message
     assert "first differing file: model.safetensors" in message and "new job.name" in message
+
+    # --validate-manifest refuses what the launch refuses (S-BYO-2; it said bind_check: ok).
+    from cli.manifest import validate_manifest
+
+    out, err = io.StringIO(), io.StringIO()
+    assert validate_manifest(TINY_PROFILE, overrides, out=out, err=err) == 1
+    assert err.getvalue() == f"error: {message}\n" and "bind_check: failed (1 problem(s)" in out.getvalue()
 
     # The command line refuses it before Prefect, Ray or any role starts (exit 2).
     started = subprocess.run(

@@ -14,7 +14,7 @@ NOT_CALLABLE = 3
     "path, fragment",
     [
         ("tests.pure.test_callables", "is not a 'package.module:callable' path"),
-        ("no_such_package.mod:make", "cannot import module 'no_such_package.mod' (ModuleNotFoundError"),
+        ("no_such_package.mod:make", "no module named 'no_such_package' (looked in"),
         ("tests.pure.test_callables:nothing", "module 'tests.pure.test_callables' has no attribute 'nothing'"),
         ("tests.pure.test_callables:NOT_CALLABLE", "resolves to a int, not a callable"),
     ],
@@ -31,9 +31,9 @@ def test_the_caller_chooses_the_error_type():
     class MyConfigError(ValueError):
         pass
 
-    with pytest.raises(MyConfigError, match=r"^k: 'nowhere_pkg:y': no module named 'nowhere_pkg'$"):
+    with pytest.raises(MyConfigError, match=r"^k: 'nowhere_pkg:y': no module named 'nowhere_pkg' \(looked in "):
         check_callable_module("nowhere_pkg:y", key="k", error=MyConfigError)
-    with pytest.raises(MyConfigError, match=r"^k: 'nowhere_pkg.x:y': cannot find module 'nowhere_pkg.x'"):
+    with pytest.raises(MyConfigError, match=r"^k: 'nowhere_pkg.x:y': no module named 'nowhere_pkg' \(looked in "):
         check_callable_module("nowhere_pkg.x:y", key="k", error=MyConfigError)
     assert check_callable_module("json:loads", key="k") == "json:loads"
     assert import_callable("json:JSONDecoder.decode", key="k").__name__ == "decode"

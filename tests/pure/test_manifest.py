@@ -283,6 +283,13 @@ def write_model_config(folder, **fields) -> str:
     }
     config.update(fields)
     (folder / "config.json").write_text(json.dumps(config))
+    # The rest of a folder the pre-flight asks for (models/model_folder.py): weights it
+    # does not open, a tokenizer it does.
+    from tokenizers import Tokenizer, models
+
+    (folder / "model.safetensors").write_bytes(b"")
+    Tokenizer(models.WordLevel({"a": 0, "</s>": 1}, unk_token="a")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     return str(folder)
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from configs.loading import ConfigError, load_config
 from cli.manifest import check_manifest, validate_manifest
-from rundir.preflight import config_problems, machine_problems, require_runnable, visible_gpus
+from rundir.preflight import config_problems, machine_problems, visible_gpus
+from rundir.run_checks import require_runnable
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
@@ -133,7 +134,7 @@ def test_user_code_that_cannot_be_found_is_refused_before_any_worker(key):
     trusting = str(REPO_ROOT / "tests" / "support" / "profiles" / "tiny_trusting_tests.py")
     config = load_config(trusting, [f"{key}=tests.no_such_package.rewards:score"])
     problems = [p for p in config_problems(config) if p.key == key]
-    assert len(problems) == 1 and "cannot find module 'tests.no_such_package.rewards'" in problems[0].message
+    assert len(problems) == 1 and "no module named 'tests.no_such_package'" in problems[0].message
     report = check_manifest(config)
     assert [str(p) for p in report.problems if p.key == key] == [str(problems[0])]  # reported once
 

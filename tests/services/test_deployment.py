@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,10 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.support.helpers import assert_ends_like_the_uninterrupted_run
+from tests.support.prefect_stack import free_port as _free_port
+from tests.support.prefect_stack import kill_pids as _kill_pids
+from tests.support.prefect_stack import pids_with_env as _pids_with_env
+from tests.support.prefect_stack import run_script as _script
 
 pytestmark = [pytest.mark.slow]
 
@@ -48,47 +51,6 @@ class Stack:
     api_url: str
     env: dict[str, str]
     marker: str
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _pids_with_env(entry: str) -> list[int]:
-    """Processes whose environment holds `entry`: everything this stack started,
-    however deep (worker, flow runs, the Ray processes a flow run started), and
-    nothing anyone else started."""
-    wanted = entry.encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if wanted in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(int(proc.name))
-        except OSError:  # exited, or not ours to read
-            continue
-    return found
-
-
-def _kill_pids(pids: list[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 10
-        while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
-            time.sleep(0.2)
-
-
-def _script(name: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(REPO_ROOT / "deployments" / name)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")

@@ -1,7 +1,9 @@
 """A stage that raises inside its actor fails the run by name (issue 8, issue 15):
 the documented command `python -m flows.ppo` ends on `error: reward[iter=1] failed:
-...` and the resume hint and exits 1; that task run is the Failed one in the Prefect
-API, no later stage of the iteration ran, and nothing was committed."""
+...` and exits 1; that task run is the Failed one in the Prefect API, no later stage
+of the iteration ran, and nothing was committed. The raising code here is the user's
+reward, which a rerun would call again: the last line says to fix it, not to resume
+(S-BYO-3; a fault a rerun gets past keeps the resume hint, tests/services/test_faults.py)."""
 
 import os
 import subprocess
@@ -21,7 +23,7 @@ def exploding_rule(ctx) -> bool:
 exploding_rule.needs_reference = False  # type: ignore[attr-defined]
 
 
-def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_cluster, tiny_overrides, tmp_path):
+def test_the_cli_ends_on_the_failed_stage_and_what_to_fix(prefect_api, ray_cluster, tiny_overrides, tmp_path):
     import ray
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
@@ -51,10 +53,11 @@ def test_the_cli_ends_on_the_failed_stage_and_the_resume_hint(prefect_api, ray_c
     )
     assert result.returncode == 1, result.stderr[-3000:]
     last_lines = result.stderr.strip().splitlines()[-2:]
-    assert last_lines[0] == "error: reward[iter=1] failed: ZeroDivisionError: the user's reward rule divided by zero", (
-        result.stderr[-3000:]
-    )
-    assert last_lines[1].strip() == "run it again to resume from the last committed boundary"
+    assert last_lines[0].startswith(
+        "error: reward[iter=1] failed: RewardCallableFailed: reward 'tests.services.test_stage_failure:exploding_rule' "
+        "raised ZeroDivisionError: the user's reward rule divided by zero on row "
+    ), result.stderr[-3000:]
+    assert last_lines[1].strip() == "a rerun would fail the same way: fix what the line above names first"
 
     deadline = time.time() + 60
     with get_client(sync_client=True) as client:
@@ -92,5 +95,8 @@ def test_the_in_process_runner_names_the_failed_stage_the_same_way(tiny_override
     config = load_config(TRUSTING_TINY_PROFILE, tiny_overrides + [
         "rl.max_steps=1", "rl.reward.terminal_callable=tests.services.test_stage_failure:exploding_rule",
     ])
-    with pytest.raises(StageFailed, match=r"^reward\[iter=1\] failed: ZeroDivisionError: the user's reward rule"):
+    named = (r"^reward\[iter=1\] failed: RewardCallableFailed: reward '\S+:exploding_rule' raised "
+             r"ZeroDivisionError: the user's reward rule divided by zero on row \d+")
+    with pytest.raises(StageFailed, match=named) as failed:
         run_in_process(config)
+    assert failed.value.repeats

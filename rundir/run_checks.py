@@ -1,0 +1,513 @@
+"""The pre-flight: check a whole run before anything is allocated (S-RUN-3, S-BYO-2).
+
+`--validate-manifest` prints it (cli/manifest.py); every launch, on the command line
+and in a deployment's flow run, refuses with it before Ray starts (flows/launch.py).
+
+A GPU node's hours cost money, so every mistake the config, the data and the model's
+config file can show is found here, on a laptop, all at once (each problem starting
+with its dotted key), not one per launch. It never starts or imports Ray, loads weights
+or downloads; docs/launch.md section 1 lists the checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from configs.callables import PROJECT_CALLABLE_MODULES, within
+from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
+from configs.loading import ConfigError
+from configs.schema import PPOConfig
+from data.prompt_projection import (
+    PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
+)
+from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
+from models.model_folder import (
+    HEADS, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, check_model_folder, config_value, model_sizes,
+)
+from placement.mesh import role_meshes
+from placement.node_layout import describe_slots
+from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class ManifestReport:
+    summary: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    data_rows: int | None = None  # rows read from rl.data.path (None for other sources)
+    packer: str | None = None  # which DataPacker shapes the prompts, as the launch's first lines say it
+    plain_text_prompts: bool = False  # the plain-text packer: a conversation prompt cannot be shaped
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(Problem(key, message))
+
+    def keys(self) -> list[str]:
+        return [p.key for p in self.problems]
+
+
+def check_manifest(
+    config: PPOConfig, *, environ: dict[str, str] | None = None, launching_here: bool = False
+) -> ManifestReport:
+    """Every check that needs no worker; collects all problems instead of stopping.
+
+    `launching_here`: the launch's own pre-flight, on the machine it starts Ray on, so
+    a placement this machine cannot hold is a problem (a manifest checked from a laptop
+    notes it); the launch then finds its resume point itself (rundir/resume.py), which
+    the manifest calls here so that it refuses what the launch refuses (S-BYO-2)."""
+    env = os.environ if environ is None else environ
+    report = ManifestReport()
+    report.summary.append(
+        f"run: {config.job.name}, {config.rl.max_steps} iterations, batch {config.rl.batch_size}, "
+        f"critic warmup {config.rl.critic_warmup_iterations}"
+    )
+    plan = plan_placement(config)
+    _check_placement(config, plan, report, env, launching_here)
+    _check_model(config, plan, report)
+    matcher, resolved = _check_reward(config, report)
+    _check_data(config, matcher, resolved, report)
+    _check_checkpoints(config, report, resume=not launching_here)
+    _check_options(config, plan, report)
+    return report
+
+
+def require_runnable(config: PPOConfig, *, environ: dict[str, str] | None = None) -> ManifestReport:
+    """The launch's pre-flight (CLI and deployment alike): raise ConfigError naming
+    every problem that would stop this run, before Prefect or Ray start; else the
+    report, whose summary lines (the packer among them) the launch prints."""
+    report = check_manifest(config, environ=environ, launching_here=True)
+    if report.problems:
+        raise ConfigError([str(problem) for problem in report.problems])
+    return report
+
+
+# --- placement ---------------------------------------------------------------------
+
+
+def _check_placement(
+    config: PPOConfig, plan: PlacementPlan, report: ManifestReport, env, launching_here: bool
+) -> None:
+    report.problems.extend(config_problems(config, plan))
+    for problem in machine_problems(config, plan, environ=env):
+        if launching_here:
+            report.problems.append(problem)
+            continue
+        # A manifest checks a launch meant for another machine too (a 4-GPU node,
+        # from a laptop): here it is a note; `python -m flows.ppo` refuses it.
+        report.notes.append(f"{problem} (a launch on this machine would be refused)")
+    devices = (
+        f"{plan.gpus_per_node} GPU(s) x {plan.num_nodes} node(s)"
+        if plan.uses_gpus
+        else "CPU only (grid.gpus_per_node=0)"
+    )
+    offload = ""
+    if plan.mode == "colocated" and plan.uses_gpus:
+        offload = f"; colocated offload {'on' if plan.offload_active else 'off (rl.colocated_offload=false)'}"
+    report.summary.append(f"placement: {plan.describe()} on {devices}{offload}")
+    if plan.spreads_over_nodes:  # the plan's node for every group, before any node is contacted
+        report.summary.append(f"nodes: {describe_slots(plan)} (slots map onto the cluster's alive nodes at launch)")
+    ranks = {role: plan.ranks(role) for role in TRAINER_ROLES}
+    engines = plan.ranks("rollout")
+    if max(ranks.values()) > 1 or engines > 1:
+        report.summary.append(
+            "data parallel: " + ", ".join(f"{role} {n} rank{'s' if n != 1 else ''}" for role, n in ranks.items())
+            + f", rollout {engines} engine{'s' if engines != 1 else ''} (one actor each; trainers sharded with FSDP2; "
+            "each engine generates a shard of every batch)"
+        )
+    for mesh in role_meshes(plan).values():
+        report.summary.append(f"mesh: {mesh.describe()}")
+    report.summary.append(f"weight sync: {describe_transport(config)}")
+    if plan.uses_gpus:
+        for group in plan.groups:
+            if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):
+                report.notes.append(f"{group.key}=0: the {'+'.join(group.roles)} runs on the host in this GPU run")
+    address = joins_cluster(config, env)
+    if address:
+        source = "grid.ray_address" if config.grid.ray_address else "RAY_ADDRESS"
+        report.summary.append(f"ray: joins the cluster at {address} ({source}; not contacted by this check)")
+        if config.grid.ray_num_cpus is not None:
+            report.notes.append(
+                "grid.ray_num_cpus only sizes a locally started Ray; it is ignored when joining a cluster"
+            )
+    else:
+        cpus = config.grid.ray_num_cpus if config.grid.ray_num_cpus is not None else "all"
+        report.summary.append(f"ray: starts a local Ray at launch (num_cpus={cpus}); backend {config.grid.backend}")
+
+
+# --- model -------------------------------------------------------------------------
+
+
+def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+    model_config = _read_model_config(config, report)
+    rollout = config.rl.rollout
+    report.summary.append(
+        f"rollout: engine {rollout.engine}, max_new_tokens {rollout.max_new_tokens}, "
+        f"temperature {rollout.temperature}, one completion per prompt"
+    )
+    if model_config is None:
+        return
+    heads = config_value(model_config, *HEADS)
+    kv_heads = config_value(model_config, *KV_HEADS) or heads
+    tp = plan.rollout_tensor_parallel_size
+    if isinstance(heads, int) and heads % tp:
+        report.problem(
+            "grid.rollout_tensor_parallel_size",
+            f"is {tp}, which does not divide the model's {heads} attention heads (model.path config.json)",
+        )
+    if isinstance(kv_heads, int) and tp > 1 and kv_heads % tp and tp % kv_heads:
+        report.problem(
+            "grid.rollout_tensor_parallel_size",
+            f"is {tp}; the model's {kv_heads} key/value heads can neither be split over nor replicated on {tp} GPUs",
+        )
+    positions = config_value(model_config, *POSITIONS)
+    if isinstance(positions, int) and rollout.max_new_tokens >= positions:
+        report.problem(
+            "rl.rollout.max_new_tokens",
+            f"is {rollout.max_new_tokens}, not below the model's context of {positions} positions (config.json; "
+            "prompt plus completion must fit)",
+        )
+
+
+def _check_folder(config: PPOConfig, folder: Path, model_config: dict[str, Any], report: ManifestReport) -> None:
+    """S-BYO-1, S-BYO-2: the files every role will load, and the packer they call for."""
+    check = check_model_folder(folder, model_config)
+    report.problems.extend(Problem(key, message) for key, message in check.problems)
+    report.notes.extend(check.notes)
+    if config.data_packer.factory:
+        report.packer = f"{config.data_packer.factory} (data_packer.factory)"
+    elif model_config.get("model_type") in QWEN_VL_MODEL_TYPES:
+        report.packer = f"the built-in Qwen-VL packer (model_type {model_config['model_type']})"
+    elif check.tokenizer is not None and check.tokenizer.chat_template:
+        report.packer = f"chat template (the tokenizer's {check.tokenizer.chat_template})"
+    elif check.tokenizer is not None:
+        report.packer = "plain text (the tokenizer has no chat template: each prompt string is tokenized as it is)"
+        report.plain_text_prompts = True
+    if report.packer:
+        report.summary.append(f"packer: {report.packer}")
+
+
+def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, Any] | None:
+    """The model's config.json as a dict, without transformers or weights, and the
+    folder's files checked. A hub id that is not in the local cache is skipped with a
+    note: nothing is downloaded."""
+    path = config.model.path
+    local = Path(path) / "config.json"
+    source: str | None = None
+    if local.is_file():
+        source = str(local)
+    elif config.model.tiny is not None:
+        spec = config.model.tiny
+        report.summary.append(
+            f"model: {path} does not exist yet; the tiny "
+            f"{'Qwen2.5-VL' if getattr(spec, 'vision', None) else 'Qwen3'} model is built there from model.tiny "
+            f"at start-up ({spec.num_hidden_layers} layers, hidden {spec.hidden_size}), dtype {config.model.dtype}"
+        )
+        report.packer = config.data_packer.factory or "chat template (the tiny model's tokenizer has one)"
+        report.summary.append(f"packer: {report.packer}")
+        return spec.model_dump()
+    elif _HUB_ID.match(path) and not Path(path).exists():
+        source = _cached_hub_config(path)
+        if source is None:
+            report.summary.append(f"model: {path} (hub id), dtype {config.model.dtype}")
+            report.notes.append(
+                f"model.path {path!r} is a hub id that is not in the local Hugging Face cache: its config check "
+                "(heads vs. tensor parallel size, context length) was skipped; nothing was downloaded"
+            )
+            return None
+    else:
+        report.problem("model.path", f"{path!r} has no config.json (expected a Hugging Face model folder or a hub id)")
+        return None
+    try:
+        with open(source, encoding="utf-8") as handle:
+            model_config = json.load(handle)
+    except (OSError, json.JSONDecodeError) as error:
+        report.problem("model.path", f"cannot read {source}: {error}")
+        return None
+    if not isinstance(model_config, dict) or "model_type" not in model_config:
+        report.problem("model.path", f"{source} is not a transformers model config (no model_type)")
+        return None
+    architectures = ",".join(model_config.get("architectures") or []) or model_config["model_type"]
+    report.summary.append(
+        f"model: {path} ({architectures}; {model_sizes(model_config)}), dtype {config.model.dtype}"
+    )
+    if source == str(local):  # a hub model's cache may hold only config.json: the launch downloads the rest
+        _check_folder(config, local.parent, model_config, report)
+    return model_config
+
+
+def _cached_hub_config(repo_id: str) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")  # reads the cache only, never the network
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
+
+
+# --- reward vs. data ---------------------------------------------------------------
+
+
+def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMatcher | None, bool]:
+    reward = config.rl.reward
+    if "rl.reward.terminal_callable" in report.keys():  # already refused: its module cannot be found
+        return None, False
+    try:
+        matcher = resolve_terminal(reward.terminal, reward.terminal_callable, config.job.trusted_modules)
+    except RewardConfigError as error:
+        if reward.terminal_callable is not None and reward.terminal in SHARED_RULE_NAMES:
+            key = "rl.reward.terminal_callable"  # S-REW-4: the callable is what cannot join a shared rule
+        else:
+            match = re.match(r"(rl\.reward\.\w+)", str(error))
+            key = match.group(1) if match else "rl.reward.terminal"
+        report.problem(key, str(error))
+        return None, False
+    if matcher is None:
+        report.summary.append("reward: no terminal reward (rl.reward.terminal=none)" + _process_text(config))
+    else:
+        need = (
+            f"needs a reference from column {config.rl.data.reference_key!r}"
+            if matcher.needs_reference
+            else "needs no reference"
+        )
+        report.summary.append(f"reward: terminal {matcher.name} ({need}){_process_text(config)}")
+    return matcher, True
+
+
+def _process_text(config: PPOConfig) -> str:
+    return f", process {config.rl.reward.process}" if config.rl.reward.process != "none" else ""
+
+
+def _rule_text(config: PPOConfig, matcher: TerminalMatcher) -> str:
+    if config.rl.reward.terminal_callable:
+        return f"rl.reward.terminal_callable={matcher.name!r}"
+    return f"rule {matcher.name!r} (rl.reward.terminal)"
+
+
+def _check_data(
+    config: PPOConfig, matcher: TerminalMatcher | None, reward_resolved: bool, report: ManifestReport
+) -> None:
+    data = config.rl.data
+    needs_reference = matcher is not None and matcher.needs_reference
+    if needs_reference and data.reference_key is None:
+        report.problem(
+            "rl.data.reference_key",
+            f"is null, but the reward {_rule_text(config, matcher)} needs a reference answer in every row; "
+            "set rl.data.reference_key to the column that holds it, or choose a rule that needs none "
+            "(nonempty, constant)",
+        )
+    if data.path:
+        _check_data_file(config, matcher, reward_resolved, report)
+    elif data.factory:
+        _check_data_factory(config, matcher, reward_resolved, report)
+    else:
+        report.summary.append(f"data: dataset {data.name}[{data.split}]")
+        report.notes.append(
+            f"rl.data.name={data.name!r}: hub datasets are read by the data role at start-up (row 0 is projected "
+            "there); this check does not load them"
+        )
+
+
+def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher | None, reward_resolved: bool,
+             source_key: str, report: ManifestReport) -> bool:
+    """Project one row exactly as the data role will; False (with a problem
+    recorded) when the data role would refuse it."""
+    data = config.rl.data
+    try:
+        prompt = project_prompt(value, prompt_key=data.prompt_key, where=where)
+    except PromptError as error:
+        key = (
+            "rl.data.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
+        )
+        report.problem(key, str(error))
+        return False
+    if report.plain_text_prompts and not isinstance(prompt, str):  # S-BYO-1
+        report.problem("rl.data.prompt_key", conversation_without_template(where, data.prompt_key, config.model.path))
+        return False
+    try:
+        required = not reward_resolved or (matcher is not None and matcher.needs_reference)
+        project_reference(
+            value, reference_key=reference_key_for(value, data.reference_key, required=required), where=where
+        )
+    except PromptError as error:
+        column = data.reference_key
+        if not reward_resolved:
+            why = "the data role reads it at start-up"
+        elif matcher is not None and matcher.needs_reference:
+            why = f"the reward {_rule_text(config, matcher)} needs it"
+        else:
+            reason = f"{_rule_text(config, matcher)} needs" if matcher is not None else "rl.reward.terminal=none needs"
+            why = f"{reason} no reference: set rl.data.reference_key=null"
+        report.problem("rl.data.reference_key", f"column {column!r}: {error}; {why}")
+        return False
+    return True
+
+
+def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
+    from data.row_reader import iter_rows
+
+    path = config.rl.data.path
+    assert path is not None
+    rows = 0
+    started = time.perf_counter()
+    try:
+        for row in iter_rows(path):
+            # Every row, in file order, with the data role's own projection: a bad
+            # row 90 000 fails here, not an hour into the run (S-DATA-4, S-DATA-5).
+            if not _project(config, row.value, str(row.position), matcher, reward_resolved, "rl.data.path", report):
+                return
+            rows += 1
+    except (ValueError, OSError) as error:  # RowReadError is a ValueError and names row, line and column
+        report.problem("rl.data.path", str(error))
+        return
+    if rows == 0:
+        report.problem("rl.data.path", f"{path} holds no rows")
+        return
+    report.data_rows = rows
+    report.summary.append(f"data: {path}, every row read and projected in {time.perf_counter() - started:.2f} s")
+    report.summary.append(f"data_rows: {rows}")
+
+
+def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
+    from data.sources import import_callable
+
+    data = config.rl.data
+    assert data.factory is not None
+    if "rl.data.factory" in report.keys():  # already refused: its module cannot be found
+        return
+    if not within(data.factory.partition(":")[0], PROJECT_CALLABLE_MODULES):
+        # Validation never calls user code in the driver (S-SEC-3): the data role reads
+        # and projects its rows, row 0 first, when it starts.
+        report.summary.append(
+            f"data: factory {data.factory} (user code: its rows are checked when the data role starts)"
+        )
+        return
+    try:
+        factory = import_callable(data.factory, key="rl.data.factory")
+    except ValueError as error:
+        report.problem("rl.data.factory", str(error).removeprefix("rl.data.factory: "))
+        return
+    try:
+        first = list(itertools.islice(iter(factory(**data.factory_kwargs)), 1))
+    except TypeError as error:
+        report.problem("rl.data.factory_kwargs", f"{data.factory}({data.factory_kwargs}) fails: {error}")
+        return
+    except Exception as error:  # user code: any failure is reported, not raised
+        report.problem("rl.data.factory", f"{data.factory} raised {type(error).__name__}: {error}")
+        return
+    if not first:
+        report.problem("rl.data.factory", f"{data.factory} yielded no rows")
+        return
+    where = f"rl.data.factory {data.factory} row 0"
+    if not isinstance(first[0], dict):
+        report.problem("rl.data.factory", f"{where}: expected a dict row, got {type(first[0]).__name__}")
+        return
+    # Only row 0: a factory may be large or endless; the data role projects the rest.
+    if _project(config, first[0], where, matcher, reward_resolved, "rl.data.factory", report):
+        report.summary.append(f"data: factory {data.factory}, row 0 projected")
+
+
+# --- checkpoints -------------------------------------------------------------------
+
+
+def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: bool) -> None:
+    # Object stores were already refused by the schema (S-CKPT-7); what is left to
+    # check is that a local root can be written and what a launch would resume.
+    root = config.job.output_root
+    scheme = root.split("://", 1)[0] if "://" in root else "file"
+    if scheme not in ("file", "local"):
+        report.notes.append(
+            f"job.output_root uses {scheme}://; the commit protocol needs atomic renames and was exercised on local "
+            "and shared filesystems only"
+        )
+        return
+    local = Path(root.split("://", 1)[1] if "://" in root else root)
+    run_dir = local / config.job.name
+    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        report.problem("job.output_root", f"{existing} exists and is not a folder")
+        return
+    if existing is not None and not os.access(existing, os.W_OK):
+        report.problem("job.output_root", f"cannot write under {existing} (the run would create {run_dir})")
+        return
+    if not resume:  # the launch reads the pointer and takes the lock itself next, refusing with its own errors
+        return
+    from rundir.run_lock import RunLocked, check_run_lock, stale_after
+
+    try:  # S-FAULT-4: a launch now would be refused while that run lives
+        check_run_lock(run_dir, stale_after(config.rl.stage_timeout_seconds))
+    except RunLocked as error:
+        report.problem("job.name", str(error))
+        return
+    from checkpoint.boundary import read_latest
+
+    try:
+        latest = read_latest(str(run_dir / "checkpoints"))
+    except Exception as error:  # a dangling pointer: resume would refuse too
+        report.problem("job.name", f"the run's checkpoint pointer is broken: {error}")
+        return
+    if latest:
+        from rundir.resume import ResumeError, resume_boundary
+        from rundir.run_outputs import RunPaths
+
+        try:  # the launch's own refusals: warmup, staleness, LoRA, max_steps, a changed base model (S-SEC-4)
+            resume_boundary(config, RunPaths.for_config(config), resume=True)
+        except ResumeError as error:
+            message = str(error)
+            key = message.split(":", 1)[0] if re.match(r"^[a-z_]+(\.[a-z_]+)+: ", message) else "job.name"
+            report.problem(key, message.removeprefix(f"{key}: "))
+            return
+    resume = f"resumes from {latest}" if latest else "no committed boundary, starts at iteration 1"
+    report.summary.append(f"checkpoints: {run_dir}/checkpoints (local store; {resume})")
+
+
+# --- options that contradict each other --------------------------------------------
+
+
+def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+    rl = config.rl
+    if rl.rollout.engine == "vllm" and not plan.uses_gpus:
+        report.notes.append(
+            "rl.rollout.engine=vllm on a CPU run (grid.gpus_per_node=0) needs vLLM's CPU build in the environment "
+            "(docs/launch.md); the `gpu` extra is the CUDA build"
+        )
+    if not rl.colocated_offload and not (plan.mode == "colocated" and plan.uses_gpus):
+        report.notes.append("rl.colocated_offload=false has no effect: policy and rollout do not share a GPU")
+    if plan.mode == "colocated" and plan.uses_gpus and not rl.colocated_offload and rl.rollout.engine == "vllm":
+        report.notes.append(
+            "rl.colocated_offload=false: vLLM keeps "
+            f"rl.rollout.gpu_memory_utilization={rl.rollout.gpu_memory_utilization} of each shared GPU "
+            "while the trainer holds its weights and optimizer state there too"
+        )
+    if rl.save_every == 0 and not rl.save_final:
+        report.notes.append(
+            "rl.save_every=0 and rl.save_final=false: no boundary is committed, the run cannot be resumed"
+        )
+    if rl.critic_warmup_iterations >= rl.max_steps:
+        report.notes.append(
+            f"rl.critic_warmup_iterations={rl.critic_warmup_iterations} covers every iteration: "
+            "the actor is never updated"
+        )
+
+
+def describe_transport(config: PPOConfig) -> str:
+    """How published weights reach the engines (S-XFER-1), as the manifest and the
+    command line's first lines say it."""
+    if config.rl.weight_sync_transport == "nixl":
+        network = "loopback only" if config.grid.num_nodes == 1 else "UCX_NET_DEVICES or every interface"
+        return f"nixl (engines READ the policy's registered memory over UCX, {network}; nothing in the object store)"
+    return "object_store (Ray's object store, bucket by bucket)"
