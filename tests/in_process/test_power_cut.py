@@ -108,7 +108,7 @@ def _in_child(root: Path, model_dir: str, steps: int) -> int:
 def test_power_cuts_at_random_moments_of_commits_then_the_rerun_ends_as_the_uninterrupted_run(
     volatile_root, tiny_model_dir
 ):
-    """24 cuts at random operations of the commits of iterations 2..4 and the final
+    """20 cuts at random operations of the commits of iterations 2..4 and the final
     export, under both metadata models, plus each named moment of commit 3; after each
     the survivors are sound and a rerun ends with the uninterrupted run's weights and
     rows."""
@@ -123,7 +123,7 @@ def test_power_cuts_at_random_moments_of_commits_then_the_rerun_ends_as_the_unin
     operations = read_operations(volatile_root / "operations.log")
     window = [n for it in range(2, steps + 1) for n, _, _ in commit_operations(operations, it)]
     window += [n for n, _, _ in export_operations(operations)]
-    cuts = sorted(random.Random(47).sample(window, 24)) + sorted(commit_moments(operations, 3).values())
+    cuts = sorted(random.Random(47).sample(window, 20)) + sorted(commit_moments(operations, 3).values())
     for index, cut_at in enumerate(cuts):
         metadata = ("strict", "journaled")[index % 2]
         mount = VolatileMount(volatile_root / f"cut{index}", metadata=metadata)

@@ -101,6 +101,24 @@ def test_a_damaged_file_in_the_latest_boundary_is_refused_naming_it_and_writing_
     assert run_dir_snapshot(run_dir) == before
 
 
+@pytest.mark.parametrize("keep_optim_last, way_back", [
+    (2, r"The newest earlier boundary that verifies is iter_000002: resume from it with `--resume-from iter_000002`"),
+    (None, r"No earlier boundary of this run verifies \(retention keeps optimizer state only"),
+])
+def test_a_damaged_latest_boundary_is_refused_naming_the_way_back(tiny_model_dir, tmp_path, keep_optim_last, way_back):
+    """S-CKPT-9: never a silent fall back to an older boundary (a deployment's
+    auto-resume fails with this same refusal); the user is told which boundary still
+    verifies and the option that resumes from it, and taking it works."""
+    keep = () if keep_optim_last is None else (f"rl.keep_optim_last={keep_optim_last}",)
+    run_dir = _run(tmp_path, tiny_model_dir, "way-back", "rl.max_steps=4", *keep)
+    _truncate(boundary(run_dir, 4) / "critic" / "model.safetensors")
+    with pytest.raises(BoundaryCorrupt, match=rf"iter_000004: critic/model.safetensors .*\. {way_back}"):
+        _run(tmp_path, tiny_model_dir, "way-back", "rl.max_steps=4", *keep)
+    if keep_optim_last is not None:
+        _run(tmp_path, tiny_model_dir, "way-back", "rl.max_steps=4", *keep, resume_from="iter_000002")
+        assert _digests(run_dir, 4) == _digests(_run(tmp_path, tiny_model_dir, "straight", "rl.max_steps=4"), 4)
+
+
 def test_resume_from_an_earlier_boundary_ends_as_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """Iterations 5..6 first ran with another kl_coef (the branch to abandon); going
     back to iter_000004 (and stopping there) moves the pointer back and sets the

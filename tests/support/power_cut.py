@@ -117,7 +117,7 @@ def commit_operations(operations: list[tuple[int, str, str]], iteration: int) ->
     name = f"/checkpoints/iter_{iteration:06d}"
     start = next(index for index, (_, _, path) in enumerate(operations) if name in path)
     end = start
-    while end + 1 < len(operations) and "/checkpoints/" in operations[end + 1][2]:
+    while end + 1 < len(operations) and "/checkpoints" in operations[end + 1][2]:
         end += 1
     return operations[start : end + 1]
 
