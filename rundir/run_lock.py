@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from checkpoint.durable import make_folders, replace_durably, sync_folder
+from checkpoint.durable import make_folders, replace_durably, sync_file, sync_folder
 
 LOCK_NAME = "RUN_LOCK"
 
@@ -122,8 +122,8 @@ class RunLock:
                 continue
             with os.fdopen(descriptor, "w") as handle:
                 json.dump(asdict(mine), handle)
-                handle.flush()
-                os.fsync(handle.fileno())  # a lock that outlives a power cut of a shared root's server
+            # Durable, so a power cut of a shared root's server cannot free a live run's lock.
+            sync_file(str(self.path))
             sync_folder(str(self.path.parent))
             self.holder = mine
             for stale in self.path.parent.glob(f"{LOCK_NAME}.stale.*"):

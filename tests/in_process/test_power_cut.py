@@ -39,7 +39,9 @@ def volatile_root(tmp_path):
     return tmp_path
 
 
-def assert_survivors_sound(root: Path, model_dir: str, committed: int, context: str = "") -> None:
+def assert_survivors_sound(
+    root: Path, model_dir: str, committed: int, context: str = "", extra: tuple[str, ...] = ()
+) -> None:
     """What a user finds after the cut: every boundary with a marker holds every file
     the marker lists, at its recorded size (retention's removals aside), and the
     pointer names a boundary that resume accepts, no older than `committed`."""
@@ -59,7 +61,7 @@ def assert_survivors_sound(root: Path, model_dir: str, committed: int, context: 
     assert int((pointed or "iter_0").removeprefix("iter_")) >= committed, (
         f"{context}iteration {committed} was committed before the cut, but the pointer names {pointed} after it"
     )
-    config = power_cut_config(root, model_dir, 8)
+    config = power_cut_config(root, model_dir, 8, *extra)
     find_resume_point(config, RunPaths.for_config(config), resume=True)  # verifies every file it lists
 
 
@@ -93,48 +95,50 @@ def test_a_power_cut_in_a_commit_leaves_a_boundary_that_verifies(
         mount.unmount()
 
 
-def _in_child(root: Path, model_dir: str, steps: int) -> int:
+def _in_child(root: Path, model_dir: str, steps: int, extra: tuple[str, ...]) -> int:
     """One run in a fresh process (a new pid, as after a reboot: the run lock of the
     cut run belongs to a dead process), forked from a server that imported the project
     once."""
     context = multiprocessing.get_context("forkserver")
-    child = context.Process(target=run_steps, args=(str(root), model_dir, steps))
+    child = context.Process(target=run_steps, args=(str(root), model_dir, steps, *extra))
     child.start()
     child.join(600)
     return child.exitcode
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("extra, random_cuts", [((), 20), (("rl.rollout.max_staleness=1",), 6)],
+                         ids=["synchronous", "one-step-off"])
 def test_power_cuts_at_random_moments_of_commits_then_the_rerun_ends_as_the_uninterrupted_run(
-    volatile_root, tiny_model_dir
+    volatile_root, tiny_model_dir, extra, random_cuts
 ):
-    """20 cuts at random operations of the commits of iterations 2..4 and the final
-    export, under both metadata models, plus each named moment of commit 3; after each
-    the survivors are sound and a rerun ends with the uninterrupted run's weights and
-    rows."""
+    """Cuts at random operations of the commits of iterations 2..4 and the final export,
+    under both metadata models, plus each named moment of commit 3 (the in-flight batch's
+    save too, one step off, S-ASYNC-3); after each the survivors are sound and a rerun
+    ends with the uninterrupted run's weights and rows."""
     multiprocessing.set_forkserver_preload(["flows.in_process", "tests.support.power_cut"])
     steps = 4
     straight = VolatileMount(volatile_root / "straight", log=volatile_root / "operations.log")
     with straight:
-        assert _in_child(straight.path, tiny_model_dir, steps) == 0
+        assert _in_child(straight.path, tiny_model_dir, steps, extra) == 0
         run_dir = straight.path / RUN_NAME
         expected_weights = [weights_digest(boundary(run_dir, steps) / role) for role in ("policy", "critic")]
         expected_rows = [without_timings(row) for row in metric_records(run_dir)]
     operations = read_operations(volatile_root / "operations.log")
     window = [n for it in range(2, steps + 1) for n, _, _ in commit_operations(operations, it)]
     window += [n for n, _, _ in export_operations(operations)]
-    cuts = sorted(random.Random(47).sample(window, 20)) + sorted(commit_moments(operations, 3).values())
+    cuts = sorted(random.Random(47).sample(window, random_cuts)) + sorted(commit_moments(operations, 3).values())
     for index, cut_at in enumerate(cuts):
         metadata = ("strict", "journaled")[index % 2]
         mount = VolatileMount(volatile_root / f"cut{index}", metadata=metadata)
         mount.mount(cut_at=cut_at)
         try:
-            _in_child(mount.path, tiny_model_dir, steps)
+            _in_child(mount.path, tiny_model_dir, steps, extra)
             mount.unmount()
             mount.mount()
             context = f"cut at operation {cut_at} ({metadata}, {operations[cut_at - 1][1:]}): "
-            assert_survivors_sound(mount.path, tiny_model_dir, committed_by(operations, cut_at), context)
-            assert _in_child(mount.path, tiny_model_dir, steps) == 0, context
+            assert_survivors_sound(mount.path, tiny_model_dir, committed_by(operations, cut_at), context, extra)
+            assert _in_child(mount.path, tiny_model_dir, steps, extra) == 0, context
             run_dir = mount.path / RUN_NAME
             weights = [weights_digest(boundary(run_dir, steps) / role) for role in ("policy", "critic")]
             assert weights == expected_weights, context

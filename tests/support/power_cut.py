@@ -126,12 +126,13 @@ def commit_moments(operations: list[tuple[int, str, str]], iteration: int) -> di
     """The operation numbers to cut at for each named moment of one commit."""
     commit = commit_operations(operations, iteration)
     name = f"iter_{iteration:06d}"
+    in_flight = [n for n, _, path in commit if f"{name}/in_flight/" in path]  # one step off only
 
     def middle(matches: list[int]) -> int:
         assert matches, f"no such operation in the commit of {name}"
         return matches[len(matches) // 2]
 
-    return {
+    return ({"in-flight save": middle(in_flight)} if in_flight else {}) | {
         "policy save": middle([n for n, _, path in commit if f"{name}/policy/" in path]),
         "critic save": middle([n for n, _, path in commit if f"{name}/critic/" in path]),
         "data save": middle([n for n, _, path in commit if f"{name}/data/" in path]),
@@ -139,7 +140,7 @@ def commit_moments(operations: list[tuple[int, str, str]], iteration: int) -> di
         "marker to pointer": middle(
             [n for n, op, path in commit if op == "create" and "latest_checkpoint.txt" in path][:1]
         ),
-        "retention": middle([n for n, _, path in commit if f"{name}/" not in path and "latest_checkpoint" not in path]),
+        "retention": middle([n for n, _, path in commit if "/checkpoints/iter_" in path and f"{name}/" not in path]),
     }
 
 
@@ -169,20 +170,20 @@ def committed_by(operations: list[tuple[int, str, str]], cut_at: int) -> int:
 RUN_NAME = "cut"
 
 
-def power_cut_config(root: Path | str, model_dir: str, steps: int):  # -> PPOConfig
+def power_cut_config(root: Path | str, model_dir: str, steps: int, *extra: str):  # -> PPOConfig
     from configs.loading import load_config
     from tests.conftest import TINY_PROFILE, short_run_overrides
 
     return load_config(TINY_PROFILE, [
         *short_run_overrides(root, model_dir), f"job.name={RUN_NAME}", "job.trackers=[]", "rl.save_every=1",
-        f"rl.max_steps={steps}",
+        f"rl.max_steps={steps}", *extra,
     ])
 
 
-def run_steps(root: str, model_dir: str, steps: int) -> None:
+def run_steps(root: str, model_dir: str, steps: int, *extra: str) -> None:
     """Run (or resume) the run in `root` to iteration `steps`, saving every iteration."""
     from flows.in_process import run_in_process
     from rundir.run_outputs import RunPaths
 
-    config = power_cut_config(root, model_dir, steps)
+    config = power_cut_config(root, model_dir, steps, *extra)
     run_in_process(config, paths=RunPaths.for_config(config), resume=True)
