@@ -77,9 +77,7 @@ def operations(tiny_model_dir, tmp_path_factory):
     return read_operations(folder / "operations.log")
 
 
-@pytest.mark.parametrize("metadata, moment", [
-    ("strict", "saves to marker"), ("strict", "marker to pointer"), ("journaled", "marker to pointer"),
-])
+@pytest.mark.parametrize("metadata, moment", [("strict", "saves to marker"), ("journaled", "marker to pointer")])
 def test_a_power_cut_in_a_commit_leaves_a_boundary_that_verifies(
     volatile_root, tiny_model_dir, operations, metadata, moment
 ):
