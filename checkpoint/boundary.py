@@ -15,7 +15,7 @@ from typing import Any
 import fsspec
 from pydantic import BaseModel, Field
 
-from checkpoint.durable import local_path, replace_durably, sync_folder
+from checkpoint.durable import replace_durably, sync_folder
 
 MARKER_NAME = "_SUCCESS"
 LATEST_POINTER = "latest_checkpoint.txt"
@@ -173,8 +173,7 @@ def clear_for_commit(checkpoints_root: str, iteration: int) -> bool:
         raise CheckpointError(f"refusing to commit over {boundary}: {LATEST_POINTER} names it as the resume point")
     if fs.exists(f"{path}/{MARKER_NAME}"):
         fs.rm(f"{path}/{MARKER_NAME}")
-        if local_path(boundary) is not None:  # the marker is gone for good before any file it vouched for
-            sync_folder(path)
+        sync_folder(boundary)  # the marker is gone for good before any file it vouched for
     fs.rm(path, recursive=True)
     return True
 

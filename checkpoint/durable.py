@@ -36,7 +36,11 @@ def _bytes(payload: bytes | str) -> bytes:
 
 
 def sync_file(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
+    """fsync `path` (a file, or a folder: its entries); nothing for a store that is not local."""
+    local = local_path(path)
+    if local is None:
+        return
+    descriptor = os.open(local, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:

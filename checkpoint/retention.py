@@ -11,7 +11,7 @@ from __future__ import annotations
 import fsspec
 
 from checkpoint.boundary import read_marker
-from checkpoint.durable import local_path, replace_durably, sync_folder
+from checkpoint.durable import replace_durably, sync_folder
 from checkpoint.role_layout import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE, SHARDED_OPTIMIZER_DIR
 from placement.plan import TRAINER_ROLES
 
@@ -49,8 +49,7 @@ def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None, up
                 replace_durably(f"{boundary}/{role}/{OPTIMIZER_PRUNED_NOTE}", note)
                 for path in present:
                     fs.rm(path, recursive=True)
-                if local_path(boundary) is not None:
-                    sync_folder(role_dir)
+                sync_folder(f"{boundary}/{role}")
                 pruned.append(f"{boundary}/{role}")
     return pruned
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from checkpoint.durable import local_path, make_folders, replace_durably, sync_folder
+from checkpoint.durable import make_folders, replace_durably, sync_folder
 
 if TYPE_CHECKING:  # the resume check reads experience files before any torch import
     from contracts.trajectory import PPOTargets, Trajectory
@@ -92,13 +92,6 @@ def write_experience(directory: str, iteration: int, rows: list[dict[str, Any]])
     return experience_file(directory, iteration)
 
 
-def _sync(directory: str) -> None:
-    """Removals and moves made durable, so a power cut cannot bring back a file that a
-    resume set aside or removed."""
-    if local_path(directory) is not None:
-        sync_folder(local_path(directory))
-
-
 def experience_iterations(directory: str) -> list[int]:
     """The iterations with an experience file in `directory`, ascending."""
     fs, root = fsspec.core.url_to_fs(directory)
@@ -124,7 +117,7 @@ def remove_experience_after(directory: str, iteration: int) -> list[int]:
     for later_iteration in later:
         fs.rm(experience_file(root, later_iteration))
     if later:
-        _sync(directory)
+        sync_folder(directory)  # a power cut must not bring back a file of an iteration that runs again
     return later
 
 
@@ -140,7 +133,7 @@ def set_aside_experience(directory: str, iteration: int, stamp: str) -> str | No
     make_folders(f"{directory}/after_iter_{iteration:06d}.{stamp}")
     for later_iteration in later:
         fs.mv(experience_file(root, later_iteration), experience_file(aside, later_iteration))
-    _sync(f"{directory}/after_iter_{iteration:06d}.{stamp}")
-    _sync(directory)
+    sync_folder(f"{directory}/after_iter_{iteration:06d}.{stamp}")
+    sync_folder(directory)
     return f"{directory}/after_iter_{iteration:06d}.{stamp}"
 
