@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -35,11 +35,7 @@ def _bytes(payload: bytes | str) -> bytes:
     return payload.encode() if isinstance(payload, str) else payload
 
 
-def sync_file(path: str) -> None:
-    """fsync `path` (a file, or a folder: its entries); nothing for a store that is not local."""
-    local = local_path(path)
-    if local is None:
-        return
+def _fsync(local: str) -> None:
     descriptor = os.open(local, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -47,64 +43,67 @@ def sync_file(path: str) -> None:
         os.close(descriptor)
 
 
+def sync_file(path: str) -> None:
+    """fsync `path` (a file, or a folder: its entries); nothing for a store that is not local."""
+    local = local_path(path)
+    if local is not None:
+        _fsync(local)
+
+
 def sync_folder(path: str) -> None:
     """Makes the folder's entries (files created, renamed or removed in it) durable."""
     sync_file(path)
 
 
+def _write(fs: Any, target: str, payload: bytes | str, mode: str = "wb") -> None:
+    """Through the path's fsspec filesystem (the project's storage boundary), fsynced
+    before the handle closes where the filesystem is local."""
+    with fs.open(target, mode) as handle:
+        handle.write(_bytes(payload) if "b" in mode else payload)
+        if isinstance(fs, LocalFileSystem):
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _folder(target: str) -> str:
+    return target.rsplit("/", 1)[0] or "/"  # fsspec paths are posix; a local one is absolute
+
+
 def write_synced(path: str, payload: bytes | str) -> None:
     """Write `path` in place and fsync it before returning."""
-    local = local_path(path)
-    if local is None:
-        with fsspec.open(path, "wb") as handle:
-            handle.write(_bytes(payload))
-        return
-    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)  # as fsspec's writes do; synced by the commit
-    with open(local, "wb") as handle:
-        handle.write(_bytes(payload))
-        handle.flush()
-        os.fsync(handle.fileno())
+    fs, target = fsspec.core.url_to_fs(path)
+    fs.makedirs(_folder(target), exist_ok=True)  # as fsspec.open does; the commit syncs the folders
+    _write(fs, target, payload)
 
 
 def replace_durably(path: str, payload: bytes | str) -> None:
     """Readers see the old content or the new, never a torn file, and once this
     returns the new content survives a power cut: temporary file beside the target,
     fsync, rename over it, fsync of the folder."""
-    local = local_path(path)
-    if local is None:
-        fs, remote = fsspec.core.url_to_fs(path)
-        temp = f"{remote}.{uuid.uuid4().hex}.tmp"
-        fs.pipe_file(temp, _bytes(payload))
-        fs.mv(temp, remote)
-        return
-    folder = os.path.dirname(local) or "."
-    temp = os.path.join(folder, f".{os.path.basename(local)}.{uuid.uuid4().hex}.tmp")
+    fs, target = fsspec.core.url_to_fs(path)
+    local = isinstance(fs, LocalFileSystem)
+    temp = f"{_folder(target)}/.{target.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}.tmp"
     try:
-        with open(temp, "wb") as handle:
-            handle.write(_bytes(payload))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, local)
+        _write(fs, temp, payload)
+        if local:
+            os.replace(temp, target)
+        else:
+            fs.mv(temp, target)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        if fs.exists(temp):
+            fs.rm(temp)
         raise
-    sync_folder(folder)
+    if local:
+        _fsync(_folder(target))
 
 
 def append_synced(path: str, text: str) -> None:
     """Append `text` and fsync; a file this creates is made durable in its folder too."""
-    local = local_path(path)
-    if local is None:
-        with fsspec.open(path, "a") as handle:
-            handle.write(text)
-        return
-    created = not os.path.exists(local)
-    with open(local, "a") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if created:
-        sync_folder(os.path.dirname(local) or ".")
+    fs, target = fsspec.core.url_to_fs(path)
+    created = not fs.exists(target)
+    _write(fs, target, text, mode="a")
+    if created and isinstance(fs, LocalFileSystem):
+        _fsync(_folder(target))
 
 
 def make_folders(path: str) -> None:
