@@ -9,14 +9,13 @@ boundary as the resume point. Nothing here ever deletes a committed boundary.
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 from typing import Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, Field
+
+from checkpoint.durable import replace_durably, sync_folder
 
 MARKER_NAME = "_SUCCESS"
 LATEST_POINTER = "latest_checkpoint.txt"
@@ -46,26 +45,9 @@ def boundary_path(checkpoints_root: str, iteration: int) -> str:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write to a temp file beside the target, fsync, then rename over it: readers see
-    the old content or the new, never a torn file."""
-    fs, local_path = fsspec.core.url_to_fs(path)
-    if isinstance(fs, LocalFileSystem):
-        directory = os.path.dirname(local_path) or "."
-        temp = os.path.join(directory, f".{os.path.basename(local_path)}.{uuid.uuid4().hex}.tmp")
-        with open(temp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, local_path)
-        directory_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(directory_fd)
-        finally:
-            os.close(directory_fd)
-    else:
-        temp = f"{local_path}.{uuid.uuid4().hex}.tmp"
-        fs.pipe_file(temp, text.encode())
-        fs.mv(temp, local_path)
+    """Readers see the old content or the new, never a torn file, and the new survives
+    a power cut once this returns (checkpoint/durable.py)."""
+    replace_durably(path, text)
 
 
 def write_marker(
@@ -191,6 +173,7 @@ def clear_for_commit(checkpoints_root: str, iteration: int) -> bool:
         raise CheckpointError(f"refusing to commit over {boundary}: {LATEST_POINTER} names it as the resume point")
     if fs.exists(f"{path}/{MARKER_NAME}"):
         fs.rm(f"{path}/{MARKER_NAME}")
+        sync_folder(boundary)  # the marker is gone for good before any file it vouched for
     fs.rm(path, recursive=True)
     return True
 

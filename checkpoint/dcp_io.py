@@ -81,7 +81,8 @@ class TensorOnlyLoadPlanner(DefaultLoadPlanner):
 def save_tensors(state: dict[str, Any], directory: str) -> None:
     """Every rank writes its own shard file; rank 0 also writes `.metadata`. A
     collective when a process group exists (every rank must call it)."""
-    dcp.save(state, storage_writer=FileSystemWriter(directory))
+    # sync_files: each rank fsyncs its shards (S-CKPT-9); the commit syncs the folders.
+    dcp.save(state, storage_writer=FileSystemWriter(directory, sync_files=True))
 
 
 def load_tensors(state: dict[str, Any], directory: str, *, alone: bool = False) -> None:

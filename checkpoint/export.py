@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from checkpoint.boundary import CheckpointError, read_marker
 from checkpoint.dcp_io import load_tensors
+from checkpoint.durable import sync_folder, sync_tree
 from checkpoint.role_layout import ADAPTER_CONFIG_FILE, BASE_MODEL_FILE, BASE_MODEL_KEY
 from checkpoint.role_state import MODEL_FILE, load_model_tensors, trained_names
 from checkpoint.sharded_role import SHARDED_MODEL_DIR, is_sharded_layout
@@ -45,14 +46,17 @@ def write_aside(out: str, write: Callable[[str], dict[str, str]]) -> dict[str, s
     shutil.rmtree(aside, ignore_errors=True)  # an earlier export that never finished
     aside.parent.mkdir(parents=True, exist_ok=True)
     written = write(str(aside))
+    sync_tree(str(aside))  # S-CKPT-9: whole on disk before its name says it is done
     if final.exists():  # an earlier run's export of a boundary this run went past
         replaced = Path(f"{out}.replaced")
         shutil.rmtree(replaced, ignore_errors=True)
         final.rename(replaced)
         aside.rename(final)
+        sync_folder(str(final.parent))
         shutil.rmtree(replaced, ignore_errors=True)
     else:
         aside.rename(final)
+        sync_folder(str(final.parent))
     return {role: str(final / Path(path).relative_to(aside)) for role, path in written.items()}
 
 

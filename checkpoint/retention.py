@@ -11,6 +11,7 @@ from __future__ import annotations
 import fsspec
 
 from checkpoint.boundary import read_marker
+from checkpoint.durable import replace_durably, sync_folder
 from checkpoint.role_layout import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE, SHARDED_OPTIMIZER_DIR
 from placement.plan import TRAINER_ROLES
 
@@ -42,10 +43,13 @@ def prune_optimizer_state(checkpoints_root: str, keep_optim_last: int | None, up
             optimizer_paths = [f"{role_dir}/{OPTIMIZER_FILE}", f"{role_dir}/{SHARDED_OPTIMIZER_DIR}"]
             present = [path for path in optimizer_paths if fs.exists(path)]
             if present:
-                note = b"optimizer state removed by retention (rl.keep_optim_last)\n"
-                fs.pipe_file(f"{role_dir}/{OPTIMIZER_PRUNED_NOTE}", note)
+                # The note is on disk before the files go: a power cut in between leaves a
+                # boundary refused for the right reason, never one missing a file it lists.
+                note = "optimizer state removed by retention (rl.keep_optim_last)\n"
+                replace_durably(f"{boundary}/{role}/{OPTIMIZER_PRUNED_NOTE}", note)
                 for path in present:
                     fs.rm(path, recursive=True)
+                sync_folder(f"{boundary}/{role}")
                 pruned.append(f"{boundary}/{role}")
     return pruned
 

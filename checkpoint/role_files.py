@@ -15,6 +15,8 @@ from typing import Any, Iterator
 import fsspec
 import torch
 
+from checkpoint.durable import write_synced
+
 
 class RoleCheckpointError(RuntimeError):
     pass
@@ -27,9 +29,10 @@ class RoleSaveFailed(RoleCheckpointError):
 
 
 def write_file(path: str, payload: bytes | str) -> None:
+    """One file of a role's save, fsynced before it returns (S-CKPT-9); the commit
+    syncs the folders before the marker vouches for it."""
     try:
-        with fsspec.open(path, "wb" if isinstance(payload, bytes) else "w") as handle:
-            handle.write(payload)
+        write_synced(path, payload)
     except Exception as error:
         raise RoleSaveFailed(f"writing {path} failed: {type(error).__name__}: {error}") from error
 

@@ -9,12 +9,15 @@ renamed. Resume removes or sets them aside as it does metrics rows (docs/archite
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import fsspec
+
+from checkpoint.durable import make_folders, replace_durably, sync_folder
 
 if TYPE_CHECKING:  # the resume check reads experience files before any torch import
     from contracts.trajectory import PPOTargets, Trajectory
@@ -76,16 +79,16 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
 
 
 def write_experience(directory: str, iteration: int, rows: list[dict[str, Any]]) -> str:
-    fs, root = fsspec.core.url_to_fs(directory)
-    fs.makedirs(root, exist_ok=True)
-    final = experience_file(root, iteration)
-    partial = f"{final}.partial"
+    """Written whole and renamed, and on disk when this returns (S-CKPT-9): a power cut
+    leaves the file whole or absent."""
+    make_folders(directory)
     text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
     # No time stamp and no file name in the gzip header: the same samples make the same
     # bytes, so two runs' experience files can be compared byte for byte.
-    with fs.open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as handle:
+    packed = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0) as handle:
         handle.write(text.encode("utf-8"))
-    fs.mv(partial, final)
+    replace_durably(experience_file(directory, iteration), packed.getvalue())
     return experience_file(directory, iteration)
 
 
@@ -113,6 +116,8 @@ def remove_experience_after(directory: str, iteration: int) -> list[int]:
     later = [i for i in experience_iterations(directory) if i > iteration]
     for later_iteration in later:
         fs.rm(experience_file(root, later_iteration))
+    if later:
+        sync_folder(directory)  # a power cut must not bring back a file of an iteration that runs again
     return later
 
 
@@ -125,8 +130,10 @@ def set_aside_experience(directory: str, iteration: int, stamp: str) -> str | No
         return None
     fs, root = fsspec.core.url_to_fs(directory)
     aside = f"{root}/after_iter_{iteration:06d}.{stamp}"
-    fs.makedirs(aside, exist_ok=True)
+    make_folders(f"{directory}/after_iter_{iteration:06d}.{stamp}")
     for later_iteration in later:
         fs.mv(experience_file(root, later_iteration), experience_file(aside, later_iteration))
+    sync_folder(f"{directory}/after_iter_{iteration:06d}.{stamp}")
+    sync_folder(directory)
     return f"{directory}/after_iter_{iteration:06d}.{stamp}"
 

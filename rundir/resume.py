@@ -22,7 +22,7 @@ from checkpoint.boundary import (
     read_metrics_row,
     update_latest,
 )
-from checkpoint.boundary_files import verify_marker_files
+from checkpoint.boundary_files import BoundaryCorrupt, verify_marker_files
 from checkpoint.role_layout import ADAPTER_CONFIG_FILE
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
@@ -64,12 +64,45 @@ def find_resume_point(
 
 def verify_resume_point(point: ResumePoint | None) -> ResumePoint | None:
     """The boundary's files read back against the digests its marker records
-    (S-FAULT-3): a damaged file is refused naming it. Returns `point`."""
-    if point is not None and not verify_marker_files(point.boundary, point.marker):
+    (S-FAULT-3): a damaged file is refused naming it, and the way back (S-CKPT-9).
+    Returns `point`."""
+    if point is None:
+        return None
+    try:
+        verified = verify_marker_files(point.boundary, point.marker)
+    except BoundaryCorrupt as error:
+        # Never a silent fall back to an older boundary: the user (or a deployment's
+        # auto-resume, which fails here) decides to go back.
+        raise BoundaryCorrupt(f"{error}. {way_back(point)}") from None
+    if not verified:
         _logger().warning(
             f"{point.boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"
         )
     return point
+
+
+def way_back(point: ResumePoint) -> str:
+    """The newest committed boundary before `point` whose files all verify, as the
+    option that resumes from it; or why there is none."""
+    checkpoints = point.boundary.rsplit("/", 1)[0]
+    for earlier in reversed(committed_boundaries(checkpoints)):
+        name = earlier.rsplit("/", 1)[-1]
+        marker = read_marker(earlier)
+        if marker is None or int(marker["iteration"]) >= point.iteration:
+            continue
+        try:
+            if not verify_marker_files(earlier, marker):
+                continue  # an older marker without digests cannot be vouched for
+        except BoundaryCorrupt:
+            continue  # damaged too, or its optimizer state removed by retention
+        return (
+            f"The newest earlier boundary that verifies is {name}: resume from it with `--resume-from {name}` "
+            f"(flow parameter resume_from=\"{name}\"); the rows and experience after it are set aside"
+        )
+    return (
+        "No earlier boundary of this run verifies (retention keeps optimizer state only for the newest "
+        "rl.keep_optim_last boundaries), so it cannot be resumed: start it again under a new job.name"
+    )
 
 
 def resume_boundary(

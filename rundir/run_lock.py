@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpoint.durable import make_folders, replace_durably, sync_file, sync_folder
+
 LOCK_NAME = "RUN_LOCK"
 
 
@@ -98,7 +100,7 @@ class RunLock:
         self.took_over: LockHolder | None = None
 
     def acquire(self) -> "RunLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(str(self.path.parent))
         now = time.time()
         mine = LockHolder(
             socket.gethostname(), os.getpid(), _process_start(os.getpid()) or "", self.flow_run, now, now,
@@ -120,6 +122,9 @@ class RunLock:
                 continue
             with os.fdopen(descriptor, "w") as handle:
                 json.dump(asdict(mine), handle)
+            # Durable, so a power cut of a shared root's server cannot free a live run's lock.
+            sync_file(str(self.path))
+            sync_folder(str(self.path.parent))
             self.holder = mine
             for stale in self.path.parent.glob(f"{LOCK_NAME}.stale.*"):
                 stale.unlink(missing_ok=True)
@@ -133,9 +138,7 @@ class RunLock:
             return
         self.flow_run = flow_run or self.flow_run
         self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), "flow_run": self.flow_run})
-        temp = self.path.with_name(f".{LOCK_NAME}.{self.holder.token}.tmp")
-        temp.write_text(json.dumps(asdict(self.holder)))
-        os.replace(temp, self.path)
+        replace_durably(str(self.path), json.dumps(asdict(self.holder)))
 
     def release(self) -> None:
         """Only our own lock is removed: a run that lost it (taken over as stale

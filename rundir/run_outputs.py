@@ -9,6 +9,7 @@ from typing import Any
 
 import fsspec
 
+from checkpoint.durable import append_synced, make_folders
 from configs.schema import PPOConfig
 
 
@@ -47,13 +48,13 @@ class RunPaths:
         return f"{self.run_dir}/checkpoint_artifacts"
 
     def ensure(self) -> None:
-        fs, path = fsspec.core.url_to_fs(self.run_dir)
-        fs.makedirs(f"{path}/checkpoints", exist_ok=True)
+        make_folders(self.checkpoints)  # durable: the pointer inside must not vanish with its folder
 
 
 def append_metrics(path: str, record: dict[str, Any]) -> None:
-    with fsspec.open(path, "a") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
+    """One row, on disk when this returns: a committed iteration's row survives a
+    power cut with its boundary (S-CKPT-9)."""
+    append_synced(path, json.dumps(record, sort_keys=True) + "\n")
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from checkpoint.boundary import MARKER_NAME, CommittedBoundary, update_latest, write_marker, write_metrics_row
 from checkpoint.boundary_files import boundary_files
+from checkpoint.durable import sync_boundary
 from checkpoint.retention import prune_optimizer_state
 from placement.plan import TRAINER_ROLES
 from tasks.stages import stage_log
@@ -34,6 +35,7 @@ def commit(
     if record is not None:
         write_metrics_row(boundary, record)
     files = boundary_files(boundary, skip=(MARKER_NAME,))
+    sync_boundary(boundary, files)  # S-CKPT-9: on disk before the marker vouches for it
     write_marker(boundary, iteration=iteration, role_steps=role_steps, loop_state=loop_state, files=files)
     update_latest(checkpoints_root, iteration)
     committed = CommittedBoundary(

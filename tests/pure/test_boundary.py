@@ -163,3 +163,31 @@ def test_a_commit_clears_a_stale_folder_marker_first_but_never_the_resume_point(
     with pytest.raises(CheckpointError, match="refusing to commit over .*iter_000002: latest_checkpoint.txt names it"):
         clear_for_commit(root, 2)
     assert read_marker(boundary_path(root, 2)) is not None
+
+
+@pytest.mark.parametrize("damaged, way_back", [
+    ((4,), "boundary that verifies is iter_000003: resume from it with `--resume-from iter_000003`"),
+    ((4, 3), "boundary that verifies is iter_000002: resume from it with `--resume-from iter_000002`"),
+    ((4, 3, 2), "No earlier boundary of this run verifies"),
+])
+def test_a_damaged_boundary_is_refused_naming_the_newest_earlier_one_that_verifies(tmp_path, damaged, way_back):
+    """S-CKPT-9: the way back after damage (a disk error, a boundary written before its
+    files were synced) is named, never taken silently."""
+    import re
+
+    from checkpoint.boundary_files import BoundaryCorrupt, boundary_files
+    from rundir.resume import ResumePoint, verify_resume_point
+
+    root = tmp_path / "checkpoints"
+    for iteration in (2, 3, 4):
+        folder = root / f"iter_{iteration:06d}"
+        (folder / "policy").mkdir(parents=True)
+        (folder / "policy" / "model.safetensors").write_bytes(b"weights" * 100)
+        write_marker(str(folder), iteration=iteration, role_steps={}, loop_state={},
+                     files=boundary_files(str(folder), skip=("_SUCCESS",)))
+    for iteration in damaged:
+        (root / f"iter_{iteration:06d}" / "policy" / "model.safetensors").write_bytes(b"")  # lost in a power cut
+    latest = str(root / "iter_000004")
+    refusal = rf"iter_000004: policy/model.safetensors is 0 bytes, its _SUCCESS records 700 .*{re.escape(way_back)}"
+    with pytest.raises(BoundaryCorrupt, match=refusal):
+        verify_resume_point(ResumePoint(latest, 4, read_marker(latest)))
