@@ -136,11 +136,16 @@ class FlowRunner:
             self.task_runs += len(stages)
             futures = [(body, self._submit(body, iteration, args, upstream)) for body, args in stages]
             self._upstream = [future for _, future in futures]
-            for body, future in futures:
-                self.running[stage_run_name(body.__name__, iteration)] = None
-            for body, future in futures:
-                with self._in_flight(body, iteration), naming_failures(body.__name__, iteration, self.explain):
-                    results.append(future.result())
+            names = [stage_run_name(body.__name__, iteration) for body, _ in futures]
+            self.running.update(dict.fromkeys(names))  # both run side by side from now on
+            try:
+                for (body, future), name in zip(futures, names):
+                    with naming_failures(body.__name__, iteration, self.explain):
+                        results.append(future.result())
+                    self.running.pop(name, None)
+            finally:  # a failed stage ends the iteration: none of the pair is left listed
+                for name in names:
+                    self.running.pop(name, None)
         self.seconds[label] = time.perf_counter() - started
         return results
 
