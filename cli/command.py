@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from checkpoint.boundary import CheckpointError
     from flows.launch import plan_launch
     from rundir.resume import ResumeError
-    from rundir.run_lock import RunLock, RunLocked, local_run_dir, stale_after
+    from rundir.run_lock import RunLock, RunLocked
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
         # S-FAULT-4: a live run of this name is refused before any service starts; the
         # lock taken here is the one the flow holds.
-        lock = RunLock(local_run_dir(launch.paths.run_dir), stale_after_s=stale_after(config.rl.stage_timeout_seconds))
-        launch.lock = lock.acquire()
+        lock = launch.lock = RunLock.of_run(config, launch.paths).acquire()
     except ConfigError as error:
         return refuse(error.problems)
     except (RunLocked, RayAuthRefused, ResumeError, CheckpointError) as error:

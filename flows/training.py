@@ -31,7 +31,7 @@ from flows.launch import Launch, handed_launch, take_launch
 from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopRequest, stop_signals, take_sigterm_back
 from rundir.resume import find_resume_point, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
-from rundir.run_lock import RunLock, local_run_dir, stale_after
+from rundir.run_lock import RunLock
 from rundir.run_outputs import append_metrics, read_metrics
 from flows.flow_runner import FlowIterationLoop, FlowRunner
 from flows.iteration_loop import open_run_dir, resume_roles
@@ -99,8 +99,7 @@ def ppo(
         say(f"packer: {launch.packer}")
     # S-FAULT-4: one writer per run directory, taken before anything is read or written
     # (by the command line, before it started any service, when it launched this run).
-    stale = stale_after(config.rl.stage_timeout_seconds)
-    lock = launch.lock or RunLock(local_run_dir(paths.run_dir), stale_after_s=stale)
+    lock = launch.lock or RunLock.of_run(config, paths)
     if lock.holder is None:
         lock.acquire()
     lock.renew(flow_run=_flow_run_label())
