@@ -76,7 +76,7 @@ def worker_env() -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-        # docs/performance.md; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
+        # docs/performance-log.md section 3; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get(
             "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", RAY_DEFAULTS["RAY_ENABLE_ZERO_COPY_TORCH_TENSORS"]
         ),
