@@ -7,14 +7,23 @@ One iteration itself is flows/iteration.py.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from checkpoint.boundary import CommittedBoundary
 from configs.schema import PPOConfig
 from contracts.stage_names import time_key
 from flows.blocks import iteration_blocks
-from flows.iteration import Batch, Runner, evaluate, evaluates_at, held_batch, ppo_iteration, save_on_cadence
+from flows.iteration import (
+    Batch,
+    IterationResult,
+    Runner,
+    evaluate,
+    evaluates_at,
+    held_batch,
+    ppo_iteration,
+    save_on_cadence,
+)
 from flows.stopping import StopRequest, Stopped
 from algorithm.warmup import expected_policy_version
 from contracts.experience import remove_experience_after
@@ -64,6 +73,10 @@ class IterationLoop:
             record |= {time_key(stage): seconds for stage, seconds in self.run.seconds.items()}
             self._emit(record)
         for first, block_last in iteration_blocks(start, last, self.config.job.iterations_per_block):
+            if first > start and self.stop is not None and self.stop.due() is not None:
+                # A stop that came while the previous block closed: no iteration is in
+                # progress, so the one that finished is committed now, not after another.
+                return policy_version, self._stop_after(first - 1, policy_version) or last_commit
             policy_version, committed = self.block(first, block_last, policy_version)
             last_commit = committed or last_commit
             if self.stopped is not None:
@@ -85,19 +98,26 @@ class IterationLoop:
             if self.stop is not None and result.committed is not None:
                 self.stop.progress.kept(iteration, result.committed.path)
             self.in_flight = result.ahead
+            self._finished = result
             self._emit(result.record)
             if self.stop is not None and self.stop.due() is not None:
-                # S-STOP-1: the finished iteration is committed as a full boundary, once; the
-                # last one too, and the run then stops before its export (S-STOP-4).
-                committed = result.committed or save_on_cadence(
-                    self.run, self.roles, self.config, iteration, policy_version, self.paths, result.record,
-                    result.ahead, kind="full",
-                )
-                if committed is not None:
-                    self.stop.progress.kept(iteration, committed.path)
-                self.stop.stopped_at(iteration, committed.path if committed else None)
-                return policy_version, committed or last_commit
+                return policy_version, self._stop_after(iteration, policy_version) or last_commit
         return policy_version, last_commit
+
+    _finished: IterationResult | None = field(default=None, init=False, repr=False)  # the last one run
+
+    def _stop_after(self, iteration: int, policy_version: int) -> CommittedBoundary | None:
+        """S-STOP-1: the finished iteration is committed as a full boundary, once; the
+        last one too, and the run then stops before its export (S-STOP-4)."""
+        assert self.stop is not None and self._finished is not None
+        committed = self._finished.committed or save_on_cadence(
+            self.run, self.roles, self.config, iteration, policy_version, self.paths, self._finished.record,
+            self._finished.ahead, kind="full",
+        )
+        if committed is not None:
+            self.stop.progress.kept(iteration, committed.path)
+        self.stop.stopped_at(iteration, committed.path if committed else None)
+        return committed
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.on_record is not None:

@@ -1,7 +1,8 @@
 """A stop in every phase of a run (S-STOP-4), through the `ppo` flow with real Prefect
 and real Ray actors: SIGTERM to this very process (the flow runs in its main thread, as
 a deployment's flow run does) while Ray starts, during the evaluation in the
-run's last iteration, during the restore of a rerun and during the final export. Each
+run's last iteration, during the restore of a rerun, during the final export and while a
+block of iterations closes. Each
 time the run ends Cancelled with the line saying what it kept and how to run it again
 from the Prefect UI; the last finished iteration is committed; a stop in the last
 iteration starts no export; the rerun that finds every iteration committed only
@@ -24,14 +25,14 @@ from tests.support.helpers import metric_records as _records
 RESUME_HINT = "run the deployment again with the same run name (or press Retry)"
 
 
-def signal_during(monkeypatch, owner, name: str, when=lambda *args: True) -> list[int]:
-    """SIGTERM to this process as `owner.name` starts (when `when(*args)` holds), once."""
+def signal_during(monkeypatch, owner, name: str, when=lambda *args, **kwargs: True) -> list[int]:
+    """SIGTERM to this process as `owner.name` starts (when `when(*args, **kwargs)` holds), once."""
     original = getattr(owner, name)
     sent: list[int] = []
 
     @functools.wraps(original)
     def wrapped(*args, **kwargs):
-        if not sent and when(*args):
+        if not sent and when(*args, **kwargs):
             sent.append(os.getpid())
             os.kill(os.getpid(), signal.SIGTERM)
         return original(*args, **kwargs)
@@ -88,7 +89,7 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     assert _committed(run_dir) == [] and metric_records(run_dir) == []
 
     with pytest.MonkeyPatch.context() as patch:  # evaluating the run's last iteration: committed, no export
-        signal_during(patch, FlowRunner, "stage", lambda runner, body, iteration, *_: body.__name__ == "evaluate")
+        signal_during(patch, FlowRunner, "stage", lambda runner, body, *_, **__: body.__name__ == "evaluate")
         line = _stopped(overrides)
     assert line == f"stopped by SIGTERM after iteration 1: {kept}"
     assert _committed(run_dir) == [1] and [r["iteration"] for r in metric_records(run_dir)] == [1]
@@ -107,3 +108,16 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     assert sorted(p.name for p in (run_dir / "final_model").iterdir()) == ["critic", "policy"]
     assert not list(run_dir.glob("final_model.*"))
     assert [r["iteration"] for r in metric_records(run_dir)] == [1]  # no row added by the reruns
+
+    # Between two blocks, while the first one's subflow closes: no iteration is in
+    # progress, so the one that finished is committed at once and no other runs (S-STOP-1).
+    overrides = short_run_overrides(tmp_path, tiny_model_dir) + [
+        "job.name=between", "rl.max_steps=2", "job.iterations_per_block=1", "rl.save_final=false",
+    ]
+    run_dir = tmp_path / "between"
+    with pytest.MonkeyPatch.context() as patch:
+        signal_during(patch, FlowRunner, "block_ran", lambda runner, last_block: not last_block)
+        line = _stopped(overrides)
+    assert line == (f"stopped by SIGTERM after iteration 1: committed {run_dir}/checkpoints/iter_000001; "
+                    f"{RESUME_HINT} to resume from it")
+    assert _committed(run_dir) == [1] and [r["iteration"] for r in metric_records(run_dir)] == [1]
