@@ -79,10 +79,10 @@ METRICS: tuple[Metric, ...] = (
            "from the trainer's", "nats", EVERY_ITERATION, "roles/policy_role.py"),
     Metric("fault/rollout_engines_lost", "rollout engines lost (process gone, or no answer within "
            "rl.rollout.engine_timeout_seconds) while this batch was generated; each lost shard was generated again "
-           "on a surviving engine with its own seed and version", "count", ELASTIC, "processes/rollout_fleet.py"),
+           "on a surviving engine with its own seed and version", "count", ELASTIC, "processes/engine_pool.py"),
     Metric("fault/rollout_replace_seconds", "start-up and weight-load seconds of the replacement engines that "
            "began serving before this batch (a replacement starts while the iteration that lost the engine trains); "
-           "0 when none did", "seconds", ELASTIC, "processes/rollout_fleet.py"),
+           "0 when none did", "seconds", ELASTIC, "processes/engine_pool.py"),
     Metric("perf/rollout_weight_loads", "weight loads engine 0 has received since its process started "
            "(process-local: restarts with the actor)", "count", EVERY_ITERATION, "roles/rollout_role.py"),
     # reward

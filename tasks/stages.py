@@ -44,7 +44,10 @@ def rollout(iteration: int, data_summary: dict, rollout_summary: dict) -> dict[s
     The data call is folded in here: a task of its own would cost far more in Prefect
     bookkeeping than its compute. An engine lost and replaced on the way is logged
     here, a WARNING, and the task still completes (S-ELASTIC-2)."""
-    return numeric_metrics(data_summary, logged_events(rollout_summary, FAULT_EVENTS))
+    summary = dict(rollout_summary)
+    for event in summary.pop(FAULT_EVENTS, ()):  # the pool's records, put into words here only
+        stage_log.get().log(event.level, event.describe())
+    return numeric_metrics(data_summary, summary)
 
 
 def logged_events(summary: dict, key: str) -> dict:

@@ -53,10 +53,10 @@ def test_the_summary_lists_the_engines_lost_and_replaced():
     assert faults_survived([{"iteration": 1}]) == ""  # one engine, or elasticity off: no key, no line
 
 
-def test_one_engine_or_elasticity_off_starts_no_fleet_and_the_deadline_follows_the_stage():
-    """S-ELASTIC-3: one engine, or rl.rollout.max_engine_replacements=0, runs as before."""
+def test_one_engine_or_elasticity_off_survives_no_loss_and_the_deadline_follows_the_stage():
+    """S-ELASTIC-3: one engine, or rl.rollout.max_engine_replacements=0, replaces no engine."""
     from configs.loading import load_config
-    from processes.rollout_fleet import elastic, engine_deadline
+    from processes.engine_pool import elastic, engine_deadline
     from tests.conftest import TINY_PROFILE
 
     config = load_config(TINY_PROFILE, [])

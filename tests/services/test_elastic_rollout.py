@@ -164,7 +164,7 @@ def test_an_engine_killed_inside_its_weight_load_is_replaced_before_the_next_rol
     twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
 ):
     """A loss outside generate (here in iteration 2's weight sync) costs no shard: the
-    replacement takes the version at the fleet's next call and the loss is reported with
+    replacement takes the version at the pool's next call and the loss is reported with
     the next batch."""
     from flows.training import ppo
     from tests.support.elastic import fault_inside_load_weights
