@@ -1,16 +1,21 @@
 """What a pool of rollout engines reports about the engine faults it survived, with the
 batch it generated (processes/engine_pool.py): two metrics, and the events as records
 (which engine, which shard, how many seconds, regenerated on which engine) that the
-rollout stage turns into its task run's log lines (then dropped from the record)."""
+rollout stage turns into its task run's log lines (then dropped from the record).
+
+The records travel as plain data (`as_event`): one step off, the summary is kept as JSON
+with the in-flight batch a boundary holds (S-ASYNC-3) and logged when that batch's row is.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 LOST_KEY = "fault/rollout_engines_lost"
 REPLACE_SECONDS_KEY = "fault/rollout_replace_seconds"
-FAULT_EVENTS = "fault/rollout_events"  # [EngineLost | EngineReplaced, ...]: logged, never a metric
+FAULT_EVENTS = "fault/rollout_events"  # [as_event(record), ...]: logged, never a metric
 
 
 @dataclass
@@ -71,3 +76,21 @@ class EngineReplaced:
             f"replacement rollout engine {self.engine} {serving} on {self.node} (started in {self.seconds:.1f} s, "
             f"weights included; this call waited {self.waited:.1f} s for it)"
         )
+
+
+def as_event(record: EngineLost | EngineReplaced) -> dict[str, Any]:
+    """A record as JSON-ready data, named by its kind."""
+    return {"kind": type(record).__name__, **asdict(record)}
+
+
+def describe_event(event: dict[str, Any] | list[str]) -> tuple[int, str]:
+    """The log level and line of one event of `FAULT_EVENTS`."""
+    if isinstance(event, list):  # [level, message]: the form boundaries of earlier versions hold
+        return (logging.WARNING if event[0] == "warning" else logging.INFO), event[1]
+    fields = {key: value for key, value in event.items() if key != "kind"}
+    record: EngineLost | EngineReplaced
+    if event["kind"] == EngineLost.__name__:
+        record = EngineLost(**{**fields, "regenerated": [Regeneration(**r) for r in fields["regenerated"]]})
+    else:
+        record = EngineReplaced(**fields)
+    return record.level, record.describe()

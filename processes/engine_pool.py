@@ -32,7 +32,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from configs.schema import PPOConfig
 from contracts.generated_rows import check_generated
 from contracts.rollout_faults import (
-    FAULT_EVENTS, LOST_KEY, REPLACE_SECONDS_KEY, EngineLost, EngineReplaced, Regeneration,
+    FAULT_EVENTS, LOST_KEY, REPLACE_SECONDS_KEY, EngineLost, EngineReplaced, Regeneration, as_event,
 )
 from contracts.timeouts import startup_timeout
 from contracts.trajectory import PromptBatch, Trajectory
@@ -100,7 +100,7 @@ class Faults:
     def summary(self, counted: bool) -> dict[str, Any]:
         """The events, and the two metrics where `counted` (a run that may replace engines)."""
         metrics = {LOST_KEY: float(self.lost), REPLACE_SECONDS_KEY: self.replace_seconds} if counted else {}
-        return {**metrics, FAULT_EVENTS: self.events}
+        return {**metrics, FAULT_EVENTS: [as_event(event) for event in self.events]}
 
 
 def engine_deadline(config: PPOConfig) -> float | None:

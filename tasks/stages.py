@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from typing import Any, Callable, Sequence
 
 from contracts.faults import REWARD_EVENTS
-from contracts.rollout_faults import FAULT_EVENTS
+from contracts.rollout_faults import FAULT_EVENTS, describe_event
 from contracts.trajectory import TrainReceipt
 
 stage_log: ContextVar[logging.Logger | logging.LoggerAdapter] = ContextVar(
@@ -46,7 +46,7 @@ def rollout(iteration: int, data_summary: dict, rollout_summary: dict) -> dict[s
     here, a WARNING, and the task still completes (S-ELASTIC-2)."""
     summary = dict(rollout_summary)
     for event in summary.pop(FAULT_EVENTS, ()):  # the pool's records, put into words here only
-        stage_log.get().log(event.level, event.describe())
+        stage_log.get().log(*describe_event(event))
     return numeric_metrics(data_summary, summary)
 
 
