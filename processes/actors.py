@@ -99,7 +99,7 @@ class LaunchedActors:
 
     groups: dict[str, list[Any]]
     launched_at: float
-    pool: Any = None  # the engine pool of a run with several engines, launched beside them
+    pool: ActorHandle[EnginePool] | None = None  # a run with several engines: their pool, launched beside them
 
 
 def discard_launched(launched: LaunchedActors) -> None:
