@@ -2,9 +2,10 @@
 weight files, so a resume over another model, or over files changed in place, is
 refused by name instead of training on silently (S-SEC-4).
 
-Streams files with sha256 (docs/performance.md has the rate); a file whose size and
-modification time match the cache's record is not read again (see `FingerprintCache`
-for what that trusts). Imports neither torch nor transformers.
+Streams files with sha256 (docs/performance.md "The base-model fingerprint" has the
+rate); a file whose size and modification time match the cache's record is not read
+again (see `FingerprintCache` for what that trusts). Imports neither torch nor
+transformers.
 """
 
 from __future__ import annotations
