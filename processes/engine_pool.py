@@ -9,9 +9,10 @@ engine whose process dies, or that does not answer within
 again on a surviving engine with the same shard index, hence the same seed, and the
 same policy version, and a new engine is started on the lost one's placement and given
 the current weights through the configured transport (`weights.transport.deliver` over
-the one new receiver). Past the bound (at the first loss when it is 0) the stage fails
-naming the engine. The N logical shards never change: re-splitting the rows would
-change every row's random stream.
+the one new receiver). Past the bound the stage fails naming the engine; with a bound of
+0 an engine's failure is its own, passed on for the flow's runner to name as any role's
+(S-FAULT-1). The N logical shards never change: re-splitting the rows would change
+every row's random stream.
 
 The pool's calls run one at a time, in the order the flow queued them, so a
 regenerated shard is finished before the next version's `load_weights` reaches any
@@ -159,8 +160,8 @@ class EnginePool:
             deadline = float("inf") if self.timeout_s is None else now + self.timeout_s * engine.outstanding
             calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, regeneration)
 
-        def lose(call: ShardCall, why: str) -> None:
-            moved = self._lose(call.engine, why, faults, calls)
+        def lose(call: ShardCall, error: Exception) -> None:
+            moved = self._lose(call.engine, error, faults, calls)
             self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
 
         for engine in self.engines:  # shard i on engine i; a lost or lagging one's on a survivor
@@ -176,7 +177,7 @@ class EnginePool:
                 try:
                     ray.get(call.summary)
                 except RayActorError as error:
-                    lose(call, _why(error, self.timeout_s))
+                    lose(call, error)
                     continue
                 done[call.shard] = call
                 if call.regeneration is not None:
@@ -187,7 +188,7 @@ class EnginePool:
                 if call.summary not in calls:  # moved with an engine lost in this same pass
                     continue
                 calls.pop(call.summary)
-                lose(call, _why(GetTimeoutError(), self.timeout_s))
+                lose(call, GetTimeoutError())
         trajectory, summary = self._gather([done[index] for index in range(count)], faults, calls)
         check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3: never train on a failed generation
         return trajectory, {**summary, **faults.summary(self.counted)}
@@ -204,7 +205,7 @@ class EnginePool:
             try:
                 answer = ray.get(loaded, timeout=self.timeout_s)
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, _why(error, self.timeout_s), self.carried, {})
+                self._lose(engine, error, self.carried, {})
                 continue
             engine.behind = False
             metrics = metrics if metrics is not None else answer
@@ -221,7 +222,7 @@ class EnginePool:
             try:
                 answer = ray.get([trajectory, summary], timeout=self.timeout_s)
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, _why(error, self.timeout_s), self.carried, {})
+                self._lose(engine, error, self.carried, {})
                 continue
             return answer[0], answer[1]
 
@@ -241,14 +242,18 @@ class EnginePool:
     def _least_busy(self) -> Engine:
         return min(self._live(), key=lambda engine: (engine.outstanding, engine.rank))
 
-    def _lose(self, engine: Engine, why: str, faults: Faults, calls: dict[Any, ShardCall]) -> list[ShardCall]:
+    def _lose(
+        self, engine: Engine, error: Exception, faults: Faults, calls: dict[Any, ShardCall]
+    ) -> list[ShardCall]:
         """Kill `engine`, count it against the run's bound, start its replacement, and
         take back every call still queued on it (returned, to be given to survivors)."""
         if engine.lost:
             return []
         engine.lost = True
         kill_quietly(engine.handle)
-        record = EngineLost(engine.rank, engine.node, why)
+        if not self.max_replacements:  # nothing may be replaced: the engine's own failure, named as any role's
+            raise error
+        record = EngineLost(engine.rank, engine.node, _why(error, self.timeout_s))
         if self.replaced >= self.max_replacements:
             raise RolloutEngineLost(
                 f"{record.describe()}; the run has already replaced {self.replaced} engine(s) "
@@ -293,7 +298,7 @@ class EnginePool:
                 trajectory, summary = ray.get(merged, timeout=self.timeout_s)
                 return trajectory, summary
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, _why(error, self.timeout_s), faults, calls)
+                self._lose(engine, error, faults, calls)
 
     def _launch(self, rank: int) -> Any:
         launch = self.launches[rank]
