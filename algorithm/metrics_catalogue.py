@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from contracts.rollout_faults import LOST_KEY, REPLACE_SECONDS_KEY
+
 # When a record carries a key. A missing key is information ("the actor did not
 # update"), never a zero written in its place.
 EVERY_ITERATION = "every iteration"
@@ -77,12 +79,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("rollout/logprob_abs_diff",
            "mean |trainer log-prob − engine log-prob| over response tokens: how far the engine's numerics are "
            "from the trainer's", "nats", EVERY_ITERATION, "roles/policy_role.py"),
-    Metric("fault/rollout_engines_lost", "rollout engines lost (process gone, or no answer within "
+    Metric(LOST_KEY, "rollout engines lost (process gone, or no answer within "
            "rl.rollout.engine_timeout_seconds) while this batch was generated; each lost shard was generated again "
-           "on a surviving engine with its own seed and version", "count", ELASTIC, "processes/rollout_fleet.py"),
-    Metric("fault/rollout_replace_seconds", "start-up and weight-load seconds of the replacement engines that "
+           "on a surviving engine with its own seed and version", "count", ELASTIC, "processes/engine_pool.py"),
+    Metric(REPLACE_SECONDS_KEY, "start-up and weight-load seconds of the replacement engines that "
            "began serving before this batch (a replacement starts while the iteration that lost the engine trains); "
-           "0 when none did", "seconds", ELASTIC, "processes/rollout_fleet.py"),
+           "0 when none did", "seconds", ELASTIC, "processes/engine_pool.py"),
     Metric("perf/rollout_weight_loads", "weight loads engine 0 has received since its process started "
            "(process-local: restarts with the actor)", "count", EVERY_ITERATION, "roles/rollout_role.py"),
     # reward

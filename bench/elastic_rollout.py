@@ -6,7 +6,7 @@ Prefect API, each with fresh role actors (no kept processes, as a real run start
 
 - undisturbed, elastic rollout on;
 - elastic: engine 1 SIGKILLs itself inside `generate` of iteration `--kill-at`; the
-  fleet regenerates its shard on a survivor and starts a replacement, which it waits
+  pool regenerates its shard on a survivor and starts a replacement, which it waits
   for at its next call (that iteration's weight sync);
 - today: `rl.rollout.max_engine_replacements=0` and `auto_resume_attempts=1`, the
   same kill: the rollout stage fails, every actor is stopped and started again, and

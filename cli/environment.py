@@ -1,5 +1,5 @@
-"""Defaults for the process that runs the flow, measured on 2-core machines
-(DESIGN.md, "Facts measured"). Each is a default only: a user's own setting wins."""
+"""Defaults for the process that runs the flow, each for a reason DESIGN.md's "Facts
+measured" gives the figures of. Each is a default only: a user's own setting wins."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel
 
-_DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 PROJECT_CALLABLE_MODULES: tuple[str, ...] = (
     "data.synthetic",
@@ -57,14 +57,14 @@ def split_callable_path(path: str, *, key: str, error: type[Exception] = ValueEr
     """(module, attribute) of `package.module:callable`; the attribute may be dotted
     (`mod:Class.method`). Raises `error` naming `key` when the value is not of that form."""
     module_name, sep, attribute = path.partition(":")
-    if not sep or not _DOTTED_NAME.match(module_name) or not _DOTTED_NAME.match(attribute):
+    if not sep or not DOTTED_NAME.match(module_name) or not DOTTED_NAME.match(attribute):
         raise error(f"{key}: {path!r} is not a 'package.module:callable' path (e.g. 'my_pkg.rewards:score')")
     return module_name, attribute
 
 
 def _well_formed(value: str) -> str:
     module_name, sep, attribute = value.partition(":")
-    if not sep or not _DOTTED_NAME.match(module_name) or not _DOTTED_NAME.match(attribute):
+    if not sep or not DOTTED_NAME.match(module_name) or not DOTTED_NAME.match(attribute):
         raise ValueError(f"{value!r} is not a 'package.module:callable' path (e.g. 'my_pkg.rewards:score')")
     return value
 

@@ -14,10 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from configs.callables import CallablePath
+from configs.callables import DOTTED_NAME, CallablePath
 
 
-_MODULE_PREFIX = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -295,7 +294,7 @@ class JobConfig(Section):
     @classmethod
     def _module_prefixes(cls, value: list[str]) -> list[str]:
         for prefix in value:
-            if not _MODULE_PREFIX.match(prefix):
+            if not DOTTED_NAME.match(prefix):
                 raise ValueError(f"job.trusted_modules: {prefix!r} is not a module name (e.g. 'my_pkg.rewards')")
         return value
 

@@ -7,8 +7,8 @@
 # server start`) get SIGTERM with it, and are given the grace period to exit: a flow
 # run that gets SIGTERM reports Crashed to the still-running server. Then the rest
 # gets SIGKILL: the Prefect 3.9 worker turns SIGTERM into a SIGINT to itself and,
-# started in the background, keeps running after it (measured: still polling two
-# minutes later), so waiting for it to exit on its own would only wait.
+# started in the background, keeps running after it (docs/prefect-ui.md), so waiting
+# for it to exit on its own would only wait.
 # A Crashed run resumes from its last committed boundary on Retry in the UI, or on a
 # new deployment run with the same run_name.
 set -euo pipefail

@@ -14,8 +14,10 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+import ray
 from prefect import flow
 from prefect.states import Cancelled
+from ray.exceptions import RayActorError, RayError
 
 from flows.blocks import BLOCK_FLOW, block_name
 from flows.failures import naming_failures, stage_run_name
@@ -23,9 +25,14 @@ from flows.iteration_loop import IterationLoop
 from flows.stopping import stop_signals
 from flows.recording import wait_until_recorded
 from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
-from processes.actors import RoleHandles, actor_label, kill_quietly
+from processes.actors import RoleHandles, actor_label
+from processes.dead_actors import first_line, kill_quietly
 from tasks.prefect_tasks import TASKS, StageTimeout, samples_key, stage_timeout
 from views.run_artifacts import artifacts_on_this_run, current_flow_run_id
+
+
+POOL_LABEL = "rollout pool"  # how messages name the engine pool's actor
+ENGINE_ANSWER_S = 10.0  # an idle engine answers a ready call at once, even on a busy machine; a hung one never
 
 
 class FlowRunner:
@@ -51,6 +58,11 @@ class FlowRunner:
         # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
         self._actors = {actor_id: (label, labelled[label]) for label, (actor_id, _) in where.items()}
         self._nodes = {actor_id: node for actor_id, node in where.values()}
+        # The engine pool's actor id, and its engines' in rank order: a stage stuck on the pool is stuck on one of them.
+        self._pool = where.get(POOL_LABEL, (None, None))[0]
+        engines = len(roles.ranks("rollout")) if roles is not None and roles.pool is not None else 0
+        labels = [actor_label("rollout", rank, engines) for rank in range(engines)]
+        self._engines = [where[label][0] for label in labels if label in where]
 
     def layout(self) -> dict[str, list[str]]:
         """Node id -> the actors on it (role and rank), as found at start-up."""
@@ -78,13 +90,19 @@ class FlowRunner:
             pending = [ref for ref in self._waits_for(late) if ref not in seen]
             if not pending:
                 return late
-            import ray
-
             unfinished = [ref for ref in pending if not ray.wait([ref], timeout=0)[0]]
             if not unfinished:
                 return late
             late = unfinished[0]
             seen.add(late)
+
+    def _unanswering_engine(self) -> str | None:
+        """The actor id of the first engine that does not answer at once (the pool waits
+        for its shard), or None where every one answers."""
+        asked = {self._actors[actor_id][1].ready.remote(): actor_id for actor_id in self._engines}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ENGINE_ANSWER_S)
+        silent = [actor_id for ref, actor_id in asked.items() if ref not in answered]
+        return silent[0] if silent else None
 
     def block_ran(self, last_block: bool) -> None:
         """Called at the end of a block's subflow run: wait until the server has recorded
@@ -107,10 +125,8 @@ class FlowRunner:
             wait_until_recorded(flow_run_id, task_runs)
 
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any:
-        from ray import ObjectRef
-
         result = method.remote(*args) if returns == 1 else method.options(num_returns=returns).remote(*args)
-        inputs = [arg for arg in args if isinstance(arg, ObjectRef)]
+        inputs = [arg for arg in args if isinstance(arg, ray.ObjectRef)]
         if inputs:  # what the call waits for before it can run: how a timeout finds the stuck call
             for ref in result if returns > 1 else [result]:
                 self._inputs[ref] = inputs
@@ -185,8 +201,6 @@ class FlowRunner:
         return TASKS[body].submit(iteration, args, wait_for=upstream)
 
     def get(self, pending: Any) -> Any:
-        import ray
-
         return ray.get(pending, timeout=self.stage_timeout_s)
 
     @contextmanager
@@ -203,12 +217,12 @@ class FlowRunner:
 
     def explain(self, error: BaseException) -> str | None:
         """A dead or stuck actor named by its role (and node), instead of Ray's actor id."""
-        from ray.exceptions import RayActorError, RayError
-
         if isinstance(error, StageTimeout):
             # The first outstanding call is the stuck one; later calls of the stage may
             # only be waiting for its output.
             stuck = self.stuck_call(error.late[0]).task_id().actor_id().hex()
+            if stuck == self._pool:  # the pool waits for an engine: that engine is the stuck one
+                stuck = self._unanswering_engine() or stuck
             name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
             if handle is not None:
                 kill_quietly(handle)
@@ -218,24 +232,23 @@ class FlowRunner:
                 f"no result from the {name} actor within {error.seconds:g} s "
                 f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device{where}"
             )
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if isinstance(error, RayActorError):
             name = self._actors.get(error.actor_id or "", (f"actor {error.actor_id}", None))[0]
             node = self._nodes.get(error.actor_id or "")
             if node is None:
                 address = re.search(r"\bip: ([0-9a-fA-F.:]+)", str(error))
                 where = f" on node {address.group(1)}" if address else ""
-                return f"the {name} actor{where} is gone: {first_line}"
+                return f"the {name} actor{where} is gone: {first_line(error)}"
             addresses = node_addresses()
             lost = f": {self._lost(node, addresses)}" if is_lost(node, addresses) else ""
-            return f"the {name} actor on {node_name(node, addresses)} is gone{lost}: {first_line}"
+            return f"the {name} actor on {node_name(node, addresses)} is gone{lost}: {first_line(error)}"
         if isinstance(error, RayError) and self._nodes:
             # An input held on a lost node (ObjectLostError and kin) names no actor:
             # name the node and what ran there.
             addresses = node_addresses()
             lost = [self._lost(node, addresses) for node in self.layout() if is_lost(node, addresses)]
             if lost:
-                return f"{'; '.join(lost)}: {first_line}"
+                return f"{'; '.join(lost)}: {first_line(error)}"
         return None
 
     def _lost(self, node: str, addresses: dict[str, tuple[str, bool]]) -> str:
@@ -249,8 +262,8 @@ def labelled_actors(roles: Any) -> dict[str, Any]:
         ranks = roles.ranks(role)
         for rank, handle in enumerate(ranks):
             labelled[actor_label(role, rank, len(ranks))] = handle
-    if getattr(roles, "fleet", None) is not None:
-        labelled["rollout fleet"] = roles.fleet
+    if roles.pool is not None:
+        labelled[POOL_LABEL] = roles.pool
     return labelled
 
 

@@ -266,17 +266,9 @@ def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> 
 
 
 def generate(run: Runner, roles: Roles, prompts: Any, policy_version: int) -> tuple[Any, Any]:
-    """One completion per prompt (S-FLOW-7). Several engines each generate a shard of
-    the batch; engine 0 gathers the shards into one trajectory."""
-    engines = roles.engines()
-    if len(engines) == 1:
-        return run.call(engines[0].generate, prompts, policy_version, returns=2)
-    shards = [
-        run.call(engine.generate, prompts, policy_version, index, len(engines), returns=2)
-        for index, engine in enumerate(engines)
-    ]
-    parts, summaries = [part for part, _ in shards], [summary for _, summary in shards]
-    return run.call(roles.rollout.gather, len(engines), *parts, *summaries, returns=2)
+    """One completion per prompt (S-FLOW-7), from the run's one engine or from the pool
+    of its several, which shards the batch over them (processes/engine_pool.py)."""
+    return run.call(roles.engines()[0].generate, prompts, policy_version, returns=2)
 
 
 def save_kind(config: PPOConfig, iteration: int) -> str | None:

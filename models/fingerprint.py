@@ -2,9 +2,9 @@
 weight files, so a resume over another model, or over files changed in place, is
 refused by name instead of training on silently (S-SEC-4).
 
-Streams files with sha256 (about 1 s per GB here, docs/performance.md "The base-model
-fingerprint"); a file whose size and modification time match the cache's record is not
-read again (see `FingerprintCache` for what that trusts). Imports neither torch nor
+Streams files with sha256 (docs/performance.md "The base-model fingerprint" has the
+rate); a file whose size and modification time match the cache's record is not read
+again (see `FingerprintCache` for what that trusts). Imports neither torch nor
 transformers.
 """
 
@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CHUNK_BYTES = 8 << 20
+import fsspec
+
+from checkpoint.boundary_files import file_digest
+
+_LOCAL = fsspec.filesystem("file")
 # Files that say nothing about the weights the roles load: our own build records (the
 # tiny pre-training report holds its wall time) and model cards. Hidden files (a hub
 # cache's `.cache/`, `.gitattributes`) are skipped too.
@@ -77,14 +81,6 @@ def model_files(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class FingerprintCache:
     """File digests keyed by real path, size and modification time (nanoseconds).
 
@@ -120,7 +116,7 @@ class FingerprintCache:
         known = self.entries.get(key)
         if known is not None and known[0] == stat.st_size and known[1] == stat.st_mtime_ns:
             return str(known[2])
-        value = file_digest(path)
+        value = str(file_digest(_LOCAL, str(path))["sha256"])
         if self.location is not None:
             self.entries[key] = [stat.st_size, stat.st_mtime_ns, value]
             self.changed = True
@@ -153,9 +149,8 @@ def fingerprint_folder(folder: str | Path, revision: str | None = None,
 
 
 def read_fingerprint(path: str) -> ModelFingerprint | None:
-    """A fingerprint written by `write_fingerprint`, or None when there is none."""
-    import fsspec
-
+    """A fingerprint as `ModelFingerprint.to_json` wrote it (a boundary's record, an
+    exported adapter's), or None when there is none."""
     try:
         with fsspec.open(path, "r") as handle:
             return ModelFingerprint.from_json(json.load(handle))

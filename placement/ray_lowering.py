@@ -39,7 +39,7 @@ class LoweredPlacement:
         if group is None or role in HOST_ROLES or group.name not in self.placement_groups:
             if self.host_node is None:
                 # One node: no reservation at all. Actors that ask for a CPU each would
-                # not fit seven roles on a 2-core machine; num_cpus=0 works here.
+                # not fit seven roles on a 2-core machine; with num_cpus=0 they share the cores.
                 return {"num_cpus": 0}
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -16,15 +16,16 @@ import ray
 
 from configs.schema import PPOConfig
 from contracts.faults import RepeatsOnRerun, repeats_on_rerun
+from contracts.timeouts import startup_timeout as startup_timeout  # where the flow asks for it
 from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
+from processes.dead_actors import kill_quietly
+from processes.engine_pool import EngineLaunch, EnginePool
 from roles.bodies import ROLE_CLASSES
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
-
-    from processes.rollout_fleet import RolloutFleet
 
     from roles.critic_role import CriticRole
     from roles.data_role import DataRole
@@ -50,14 +51,13 @@ class RoleHandles:
     policy: ActorHandle[PolicyRole]
     peers: dict[str, tuple[ActorHandle, ...]] = field(default_factory=dict)
     ready_seconds: dict[str, float] = field(default_factory=dict)  # actor label -> seconds from launch to ready
-    # Several engines with elastic rollout: the one actor every engine call goes through
-    # (processes/rollout_fleet.py); None with one engine or elasticity off.
-    fleet: ActorHandle[RolloutFleet] | None = None
+    # Several engines: the one actor every engine call goes through (processes/engine_pool.py).
+    pool: ActorHandle[EnginePool] | None = None
 
     def items(self) -> list[tuple[str, Any]]:
         """(role, rank-0 handle) for every role."""
         return [
-            (f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("peers", "ready_seconds", "fleet")
+            (f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("peers", "ready_seconds", "pool")
         ]
 
     def ranks(self, role: str) -> list[Any]:
@@ -75,12 +75,10 @@ class RoleHandles:
     def reference_ranks(self) -> list[ActorHandle[ReferenceRole]]:
         return self.ranks("reference")
 
-    def engines(self) -> list[ActorHandle[RolloutRole]]:
-        """The rollout engines the iteration program calls: every engine, or the fleet
-        that owns them all, which takes the calls of one engine (S-ELASTIC-1)."""
-        if self.fleet is not None:
-            return [self.fleet]  # type: ignore[list-item]  # the same verbs as RolloutRole
-        return self.ranks("rollout")
+    def engines(self) -> list[ActorHandle[RolloutRole] | ActorHandle[EnginePool]]:
+        """What the iteration program hands the rollout's verbs (generate, load_weights,
+        evaluate) to: the run's one engine, or the pool of its several (S-ELASTIC-1)."""
+        return [self.pool if self.pool is not None else self.rollout]
 
 
 def actor_name(role: str, rank: int) -> str:
@@ -101,12 +99,12 @@ class LaunchedActors:
 
     groups: dict[str, list[Any]]
     launched_at: float
-    engine_launches: list[Any] = field(default_factory=list)  # how each rollout engine was started
+    pool: ActorHandle[EnginePool] | None = None  # a run with several engines: their pool, launched beside them
 
 
 def discard_launched(launched: LaunchedActors) -> None:
     """Actors launched for a flow that never took them (it was refused): kill them."""
-    _kill_groups(launched.groups)
+    _kill_launched(launched)
     while _live_placements:
         release_placement(_live_placements.pop())
 
@@ -128,8 +126,10 @@ def start_role_actors(
     groups = launched.groups
     try:
         ready_seconds = wait_until_ready(groups, ready_timeout_s, launched.launched_at)
+        if launched.pool is not None:  # after the engines: it asks each where it runs
+            _wait_for_pool(launched.pool, ready_timeout_s)
     except Exception:
-        _kill_groups(groups)  # none of them may linger on a standing cluster
+        _kill_launched(launched)  # none of them may linger on a standing cluster
         raise
     for role, ranks in groups.items():
         if role in SHARDED_ROLES and len(ranks) > 1:
@@ -139,30 +139,15 @@ def start_role_actors(
         **{role: ranks[0] for role, ranks in groups.items()},
         peers={role: tuple(ranks[1:]) for role, ranks in groups.items() if len(ranks) > 1},
         ready_seconds=ready_seconds,
-        fleet=start_fleet(config, groups["rollout"], launched, ready_timeout_s),
+        pool=launched.pool,
     )
 
 
-def start_fleet(
-    config: PPOConfig, engines: list[Any], launched: LaunchedActors, ready_timeout_s: float | None
-) -> Any:
-    """The actor that owns every engine call when the run has several engines and
-    elastic rollout is on (S-ELASTIC-1); None otherwise, and nothing is started."""
-    from processes.rollout_fleet import RolloutFleet, elastic
-
-    if not elastic(config, len(engines)) or not launched.engine_launches:
-        return None
-    options = launched.engine_launches[0][1]
-    fleet = ray.remote(RolloutFleet).options(
-        name="rollout-fleet", namespace=ray_namespace(config), max_restarts=0, **options
-    ).remote(config, engines, [launch for launch, _ in launched.engine_launches])
+def _wait_for_pool(pool: Any, ready_timeout_s: float | None) -> None:
     try:
-        ray.get(fleet.ready.remote(), timeout=ready_timeout_s)
+        ray.get(pool.ready.remote(), timeout=ready_timeout_s)
     except Exception as error:
-        kill_quietly(fleet)
-        _kill_groups(launched.groups)
-        raise ActorStartupError(f"the rollout fleet failed to start: {startup_cause(error)}") from error
-    return fleet
+        raise ActorStartupError(f"the rollout engine pool failed to start: {startup_cause(error)}") from error
 
 
 def launch_role_actors(config: PPOConfig) -> LaunchedActors:
@@ -178,7 +163,7 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
     _live_placements.append(lowered)
     placements = role_placements(plan)  # the one decision every device role is built from
     groups: dict[str, list[Any]] = {}
-    engine_launches = []
+    engine_launches: list[EngineLaunch] = []
     for role, cls in ROLE_CLASSES.items():
         if role in placements:
             arguments = [(config, placement) for placement in placements[role]]
@@ -189,14 +174,16 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
             for rank, args in enumerate(arguments)
         ]
         if role == "rollout":
-            from processes.rollout_fleet import EngineLaunch
-
             engine_launches = [
-                EngineLaunch(rank, args, lowered.actor_options(role, rank), namespace)
+                EngineLaunch(rank, cls, args, lowered.actor_options(role, rank), namespace)
                 for rank, args in enumerate(arguments)
             ]
-    fleet_options = lowered.actor_options("data")  # a host actor: where the host roles run
-    return LaunchedActors(groups, launched_at, [(launch, fleet_options) for launch in engine_launches])
+    pool = None
+    if len(engine_launches) > 1:  # S-ELASTIC-1: a host actor, where the host roles run
+        pool = ray.remote(EnginePool).options(
+            name="rollout-pool", namespace=namespace, max_restarts=0, **lowered.actor_options("data")
+        ).remote(config, groups["rollout"], engine_launches)
+    return LaunchedActors(groups, launched_at, pool)
 
 
 class ActorSource(Protocol):
@@ -292,12 +279,6 @@ def startup_cause(error: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
-def startup_timeout(stage_timeout_s: float | None) -> float | None:
-    """Start-up imports and loads a model in every actor at once: give it at least
-    15 minutes, or the stage timeout if that is longer (a large model from a slow disk)."""
-    return None if stage_timeout_s is None else max(900.0, stage_timeout_s)
-
-
 def wait_until_ready(
     groups: dict[str, list[Any]], timeout_s: float | None, launched_at: float | None = None
 ) -> dict[str, float]:
@@ -327,8 +308,10 @@ def wait_until_ready(
     return seconds
 
 
-def _kill_groups(groups: dict[str, list[Any]]) -> None:
-    for role, ranks in groups.items():
+def _kill_launched(launched: LaunchedActors) -> None:
+    if launched.pool is not None:
+        kill_quietly(launched.pool)
+    for role, ranks in launched.groups.items():
         for handle in ranks:
             _end_actor(role, handle, keep=False)
 
@@ -338,18 +321,11 @@ def _end_actor(role: str, handle: Any, keep: bool) -> None:
     _source.end(role, handle, keep)
 
 
-def kill_quietly(handle: Any) -> None:
-    try:
-        ray.kill(handle)
-    except Exception:  # already dead: nothing to release
-        pass
-
-
 def stop_role_actors(handles: RoleHandles | None) -> None:
     """Kill the run's actors, or hand the live ones back to an `ActorSource` that
     keeps processes for the next run."""
-    if handles is not None and handles.fleet is not None:
-        kill_quietly(handles.fleet)  # its replacement engines go with it (Ray fate-shares them with their owner)
+    if handles is not None and handles.pool is not None:
+        kill_quietly(handles.pool)  # its replacement engines go with it (Ray fate-shares them with their owner)
     for role, _ in handles.items() if handles is not None else []:
         for handle in handles.ranks(role):
             _end_actor(role, handle, keep=True)

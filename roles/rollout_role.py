@@ -108,8 +108,7 @@ class RolloutRole:
         self.built_at = time.time()  # wall clock: how long a replacement engine took to start (S-ELASTIC-2)
 
     def ready(self) -> dict[str, Any]:
-        # vLLM places itself (its own workers inside the actor's GPU bundle).
-        device = str(getattr(self.engine, "device", "managed by the engine"))
+        device = "managed by the engine" if self.engine.device is None else str(self.engine.device)
         return {
             "role": "rollout", "policy_version": self.policy_version, "device": device, "rank": self.rank,
             "built_at": self.built_at,
@@ -166,7 +165,7 @@ class RolloutRole:
             )
         started = time.perf_counter()
         packed = self.packer.pack_prompts(prompts.prompts, prompts.sources)
-        if packed.multimodal is not None and not getattr(self.engine, "accepts_multimodal", False):
+        if packed.multimodal is not None and not self.engine.accepts_multimodal:
             raise NotImplementedError(
                 f"rl.rollout.engine={self.config.rl.rollout.engine!r} does not take the multimodal inputs of "
                 f"{type(self.packer).__name__} yet; use rl.rollout.engine=hf for vision-language models"
@@ -219,7 +218,7 @@ class RolloutRole:
         buckets = receive(
             published, policy_version, f"rollout engine {self.rank}", self.engine.weight_names(),
             timeout_s=None if timeout is None else 0.8 * timeout, loopback=self.config.grid.num_nodes == 1,
-            owned=getattr(self.engine, "keeps_buckets", True),
+            owned=self.engine.keeps_buckets,
         )
         received = self.engine.load_weights(buckets)
         self.policy_version = policy_version

@@ -425,16 +425,9 @@ def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, repor
 
 
 def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: bool) -> None:
-    # Object stores were already refused by the schema (S-CKPT-7); what is left to
-    # check is that a local root can be written and what a launch would resume.
+    # The schema admits filesystem paths only (S-CKPT-7, S-SEC-5); what is left to
+    # check is that the root can be written and what a launch would resume.
     root = config.job.output_root
-    scheme = root.split("://", 1)[0] if "://" in root else "file"
-    if scheme not in ("file", "local"):
-        report.notes.append(
-            f"job.output_root uses {scheme}://; the commit protocol needs atomic renames and was exercised on local "
-            "and shared filesystems only"
-        )
-        return
     local = Path(root.split("://", 1)[1] if "://" in root else root)
     run_dir = local / config.job.name
     existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpoint.durable import make_folders, replace_durably, sync_file, sync_folder
+from contracts.timeouts import STARTUP_FLOOR_SECONDS
 
 if TYPE_CHECKING:
     from configs.schema import PPOConfig
@@ -34,8 +35,9 @@ def local_run_dir(run_dir: str) -> Path:
 
 def stale_after(stage_timeout_s: float | None) -> float:
     """How old another host's heartbeat may be before its lock counts as dead: longer
-    than any stage may take, so a slow iteration is never mistaken for a dead run."""
-    return max(900.0, 3 * (stage_timeout_s or 0.0))
+    than any stage and than start-up may take, so a slow iteration is never mistaken
+    for a dead run."""
+    return max(STARTUP_FLOOR_SECONDS, 3 * (stage_timeout_s or 0.0))
 
 
 class RunLocked(RuntimeError):
@@ -83,7 +85,7 @@ def _read(path: Path) -> LockHolder | None:
         return LockHolder("?", -1, "", f"unreadable lock ({error})", 0.0, 0.0, "")
 
 
-def check_run_lock(run_dir: str | Path, stale_after_s: float = 900.0) -> None:
+def check_run_lock(run_dir: str | Path, stale_after_s: float = STARTUP_FLOOR_SECONDS) -> None:
     """Refuse early (before any service starts) when a live run holds `run_dir`."""
     holder = _read(Path(run_dir) / LOCK_NAME)
     if holder is not None and _alive(holder, stale_after_s):
@@ -96,7 +98,7 @@ def check_run_lock(run_dir: str | Path, stale_after_s: float = 900.0) -> None:
 class RunLock:
     """Held from acquire() to release(); renew() is the heartbeat."""
 
-    def __init__(self, run_dir: str | Path, flow_run: str = "-", stale_after_s: float = 900.0):
+    def __init__(self, run_dir: str | Path, flow_run: str = "-", stale_after_s: float = STARTUP_FLOOR_SECONDS):
         self.path = Path(run_dir) / LOCK_NAME
         self.flow_run = flow_run
         self.stale_after_s = stale_after_s

@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from typing import Any, Callable, Sequence
 
 from contracts.faults import REWARD_EVENTS
-from contracts.rollout_faults import FAULT_EVENTS
+from contracts.rollout_faults import FAULT_EVENTS, describe_event
 from contracts.trajectory import TrainReceipt
 
 stage_log: ContextVar[logging.Logger | logging.LoggerAdapter] = ContextVar(
@@ -44,7 +44,10 @@ def rollout(iteration: int, data_summary: dict, rollout_summary: dict) -> dict[s
     The data call is folded in here: a task of its own would cost far more in Prefect
     bookkeeping than its compute. An engine lost and replaced on the way is logged
     here, a WARNING, and the task still completes (S-ELASTIC-2)."""
-    return numeric_metrics(data_summary, logged_events(rollout_summary, FAULT_EVENTS))
+    summary = dict(rollout_summary)
+    for event in summary.pop(FAULT_EVENTS, ()):  # the pool's records, put into words here only
+        stage_log.get().log(*describe_event(event))
+    return numeric_metrics(data_summary, summary)
 
 
 def logged_events(summary: dict, key: str) -> dict:

@@ -6,6 +6,6 @@ import torch
 
 
 def configure_torch_threads(threads: int) -> None:
-    """One thread per role on a 2-core machine: with two, a training step's time varied
-    a hundredfold; with one it is stable (DESIGN.md, "Facts measured")."""
+    """One thread per role on a machine with few cores: roles whose threads compete for
+    them make a training step's time erratic (DESIGN.md, "Facts measured")."""
     torch.set_num_threads(threads)

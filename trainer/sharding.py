@@ -138,7 +138,7 @@ def full_weight_buckets(
     model of the family (a rollout engine's, an export's) loads (S-LORA-3)."""
     bucket: dict[str, torch.Tensor] = {}
     filled = 0
-    for name, full in _full_tensors(model, keep):
+    for name, full in _full_tensors(model):
         size = full.numel() * full.element_size()
         if filled and filled + size > bucket_bytes:
             yield bucket
@@ -151,7 +151,7 @@ def full_weight_buckets(
         yield bucket
 
 
-def _full_tensors(model: torch.nn.Module, keep: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def _full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     named = (
         (name, tensor.full_tensor() if _is_dtensor(tensor) else tensor) for name, tensor in model.state_dict().items()
     )

@@ -30,6 +30,7 @@ from rundir.run_outputs import RunPaths, read_metrics
 from views.artifact_writes import artifact_writes
 from views.run_artifacts import current_flow_run_id, run_flow_run_id
 from contracts.artifact_keys import artifact_key
+from contracts.rollout_faults import LOST_KEY, REPLACE_SECONDS_KEY
 from contracts.stage_names import TIMED_STAGES
 
 # Table column -> metrics.jsonl key. Short column names keep the UI table narrow; the
@@ -127,13 +128,13 @@ def _file_link(path: str) -> str:
 def faults_survived(rows: list[dict[str, Any]]) -> str:
     """The rollout engines a run lost and replaced without stopping (S-ELASTIC-2), as
     one cell: `2 rollout engines lost and replaced (iteration 3: 1, 1.2 s; ...)`."""
-    hits = [row for row in rows if row.get("fault/rollout_engines_lost")]
+    hits = [row for row in rows if row.get(LOST_KEY)]
     if not hits:
         return ""
-    total = int(sum(row["fault/rollout_engines_lost"] for row in hits))
+    total = int(sum(row[LOST_KEY] for row in hits))
     where = "; ".join(
-        f"iteration {row['iteration']}: {int(row['fault/rollout_engines_lost'])}, "
-        f"{row.get('fault/rollout_replace_seconds', 0.0):.1f} s replacing" for row in hits
+        f"iteration {row['iteration']}: {int(row[LOST_KEY])}, {row.get(REPLACE_SECONDS_KEY, 0.0):.1f} s replacing"
+        for row in hits
     )
     return f"{total} rollout engine{'s' if total > 1 else ''} lost and replaced ({where})"
 

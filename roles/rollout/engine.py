@@ -26,6 +26,12 @@ class RolloutEngine(Protocol):
     # (vLLM stages every bucket for one reload); a NIXL fetch then gives each bucket
     # tensors of its own instead of views of its one receive buffer.
     keeps_buckets: bool
+    # Whether PackedPrompts.multimodal reaches `generate` (S-RUN-6); the rollout role
+    # refuses a vision-language batch naming the key otherwise.
+    accepts_multimodal: bool
+    # Where the engine computes, as the role's `ready` reports it; None where the engine
+    # places its own workers (vLLM, inside the actor's GPU bundle).
+    device: torch.device | None
 
     def generate(
         self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False

@@ -72,6 +72,8 @@ class PolicyWeightReceiver:
 
 class VLLMEngine:
     keeps_buckets = True  # staged in the workers until one reload installs the version
+    accepts_multimodal = False
+    device = None  # vLLM places its own workers
 
     def __init__(
         self,

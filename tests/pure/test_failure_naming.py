@@ -16,6 +16,8 @@ NODE_A, NODE_B = "1" * 56, "2" * 56
 
 
 class Roles:
+    pool = None  # one rollout engine: no engine pool
+
     def items(self):
         return [("policy", object()), ("reference", object())]
 

@@ -53,10 +53,10 @@ def test_the_summary_lists_the_engines_lost_and_replaced():
     assert faults_survived([{"iteration": 1}]) == ""  # one engine, or elasticity off: no key, no line
 
 
-def test_one_engine_or_elasticity_off_starts_no_fleet_and_the_deadline_follows_the_stage():
-    """S-ELASTIC-3: one engine, or rl.rollout.max_engine_replacements=0, runs as before."""
+def test_one_engine_or_elasticity_off_survives_no_loss_and_the_deadline_follows_the_stage():
+    """S-ELASTIC-3: one engine, or rl.rollout.max_engine_replacements=0, replaces no engine."""
     from configs.loading import load_config
-    from processes.rollout_fleet import elastic, engine_deadline
+    from processes.engine_pool import elastic, engine_deadline
     from tests.conftest import TINY_PROFILE
 
     config = load_config(TINY_PROFILE, [])
@@ -65,3 +65,25 @@ def test_one_engine_or_elasticity_off_starts_no_fleet_and_the_deadline_follows_t
     assert engine_deadline(config) == 75.0  # a quarter of the profile's 300 s stage timeout
     assert engine_deadline(load_config(TINY_PROFILE, ["rl.rollout.engine_timeout_seconds=5"])) == 5.0
     assert engine_deadline(load_config(TINY_PROFILE, ["rl.stage_timeout_seconds=null"])) is None
+
+
+def test_a_loss_and_a_replacement_are_records_that_survive_json_and_read_as_the_log_lines():
+    """S-ELASTIC-2: the pool reports records; the rollout task words them, also after the
+    summary went through a boundary's JSON with the in-flight batch (S-ASYNC-3)."""
+    import json
+    import logging
+
+    from contracts.rollout_faults import EngineLost, EngineReplaced, Regeneration, as_event, describe_event
+
+    lost = EngineLost(1, "node 1a2b3c4d (10.0.0.5)", "its process is gone (The actor died)")
+    lost.regenerated.append(Regeneration(2, 1, 2, 0, 3.04, 1.25))
+    replaced = EngineReplaced(1, "node 1a2b3c4d (10.0.0.5)", 2, False, 4.5, 0.25)
+    events = json.loads(json.dumps([as_event(lost), as_event(replaced)]))
+    assert [describe_event(event) for event in events] == [
+        (logging.WARNING, "lost rollout engine 1 on node 1a2b3c4d (10.0.0.5): its process is gone (The actor died); "
+                          "iteration 2: shard 1 of 2 generated again on rollout engine 0 (3.0 s into the shard), "
+                          "done after 1.2 s more"),
+        (logging.INFO, "replacement rollout engine 1 is serving policy_version 2 on node 1a2b3c4d (10.0.0.5) "
+                       "(started in 4.5 s, weights included; this call waited 0.2 s for it)"),
+    ]
+    assert describe_event(["warning", "lost rollout engine 0"]) == (logging.WARNING, "lost rollout engine 0")

@@ -164,7 +164,7 @@ def test_an_engine_killed_inside_its_weight_load_is_replaced_before_the_next_rol
     twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, caplog
 ):
     """A loss outside generate (here in iteration 2's weight sync) costs no shard: the
-    replacement takes the version at the fleet's next call and the loss is reported with
+    replacement takes the version at the pool's next call and the loss is reported with
     the next batch."""
     from flows.training import ppo
     from tests.support.elastic import fault_inside_load_weights
@@ -260,3 +260,23 @@ def test_losing_every_engine_fails_the_stage_by_name(
         ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name))
     assert re.match(r"rollout\[iter=2\] failed: RolloutEngineLost: every rollout engine is lost \(2 of 2\)",
                     str(caught.value)), str(caught.value)
+
+
+@pytest.mark.slow
+def test_without_elasticity_a_killed_engine_k_fails_the_stage_named_as_any_actor(
+    prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    """rl.rollout.max_engine_replacements=0: the pool replaces nothing and passes the
+    engine's own failure on, which the runner names by role and rank (S-FAULT-1)."""
+    from flows.failures import StageFailed
+    from flows.training import ppo
+
+    name = "inelastic-kill"
+    fault_inside_generate(name, 1, 2, signal.SIGKILL)
+    with pytest.raises(StageFailed) as caught:
+        ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name, "rl.rollout.max_engine_replacements=0"))
+    assert re.match(r"rollout\[iter=2\] failed: \w+Error: the rollout rank 1 actor .*is gone", str(caught.value)), (
+        str(caught.value)
+    )
+    rows = metric_records(tmp_path / "outputs" / name)
+    assert not any(key.startswith("fault/") for key in rows[0])

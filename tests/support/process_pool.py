@@ -27,7 +27,8 @@ from typing import Any, Iterator
 
 import ray
 
-from processes.actors import FreshActors, actor_source, actors_from, kill_quietly
+from processes.actors import FreshActors, actor_source, actors_from
+from processes.dead_actors import kill_quietly
 
 _reusable_classes: dict[type, type] = {}
 

@@ -1,36 +1,44 @@
-"""Elastic rollout: one actor that owns every call to the rollout engines of a run with
-several of them, so that losing one costs a shard, not the run (S-ELASTIC-1..3).
+"""The rollout engines of a run with several of them, behind one actor that owns every
+call to them (S-ELASTIC-1..3): the iteration program asks the pool for a batch, a
+weight load or an evaluation, and the pool hands shard `i` of `N` to engine `i` and has
+a live engine merge the shards.
 
-The iteration program sees the fleet as its one engine: `generate`, `load_weights` and
-`evaluate` go to it, and it hands shard `i` of `N` to engine `i` as before. An engine
-whose process dies, or that does not answer within `rl.rollout.engine_timeout_seconds`,
-is killed; its shard is generated again on a surviving engine with the same shard
-index, hence the same seed, and the same policy version; then a new engine is started
-on the lost one's placement and given the current weights through the configured
-transport (`weights.transport.deliver` over the one new receiver). The N logical
-shards never change: re-splitting the rows would change every row's random stream.
+`rl.rollout.max_engine_replacements` bounds how many engines a run may replace. An
+engine whose process dies, or that does not answer within
+`rl.rollout.engine_timeout_seconds`, is killed; within the bound its shard is generated
+again on a surviving engine with the same shard index, hence the same seed, and the
+same policy version, and a new engine is started on the lost one's placement and given
+the current weights through the configured transport (`weights.transport.deliver` over
+the one new receiver). Past the bound the stage fails naming the engine; with a bound of
+0 an engine's failure is its own, passed on for the flow's runner to name as any role's
+(S-FAULT-1). The N logical shards never change: re-splitting the rows would change
+every row's random stream.
 
-The fleet's calls run one at a time, in the order the flow queued them, so a
+The pool's calls run one at a time, in the order the flow queued them, so a
 regenerated shard is finished before the next version's `load_weights` reaches any
-engine: a shard is always generated with the version it was asked for. The fleet
-keeps the current publication, so its buckets stay alive until every engine, a
-replacement included, holds it.
+engine: a shard is always generated with the version it was asked for. The pool keeps
+the current publication, so its buckets stay alive until every engine, a replacement
+included, holds it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from configs.schema import PPOConfig
 from contracts.generated_rows import check_generated
-from contracts.rollout_faults import FAULT_EVENTS, LOST_KEY, REPLACE_SECONDS_KEY
+from contracts.rollout_faults import (
+    FAULT_EVENTS, LOST_KEY, REPLACE_SECONDS_KEY, EngineLost, EngineReplaced, Regeneration, as_event,
+)
+from contracts.timeouts import startup_timeout
 from contracts.trajectory import PromptBatch, Trajectory
 from placement.nodes import actor_whereabouts, node_addresses, node_name
+from processes.dead_actors import first_line, kill_quietly
 from weights.nixl_transport import WeightTransferError
 from weights.publication import WeightPublication
 from weights.transport import deliver
@@ -43,9 +51,10 @@ class RolloutEngineLost(RuntimeError):
 @dataclass(frozen=True)
 class EngineLaunch:
     """How engine `rank` was started, so that its replacement starts the same way: the
-    role's constructor arguments and the actor options (its placement bundle)."""
+    role's class and constructor arguments, and the actor options (its placement bundle)."""
 
     rank: int
+    role: type
     args: tuple[Any, ...]
     options: dict[str, Any]
     namespace: str
@@ -55,7 +64,7 @@ class EngineLaunch:
 class Engine:
     rank: int
     handle: Any
-    node: str  # as users read it
+    node: str = "an unknown node"  # as users read it
     outstanding: int = 0  # calls queued on it and not yet answered
     lost: bool = False
     # A replacement that could not read the current version (over NIXL the policy may
@@ -71,7 +80,7 @@ class ShardCall:
     summary: Any  # ObjectRef
     deadline: float
     submitted: float
-    event: int | None = None  # a regenerated shard: its loss's entry in the events
+    regeneration: Regeneration | None = None  # a lost shard generated again: its entry in the loss's record
 
 
 @dataclass
@@ -83,53 +92,57 @@ class Replacement:
 
 @dataclass
 class Faults:
-    """What one fleet call survived, reported with the batch it generated."""
+    """What one pool call survived, reported with the batch it generated."""
 
     lost: int = 0
     replace_seconds: float = 0.0
-    events: list[list[str]] = field(default_factory=list)  # [level, message]
+    events: list[EngineLost | EngineReplaced] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
-        return {LOST_KEY: float(self.lost), REPLACE_SECONDS_KEY: self.replace_seconds, FAULT_EVENTS: self.events}
+    def summary(self, counted: bool) -> dict[str, Any]:
+        """The events, and the two metrics where `counted` (a run that may replace engines)."""
+        metrics = {LOST_KEY: float(self.lost), REPLACE_SECONDS_KEY: self.replace_seconds} if counted else {}
+        return {**metrics, FAULT_EVENTS: [as_event(event) for event in self.events]}
 
 
 def engine_deadline(config: PPOConfig) -> float | None:
     """Seconds an engine call may take before the engine counts as lost: the key, or a
-    quarter of the stage timeout, so a hung engine is replaced long before its stage fails."""
-    stage = config.rl.stage_timeout_seconds
-    return config.rl.rollout.engine_timeout_seconds or (None if stage is None else stage / 4)
+    quarter of the stage timeout, so a hung engine is replaced long before its stage
+    fails. None when no engine may be replaced: the stage timeout then bounds the wait,
+    as for every role, and names the hung engine (flows/flow_runner.py)."""
+    rollout, stage = config.rl.rollout, config.rl.stage_timeout_seconds
+    if not rollout.max_engine_replacements:
+        return None
+    return rollout.engine_timeout_seconds or (None if stage is None else stage / 4)
 
 
 def elastic(config: PPOConfig, engines: int) -> bool:
-    """Whether a run gets a fleet: several engines and replacements allowed. One
-    engine, or elasticity off, runs exactly as before: no actor, no metric key."""
+    """Whether a run survives a lost engine: several engines and replacements allowed.
+    Only such a run reports the fault metrics."""
     return engines > 1 and config.rl.rollout.max_engine_replacements > 0
 
 
-class RolloutFleet:
-    """The run's rollout engines behind the verbs of one engine (RolloutRole's)."""
+class EnginePool:
+    """Every rollout engine of a run with several, and the verbs the iteration program
+    calls on them: `generate`, `load_weights`, `evaluate`."""
 
     def __init__(self, config: PPOConfig, engines: list[Any], launches: list[EngineLaunch]):
-        rollout = config.rl.rollout
         self.timeout_s = engine_deadline(config)
-        self.max_replacements = rollout.max_engine_replacements
-        self.ready_timeout_s = max(900.0, config.rl.stage_timeout_seconds or 0.0)
+        self.max_replacements = config.rl.rollout.max_engine_replacements
+        self.counted = elastic(config, len(engines))
+        self.ready_timeout_s = startup_timeout(config.rl.stage_timeout_seconds)
         self.launches = launches
-        self.engines = [Engine(rank, handle, "") for rank, handle in enumerate(engines)]
-        self._locate(self.engines)
-        self.replaced = 0  # engines replaced in this run (this fleet's life)
+        self.engines = [Engine(rank, handle) for rank, handle in enumerate(engines)]
+        self.replaced = 0  # engines replaced in this run (this pool's life)
         self.published: tuple[WeightPublication, int] | None = None
         self.pending: list[Replacement] = []
         self.carried = Faults()  # losses met outside a generate, reported with the next batch
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "rollout fleet", "engines": len(self.engines)}
+        """Called once the engines are ready: where each runs, for the messages."""
+        self._locate(self.engines)
+        return {"role": "rollout pool", "engines": len(self.engines)}
 
-    # --- the verbs of one engine -------------------------------------------------
-
-    def generate(
-        self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1
-    ) -> tuple[Trajectory, dict[str, Any]]:
+    def generate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, Any]]:
         """The whole batch, one shard per engine, each lost shard generated again on a
         survivor; then checked row by row before anything trains on it."""
         self._finish_replacements(self.carried)  # started after an earlier loss: waited for now, not then
@@ -138,14 +151,18 @@ class RolloutFleet:
         prompts_ref = ray.put(prompts)
         calls: dict[Any, ShardCall] = {}
 
-        def submit(index: int, engine: Engine, event: int | None = None) -> None:
+        def submit(index: int, engine: Engine, regeneration: Regeneration | None = None) -> None:
             trajectory, summary = engine.handle.generate.options(num_returns=2).remote(
                 prompts_ref, required_version, index, count
             )
             engine.outstanding += 1
             now = time.monotonic()
             deadline = float("inf") if self.timeout_s is None else now + self.timeout_s * engine.outstanding
-            calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, event)
+            calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, regeneration)
+
+        def lose(call: ShardCall, error: Exception) -> None:
+            moved = self._lose(call.engine, error, faults, calls)
+            self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
 
         for engine in self.engines:  # shard i on engine i; a lost or lagging one's on a survivor
             submit(engine.rank, engine if self._serves(engine) else self._least_busy())
@@ -160,28 +177,25 @@ class RolloutFleet:
                 try:
                     ray.get(call.summary)
                 except RayActorError as error:
-                    moved = self._lose(call.engine, f"its process is gone ({_first_line(error)})", faults, calls)
-                    self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
+                    lose(call, error)
                     continue
                 done[call.shard] = call
-                if call.event is not None:
-                    faults.events[call.event][1] += f", done after {time.monotonic() - call.submitted:.1f} s more"
+                if call.regeneration is not None:
+                    call.regeneration.done_after_s = time.monotonic() - call.submitted
                 continue
             now = time.monotonic()
             for call in [c for c in calls.values() if c.deadline <= now]:
                 if call.summary not in calls:  # moved with an engine lost in this same pass
                     continue
                 calls.pop(call.summary)
-                why = f"no answer within {self.timeout_s:g} s (rl.rollout.engine_timeout_seconds)"
-                moved = self._lose(call.engine, why, faults, calls)
-                self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
+                lose(call, GetTimeoutError())
         trajectory, summary = self._gather([done[index] for index in range(count)], faults, calls)
         check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3: never train on a failed generation
-        return trajectory, {**summary, **faults.summary()}
+        return trajectory, {**summary, **faults.summary(self.counted)}
 
     def load_weights(self, published: WeightPublication, policy_version: int) -> dict[str, float]:
         """Every engine takes the version: a replacement started since the last call as
-        soon as it is ready, the others as before; one lost meanwhile is replaced at the
+        soon as it is ready, the others at once; one lost meanwhile is replaced at the
         next call. The publication is kept until the next one."""
         self.published = (published, policy_version)
         fresh = self._finish_replacements(self.carried)
@@ -191,7 +205,7 @@ class RolloutFleet:
             try:
                 answer = ray.get(loaded, timeout=self.timeout_s)
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, _why(error, self.timeout_s), self.carried, {})
+                self._lose(engine, error, self.carried, {})
                 continue
             engine.behind = False
             metrics = metrics if metrics is not None else answer
@@ -208,7 +222,7 @@ class RolloutFleet:
             try:
                 answer = ray.get([trajectory, summary], timeout=self.timeout_s)
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, _why(error, self.timeout_s), self.carried, {})
+                self._lose(engine, error, self.carried, {})
                 continue
             return answer[0], answer[1]
 
@@ -218,31 +232,34 @@ class RolloutFleet:
     def _serves(engine: Engine) -> bool:
         return not engine.lost and not engine.behind
 
-    def _live(self) -> list[Engine]:
+    def _live(self, last: str = "") -> list[Engine]:
         live = [engine for engine in self.engines if self._serves(engine)]
         if not live:
-            raise RolloutEngineLost(f"every rollout engine is lost ({len(self.engines)} of {len(self.engines)})")
+            count = len(self.engines)
+            raise RolloutEngineLost(f"every rollout engine is lost ({count} of {count}){last}")
         return live
 
     def _least_busy(self) -> Engine:
         return min(self._live(), key=lambda engine: (engine.outstanding, engine.rank))
 
-    def _lose(self, engine: Engine, why: str, faults: Faults, calls: dict[Any, ShardCall]) -> list[ShardCall]:
+    def _lose(
+        self, engine: Engine, error: Exception, faults: Faults, calls: dict[Any, ShardCall]
+    ) -> list[ShardCall]:
         """Kill `engine`, count it against the run's bound, start its replacement, and
         take back every call still queued on it (returned, to be given to survivors)."""
         if engine.lost:
             return []
         engine.lost = True
         kill_quietly(engine.handle)
-        what = f"rollout engine {engine.rank} on {engine.node}: {why}"
+        if not self.max_replacements:  # nothing may be replaced: the engine's own failure, named as any role's
+            raise error
+        record = EngineLost(engine.rank, engine.node, _why(error, self.timeout_s))
         if self.replaced >= self.max_replacements:
             raise RolloutEngineLost(
-                f"lost {what}; the run has already replaced {self.replaced} engine(s) "
+                f"{record.describe()}; the run has already replaced {self.replaced} engine(s) "
                 f"(rl.rollout.max_engine_replacements={self.max_replacements})"
             )
-        if not [other for other in self.engines if self._serves(other)]:
-            raise RolloutEngineLost(f"every rollout engine is lost ({len(self.engines)} of {len(self.engines)}); "
-                                    f"the last was {what}")
+        self._live(f"; the last was {record.what()}")
         self.replaced += 1
         faults.lost += 1
         self.pending.append(Replacement(engine, self._launch(engine.rank), time.time()))
@@ -250,18 +267,24 @@ class RolloutFleet:
         for call in moved:
             calls.pop(call.summary)
         engine.outstanding = 0
-        faults.events.append(["warning", f"lost {what}"])
+        faults.events.append(record)
         return moved
 
-    def _regenerate(self, lost: list[ShardCall], iteration: int, count: int, faults: Faults, submit: Any) -> None:
-        """Each lost shard once more on the least busy survivor, same index, same version."""
+    def _regenerate(
+        self, lost: list[ShardCall], iteration: int, count: int, faults: Faults,
+        submit: Callable[[int, Engine, Regeneration], None],
+    ) -> None:
+        """Each lost shard once more on the least busy survivor, same index, same version,
+        recorded with the loss `_lose` has just recorded."""
+        record = faults.events[-1]
+        assert isinstance(record, EngineLost)
         for call in lost:
             survivor = self._least_busy()
-            submit(call.shard, survivor, len(faults.events) - 1)
-            faults.events[-1][1] += (
-                f"; iteration {iteration}: shard {call.shard} of {count} generated again on rollout engine "
-                f"{survivor.rank} ({time.monotonic() - call.submitted:.1f} s into the shard)"
+            regeneration = Regeneration(
+                iteration, call.shard, count, survivor.rank, time.monotonic() - call.submitted
             )
+            record.regenerated.append(regeneration)
+            submit(call.shard, survivor, regeneration)
 
     def _gather(
         self, done: list[ShardCall], faults: Faults, calls: dict[Any, ShardCall]
@@ -275,21 +298,19 @@ class RolloutFleet:
                 trajectory, summary = ray.get(merged, timeout=self.timeout_s)
                 return trajectory, summary
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, _why(error, self.timeout_s), faults, calls)
+                self._lose(engine, error, faults, calls)
 
     def _launch(self, rank: int) -> Any:
-        from roles.rollout_role import RolloutRole
-
         launch = self.launches[rank]
         name = f"rollout-rank{rank}-replacement{self.replaced}"
-        return ray.remote(RolloutRole).options(
+        return ray.remote(launch.role).options(
             name=name, namespace=launch.namespace, max_restarts=0, **launch.options
         ).remote(*launch.args)
 
     def _finish_replacements(self, faults: Faults) -> set[int]:
         """Wait for each started replacement, hand it the current weights and version
         (S-ELASTIC-1), and put it in the lost engine's place; returns their ranks. Called
-        at the start of the fleet's next call, not when the loss is handled: a new engine
+        at the start of the pool's next call, not when the loss is handled: a new engine
         starts (a vLLM engine in minutes) while the iteration trains, and the rollout
         stage that lost one waits only for the regenerated shard."""
         fresh = set()
@@ -312,17 +333,11 @@ class RolloutFleet:
             # Its own cost: start-up (launch to built) and the weight load, whatever overlapped it.
             seconds = max(0.0, built - replacement.started) + loading
             faults.replace_seconds += seconds
-            waited = time.monotonic() - waited
             lost.handle, lost.lost, lost.behind, lost.outstanding = handle, False, behind, 0
             self._locate([lost])
-            serving = (
-                f"waits for the next weight sync (policy_version {version} was replaced before it could read it)"
-                if behind else f"is serving policy_version {version}"
+            faults.events.append(
+                EngineReplaced(lost.rank, lost.node, version, behind, seconds, time.monotonic() - waited)
             )
-            faults.events.append([
-                "info", f"replacement rollout engine {lost.rank} {serving} on {lost.node} "
-                f"(started in {seconds:.1f} s, weights included; this call waited {waited:.1f} s for it)",
-            ])
             fresh.add(lost.rank)
         return fresh
 
@@ -334,13 +349,6 @@ class RolloutFleet:
             engine.node = node_name(node, addresses) if node else "an unknown node"
 
 
-def kill_quietly(handle: Any) -> None:
-    try:
-        ray.kill(handle)
-    except Exception:  # already dead: nothing to release
-        pass
-
-
 def _remote(method: Any, *args: Any) -> Any:
     return method.remote(*args)
 
@@ -348,9 +356,4 @@ def _remote(method: Any, *args: Any) -> Any:
 def _why(error: BaseException, timeout_s: float | None) -> str:
     if isinstance(error, GetTimeoutError):
         return f"no answer within {timeout_s:g} s (rl.rollout.engine_timeout_seconds)"
-    return f"its process is gone ({_first_line(error)})"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
+    return f"its process is gone ({first_line(error)[:200]})"
