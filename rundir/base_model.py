@@ -93,11 +93,11 @@ def pin_hub_model(config: PPOConfig) -> PPOConfig:
     return config.model_copy(update={"model": pinned})
 
 
-def record_in_boundary(boundary: str, fingerprint: ModelFingerprint) -> str:
-    """Write the per-file record into `boundary` (before its marker, which then vouches
-    for it) and return the digest for the marker's loop_state."""
+def record_in_boundary(boundary: str, fingerprint: ModelFingerprint, name: str = BASE_MODEL_FILE) -> str:
+    """Write the per-file record `name` into `boundary` (before its marker, which then
+    vouches for it) and return the digest for the marker's loop_state."""
     fs, root = fsspec.core.url_to_fs(boundary)
     fs.makedirs(root, exist_ok=True)  # the roles' saves may not have made the folder yet
     record = json.dumps(fingerprint.to_json(), indent=1, sort_keys=True) + "\n"
-    atomic_write_text(f"{boundary}/{BASE_MODEL_FILE}", record)
+    atomic_write_text(f"{boundary}/{name}", record)
     return fingerprint.digest

@@ -23,10 +23,11 @@ from checkpoint.boundary import (
     update_latest,
 )
 from checkpoint.boundary_files import BoundaryCorrupt, verify_marker_files
-from checkpoint.role_layout import ADAPTER_CONFIG_FILE
+from checkpoint.role_layout import ADAPTER_CONFIG_FILE, REWARD_DIR
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from rundir.base_model import base_model_problem
+from rundir.reward_model_identity import keeps_reward_state, reward_model_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from weights.transport import deliver
 from contracts.experience import remove_experience_after, set_aside_experience
@@ -138,6 +139,7 @@ def resume_boundary(
             "(more continues the run), go back with resume_from, or start a new job.name."
         )
     changed = base_model_problem(marker, config, boundary)  # S-SEC-4: before any role loads the model
+    changed = changed or reward_model_problem(marker, config, boundary)  # S-RM-2
     if changed:
         raise ResumeError(changed)
     return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,
@@ -210,7 +212,8 @@ def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunP
     # (a sharded load is a collective).
     policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.policy_ranks()]
     critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.critic_ranks()]
-    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data")])
+    reward_load = [run.call(roles.reward.load, f"{boundary}/{REWARD_DIR}")] if keeps_reward_state(config) else []
+    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data"), *reward_load])
     policy_state, critic_state = states[0], states[len(policy_loads)]
     observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
     recorded = point.marker.get("role_steps")
