@@ -31,6 +31,7 @@ from rundir.preflight import Problem, config_problems, joins_cluster, machine_pr
 from models.model_folder import (
     HEADS, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, check_model_folder, config_value, model_sizes,
 )
+from models.reward_model_folder import reward_model_folder_problems
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
@@ -276,6 +277,13 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
             key = match.group(1) if match else "rl.reward.terminal"
         report.problem(key, str(error))
         return None, False
+    if reward.model is not None:
+        problems, summary = reward_model_folder_problems(reward.model)
+        report.problems.extend(Problem(key, message) for key, message in problems)
+        if summary:
+            report.summary.append(summary)
+        if reward.model.url is not None:
+            _check_reward_server(reward.model, report)
     if matcher is None:
         report.summary.append("reward: no terminal reward (rl.reward.terminal=none)" + _process_text(config))
     else:
@@ -286,6 +294,18 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
         )
         report.summary.append(f"reward: terminal {matcher.name} ({need}){_process_text(config)}")
     return matcher, True
+
+
+def _check_reward_server(settings, report: ManifestReport) -> None:
+    """S-RM-1: a served reward model must answer before anything starts."""
+    from models.reward_client import RewardClient, RewardServerError
+
+    try:
+        served = RewardClient.from_config(settings).check()
+    except RewardServerError as error:
+        report.problem("rl.reward.model.url", str(error))
+        return
+    report.summary.append(f"reward model served at {settings.url}: {served}")
 
 
 def _process_text(config: PPOConfig) -> str:
