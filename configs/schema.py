@@ -198,6 +198,12 @@ class ModelConfig(Section):
         default_factory=LoraConfig,
         description="LoRA adapters on the policy and the critic (rank 0, the default: full fine-tuning).",
     )
+    critic_path: str | None = Field(
+        None,
+        description="Start the critic from this folder instead of `path`: usually the reward model (its backbone "
+        "and one-label score head become the critic's backbone and value head). It must share the policy's "
+        "vocabulary; null: the critic starts from `path` with a new value head.",
+    )
 
 
 class DataPackerConfig(Section):

@@ -77,6 +77,7 @@ def check_manifest(
     plan = plan_placement(config)
     _check_placement(config, plan, report, env, launching_here)
     _check_model(config, plan, report)
+    _check_critic_start(config, report)
     matcher, resolved = _check_reward(config, report)
     _check_data(config, matcher, resolved, report)
     _check_checkpoints(config, report, resume=not launching_here)
@@ -179,6 +180,28 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
             f"is {rollout.max_new_tokens}, not below the model's context of {positions} positions (config.json; "
             "prompt plus completion must fit)",
         )
+
+
+def _check_critic_start(config: PPOConfig, report: ManifestReport) -> None:
+    """S-RM-2: a critic started from another folder must read the policy's token ids."""
+    source = config.model.critic_path
+    if source is None:
+        return
+    reward_model = config.rl.reward.model
+    pending = [folder for folder, built_later in ((config.model.path, config.model.tiny is not None),
+                                                  (source, reward_model is not None and reward_model.path == source
+                                                   and reward_model.tiny is not None))
+               if built_later and not (Path(folder) / "config.json").is_file()]
+    if pending:
+        report.summary.append(f"critic: starts from {source} (model.critic_path; checked once {pending[0]} is built)")
+        return
+    from models.critic_source import critic_source_problems
+
+    problems = critic_source_problems(config.model.path, source)
+    for message in problems:
+        report.problem("model.critic_path", message)
+    if not problems:
+        report.summary.append(f"critic: starts from {source} (model.critic_path: its backbone and score head)")
 
 
 def _check_folder(config: PPOConfig, folder: Path, model_config: dict[str, Any], report: ManifestReport) -> None:

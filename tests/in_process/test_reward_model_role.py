@@ -29,7 +29,8 @@ def _generated(prompts: list[str], completions: list[str], references: list[str]
     for row, stop in enumerate(ended or [False] * b):
         if stop:
             response_ids[row, 1] = EOS
-    batch = PromptBatch(1, prompts, references, [{}] * b, list(range(10, 10 + b)), [f"f.jsonl:{i + 1}" for i in range(b)])
+    sources = [f"f.jsonl:{i + 1}" for i in range(b)]
+    batch = PromptBatch(1, prompts, references, [{}] * b, list(range(10, 10 + b)), sources)
     return Trajectory(
         iteration=1, policy_version=0, prompts=batch,
         prompt_ids=torch.ones(b, 2, dtype=torch.long), prompt_mask=torch.ones(b, 2, dtype=torch.long),
