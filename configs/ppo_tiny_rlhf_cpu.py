@@ -20,8 +20,8 @@ CONFIG = BASE.model_copy(update={
             terminal="exact_match",  # measured only: its verdict never reaches the reward
             model=RewardModelConfig(
                 # The folder name carries the training recipe: the folder is the cache.
-                path="outputs/_models/tiny-reward-copy-digit-s200",
-                tiny=TinyRewardModelSpec(task="copy_digit", train_steps=200),
+                path="outputs/_models/tiny-reward-copy-digit-s500",
+                tiny=TinyRewardModelSpec(task="copy_digit", train_steps=500, train_lr=3e-3),
                 max_length=64,
                 normalize=True,
                 clip=5.0,

@@ -82,7 +82,7 @@ class TinyModelSpec(Section):
     )
     pretrain_steps: int = Field(0, ge=0, description="Optimizer steps of that pre-training (0: none).")
     pretrain_batch_size: int = Field(64, ge=1, description="Examples per pre-training step.")
-    pretrain_lr: float = Field(2e-3, gt=0, description="Peak AdamW learning rate of the pre-training (cosine decay).")
+    pretrain_lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate of the pre-training (cosine decay).")
     pretrain_max_operand: int = Field(99, ge=1, description="`addition` pre-training: operands are drawn from 0..N.")
     pretrain_min_digits: int = Field(8, ge=1, description="`reverse` pre-training: shortest digit string.")
     pretrain_max_digits: int = Field(16, ge=1, description="`reverse` pre-training: longest digit string.")
@@ -420,9 +420,9 @@ class TinyRewardModelSpec(Section):
     num_key_value_heads: int = Field(2, ge=1, description="Key/value heads.")
     max_position_embeddings: int = Field(64, ge=16, description="Longest sequence it scores.")
     seed: int = Field(0, description="Seed of its initialisation and of the preference pairs.")
-    train_steps: int = Field(200, ge=0, description="Optimizer steps on preference pairs (0: untrained).")
+    train_steps: int = Field(500, ge=0, description="Optimizer steps on preference pairs (0: untrained).")
     train_batch_size: int = Field(64, ge=1, description="Preference pairs per step.")
-    train_lr: float = Field(2e-3, gt=0, description="AdamW learning rate of that training.")
+    train_lr: float = Field(3e-3, gt=0, description="AdamW learning rate of that training.")
 
 
 class RewardModelConfig(Section):
