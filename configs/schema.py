@@ -709,6 +709,15 @@ class GridConfig(Section):
     rollout_gpus: int = Field(0, ge=0, description="GPUs of the rollout group when disaggregated.")
     reference_gpus: int = Field(0, ge=0, description="GPUs of the frozen reference group.")
     critic_gpus: int = Field(0, ge=0, description="GPUs of the critic group.")
+    reward_placement: Literal["with_reference", "own"] = Field(
+        "with_reference",
+        description="Where a loaded reward model (rl.reward.model.path without url) runs: beside the frozen "
+        "reference in its device group (both frozen; each takes half of each GPU bundle), or in a group of its own "
+        "with grid.reward_gpus. On a CPU run either way is the host.",
+    )
+    reward_gpus: int = Field(
+        0, ge=0, description="GPUs of the reward model's own group (grid.reward_placement=own); 0: the host."
+    )
     cpu_trainer_ranks: int = Field(
         1,
         ge=1,

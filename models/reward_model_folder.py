@@ -59,8 +59,10 @@ def reward_model_folder_problems(settings: RewardModelConfig) -> tuple[list[tupl
         problems.append(("rl.reward.model.max_length",
                          f"is {settings.max_length}, over the reward model's context of {positions} positions "
                          f"({config_file})"))
-    summary = (f"reward model: {folder} ({', '.join(architectures) or '?'}), scored in the reward role, "
-               f"{settings.combine} ({describe_shaping(settings)})")
+    weights = sum(path.stat().st_size for path in folder.glob("*.safetensors")) + sum(
+        path.stat().st_size for path in folder.glob("pytorch_model*.bin"))
+    summary = (f"reward model: {folder} ({', '.join(architectures) or '?'}; {weights / 2**20:.1f} MiB of weights, "
+               f"held for the whole run), combine={settings.combine} ({describe_shaping(settings)})")
     return problems, summary
 
 

@@ -33,16 +33,19 @@ def ensure_reward_model(model: RewardModelConfig) -> str | None:
 
 
 class RewardModelTerm:
-    def __init__(self, config: PPOConfig):
+    def __init__(self, config: PPOConfig, device: str = "cpu"):
         settings = config.rl.reward.model
         assert settings is not None
         self.settings = settings
+        self.device = device
         folder = ensure_reward_model(settings)
         self.scorer = (
             RewardModelScorer(folder, settings.dtype, settings.batch_size, settings.max_length,
                               load_model=settings.url is None)
             if folder is not None else None
         )
+        if self.scorer is not None and self.scorer.model is not None and device != "cpu":
+            self.scorer.model.to(device)  # frozen and never parked: it stays there for the run
         self.client = None
         if settings.url is not None:
             from models.reward_client import RewardClient

@@ -15,22 +15,27 @@ from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resol
 from configs.schema import PPOConfig
 from contracts.faults import REWARD_EVENTS
 from contracts.trajectory import Trajectory
+from placement.role_placement import RolePlacement
 from roles.reward_model_term import RewardModelTerm
 
 
 class RewardRole:
-    def __init__(self, config: PPOConfig):
+    def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
+        """`placement`: where a loaded reward model computes (its own group, or beside
+        the reference); None for a host role (rules only, or a served model)."""
         self.reward = config.rl.reward
         self.matcher = resolve_terminal(
             self.reward.terminal, self.reward.terminal_callable, config.job.trusted_modules
         )
         self.errors_logged = 0
-        self.model_term = RewardModelTerm(config) if self.reward.model is not None else None
+        device = placement.on_visible_device().device if placement is not None else "cpu"
+        self.model_term = RewardModelTerm(config, device) if self.reward.model is not None else None
 
     def ready(self) -> dict[str, Any]:
         ready = {"role": "reward", "terminal": self.matcher.name if self.matcher else "none"}
         if self.model_term is not None:
             ready["model"] = self.model_term.describe()
+            ready["device"] = self.model_term.device
         return ready
 
     def save(self, directory: str) -> dict[str, Any]:

@@ -305,6 +305,12 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
         report.problems.extend(Problem(key, message) for key, message in problems)
         if summary:
             report.summary.append(summary)
+        group = plan_placement(config).group_of("reward")
+        if group is not None:  # S-RM-1: the frozen reward model's device, as the actors will be placed
+            where = f"{group.gpus} GPU(s), {group.key}" if group.gpus else "the host"
+            others = "+".join(role for role in group.roles if role != "reward")
+            shared = f", shared with the {others}" if others else ""
+            report.summary.append(f"reward model placement: {where}{shared} (grid.reward_placement)")
         if reward.model.url is not None:
             _check_reward_server(reward.model, report)
     if matcher is None:

@@ -103,3 +103,26 @@ def test_the_preflight_refuses_a_max_length_over_the_context(tmp_path):
     problems, summary = reward_model_folder_problems(RewardModelConfig(path=str(folder), max_length=128))
     assert [key for key, _ in problems] == ["rl.reward.model.path", "rl.reward.model.max_length"]
     assert "no tokenizer files" in problems[0][1] and "over the reward model's context of 64" in problems[1][1]
+
+
+GPU_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")
+
+
+def test_the_placement_plan_puts_a_loaded_reward_model_beside_the_reference_or_on_its_own():
+    from placement.plan import placement_problems, plan_placement
+    from placement.role_placement import role_placements
+
+    plain = plan_placement(load_config(GPU_PROFILE))
+    assert plain.group_of("reward") is None and "reward" not in role_placements(plain)  # rules only: unchanged
+    beside = plan_placement(load_config(GPU_PROFILE, ["rl.reward.terminal=none", "rl.reward.model.path=/m"]))
+    assert beside.describe() == "colocated [policy+rollout: 2 GPUs; reference+reward: 1 GPU; critic: 1 GPU]"
+    assert [(p.device, p.rank) for p in role_placements(beside)["reward"]] == [("cuda", 0)]
+    own = load_config(GPU_PROFILE, ["rl.reward.terminal=none", "rl.reward.model.path=/m",
+                                    "grid.reward_placement=own", "grid.reward_gpus=1"])
+    problems = placement_problems(plan_placement(own), own)
+    assert [key for key, _ in problems] == ["grid.gpus_per_node"]  # five GPUs asked of four
+    assert "grid.reward_gpus=1" in problems[0][1]
+    stray = load_config(GPU_PROFILE, ["grid.reward_gpus=1"])
+    assert [key for key, _ in placement_problems(plan_placement(stray), stray)][0] == "grid.reward_gpus"
+    served = load_config(TINY_PROFILE, ["rl.reward.terminal=none", "rl.reward.model.path=/m"])
+    assert plan_placement(served).group_of("reward").roles == ("reference", "reward")  # the host, on CPU
