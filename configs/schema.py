@@ -426,7 +426,7 @@ class TinyRewardModelSpec(Section):
 
 
 class RewardModelConfig(Section):
-    """A learned reward model (S-RM-1): a one-label sequence classifier whose score of
+    """A learned reward model: a one-label sequence classifier whose score of
     the prompt and completion is the terminal reward. docs/rewards.md, "Reward models"."""
 
     path: str | None = Field(
@@ -520,7 +520,7 @@ class RewardConfig(Section):
         "the first few.",
     )
     model: RewardModelConfig | None = Field(
-        None, description="A learned reward model scoring each completion (S-RM-1); null: rules only."
+        None, description="A learned reward model scoring each completion (docs/rewards.md); null: rules only."
     )
 
     @model_validator(mode="after")

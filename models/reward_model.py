@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from configs.schema import RewardModelConfig
 from contracts.faults import RepeatsOnRerun
 from data.packing import as_conversation
 
@@ -30,6 +31,18 @@ class RewardModelError(ValueError, RepeatsOnRerun):
 class RowOrigin:
     row_id: int
     source: str | None
+
+
+def ensure_reward_model(model: RewardModelConfig) -> str | None:
+    """The reward model folder to load; builds the tiny one on first use. None when
+    only a URL is configured."""
+    if model.path is None:
+        return None
+    if model.tiny is not None:
+        from models.tiny_reward_model import build_tiny_reward_model
+
+        build_tiny_reward_model(model.path, model.tiny)
+    return model.path
 
 
 def load_reward_classifier(path: str, dtype: str) -> torch.nn.Module:

@@ -5,6 +5,7 @@ naming `rl.reward.model.*` (S-BYO-2, S-RM-1)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from configs.schema import RewardModelConfig
 from models.model_folder import POSITIONS, TOKENIZER_FILES, WEIGHT_FILES, config_value
 
 KEY = "rl.reward.model.path"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def label_count(model_config: dict[str, Any]) -> int:
@@ -31,6 +33,10 @@ def reward_model_folder_problems(settings: RewardModelConfig) -> tuple[list[tupl
     folder = Path(settings.path)
     config_file = folder / "config.json"
     if not config_file.is_file():
+        if settings.tiny is None and HUB_ID.match(settings.path) and not folder.exists():
+            at = f" at revision {settings.revision}" if settings.revision else " (default branch)"
+            return [], (f"reward model: {settings.path} (hub id{at}; pinned to a commit at launch, its folder "
+                        "checked by the reward role when it loads)")
         if settings.tiny is not None:
             return [], (f"reward model: {folder} does not exist yet; the tiny reward model is built and trained there "
                         f"at start-up ({settings.tiny.train_steps} steps on {settings.tiny.task} preference pairs)")

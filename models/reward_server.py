@@ -164,7 +164,7 @@ def serve(
     if not is_loopback(host) and not token:
         raise UnsafeListen(
             f"--host {host} listens beyond loopback; set {TOKEN_ENV} to a token every request must carry "
-            "(S-SEC-1), or keep the default --host 127.0.0.1"
+            "or keep the default --host 127.0.0.1"
         )
     service = RewardModelService(folder, name, dtype)
     server = ThreadingHTTPServer((host, port), make_handler(service, token))

@@ -15,7 +15,7 @@ from configs.schema import OptimizerConfig, PPOConfig
 from models.critic_source import require_critic_source
 from models.lora import add_adapters
 from models.model_io import ensure_model, load_value_model, response_values
-from roles.reward_model_term import ensure_reward_model
+from models.reward_model import ensure_reward_model
 from roles.trainer_role import TrainerRole
 from contracts.trajectory import PPOTargets, Trajectory
 

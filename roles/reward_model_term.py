@@ -13,23 +13,11 @@ import torch
 
 from checkpoint.role_files import saving, write_file
 from algorithm.reward_model_scores import RunningMoments, first_non_finite, shape_model_scores
-from configs.schema import PPOConfig, RewardModelConfig
+from configs.schema import PPOConfig
 from contracts.trajectory import Trajectory
-from models.reward_model import RewardModelError, RewardModelScorer, RowOrigin
+from models.reward_model import RewardModelError, RewardModelScorer, RowOrigin, ensure_reward_model
 
 MOMENTS_FILE = "reward_moments.json"
-
-
-def ensure_reward_model(model: RewardModelConfig) -> str | None:
-    """The reward model folder to load; builds the tiny one on first use. None when
-    only a URL is configured."""
-    if model.path is None:
-        return None
-    if model.tiny is not None:
-        from models.tiny_reward_model import build_tiny_reward_model
-
-        build_tiny_reward_model(model.path, model.tiny)
-    return model.path
 
 
 class RewardModelTerm:

@@ -22,7 +22,7 @@ def reward_model_fingerprint(model: RewardModelConfig | None, *, build: bool = F
         return None
     folder = Path(model.path)
     if not (folder / "config.json").is_file() and build and model.tiny is not None:
-        from roles.reward_model_term import ensure_reward_model
+        from models.reward_model import ensure_reward_model
 
         ensure_reward_model(model)
     if not (folder / "config.json").is_file():

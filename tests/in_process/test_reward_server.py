@@ -62,6 +62,10 @@ def test_an_unreachable_endpoint_is_retried_then_named():
 def test_listening_beyond_loopback_needs_a_token(tiny_reward_model_dir):
     with pytest.raises(UnsafeListen, match=TOKEN_ENV):
         serve(tiny_reward_model_dir, "0.0.0.0", 0, "tiny-reward", token=None)
+
+
+@pytest.mark.slow  # a Python process importing torch: seconds the default suite does not have
+def test_the_command_refuses_to_listen_beyond_loopback_without_a_token(tiny_reward_model_dir):
     started = subprocess.run(
         [sys.executable, "-m", "models.reward_server", tiny_reward_model_dir, "--host", "0.0.0.0", "--port", "0"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"},

@@ -126,3 +126,25 @@ def test_the_placement_plan_puts_a_loaded_reward_model_beside_the_reference_or_o
     assert [key for key, _ in placement_problems(plan_placement(stray), stray)][0] == "grid.reward_gpus"
     served = load_config(TINY_PROFILE, ["rl.reward.terminal=none", "rl.reward.model.path=/m"])
     assert plan_placement(served).group_of("reward").roles == ("reference", "reward")  # the host, on CPU
+
+
+def test_a_hub_reward_model_is_pinned_like_the_base_model(tmp_path, monkeypatch):
+    from rundir.base_model import pin_hub_model
+
+    commit = "89abcdef0123456789abcdef0123456789abcdef"
+    repo = tmp_path / "hub" / "models--acme--rm"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network in a test
+    config = load_config(TINY_PROFILE, ["rl.reward.model.path=acme/rm"])
+    problems, summary = reward_model_folder_problems(config.rl.reward.model)
+    assert problems == [] and "hub id" in summary  # the pre-flight leaves it to the launch's pinning
+    pinned = pin_hub_model(config).rl.reward.model
+    assert (pinned.path, pinned.revision) == (str(repo / "snapshots" / commit), commit)
+    with pytest.raises(ConfigError, match=r"- rl.reward.model.path: 'acme/rm' at revision 'v2' is neither"):
+        pin_hub_model(load_config(TINY_PROFILE, ["rl.reward.model.path=acme/rm", "rl.reward.model.revision=v2"]))
