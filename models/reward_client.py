@@ -74,6 +74,16 @@ class RewardClient:
             )
         return ", ".join(names) or "a model"
 
+    def served_fingerprint(self) -> str | None:
+        """The content fingerprint the server reports for the model (ours does, in
+        `GET /v1/models`; a vLLM server does not: None)."""
+        listed = self._request("GET", "/v1/models", None, retries=self.retries)
+        for model in listed.get("data") or []:
+            if isinstance(model, dict) and (self.served_name is None or model.get("id") == self.served_name):
+                value = model.get("fingerprint")
+                return str(value) if value else None
+        return None
+
     def score(self, texts: Sequence[str], rows: Sequence[Any]) -> torch.Tensor:
         """Raw scores (b,) float32, `batch_size` texts per request."""
         scores: list[float] = []

@@ -31,6 +31,17 @@ def reward_model_fingerprint(model: RewardModelConfig | None, *, build: bool = F
 
 
 REWARD_NORMALIZE_KEY = "reward_model_normalize"  # in loop_state when the boundary holds running moments
+SERVED_KEY = "reward_model_served"  # in loop_state: the fingerprint a server of ours reported
+
+
+def served_fingerprint(settings: RewardModelConfig | None) -> str | None:
+    """What the server at `rl.reward.model.url` says it serves, by content, when only a
+    URL is configured (a `path` is fingerprinted itself); None when it does not say."""
+    if settings is None or settings.url is None or settings.path is not None:
+        return None
+    from models.reward_client import RewardClient
+
+    return RewardClient.from_config(settings).served_fingerprint()
 
 
 def keeps_reward_state(config: PPOConfig) -> bool:
@@ -57,6 +68,15 @@ def reward_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: st
             "start over or be dropped, changing every later reward; resume refused. Resume with the recorded value "
             "or start a new job.name."
         )
+    recorded_served = loop_state.get(SERVED_KEY)
+    if recorded_served is not None and settings is not None and settings.url is not None:
+        current_served = served_fingerprint(settings)
+        if current_served is not None and current_served != recorded_served:
+            return (
+                f"rl.reward.model.url: {settings.url} now serves a reward model with fingerprint "
+                f"{current_served[:23]}…, but {boundary} was trained on the rewards of {recorded_served[:23]}…; "
+                "resume refused. Serve the recorded model there again, or start a new job.name."
+            )
     if recorded_digest is None:
         return None
     if settings is None or settings.path is None:

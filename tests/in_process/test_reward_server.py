@@ -113,3 +113,20 @@ def test_the_reward_role_scores_through_the_server(served, tiny_reward_model_dir
     trajectory = _generated(["3", "4"], ["3", "57"], ["3", "4"])
     assert remote.score(trajectory)[0].scores.tolist() == pytest.approx(
         local.score(trajectory)[0].scores.tolist(), abs=1e-6)
+
+
+def test_a_resume_over_another_served_model_is_refused_by_its_url(served, tiny_reward_model_dir, monkeypatch):
+    from models.fingerprint import fingerprint_folder
+    from rundir.reward_model_identity import SERVED_KEY, reward_model_problem, served_fingerprint
+
+    monkeypatch.setenv("PPO_TEST_REWARD_TOKEN", "s3cret")
+    settings = RewardModelConfig(url=served, served_name="tiny-reward", token_env="PPO_TEST_REWARD_TOKEN")
+    assert served_fingerprint(settings) == fingerprint_folder(tiny_reward_model_dir).digest
+    base = load_config(TINY_PROFILE, ["rl.reward.terminal=none"])
+    config = base.model_copy(update={"rl": base.rl.model_copy(update={
+        "reward": base.rl.reward.model_copy(update={"model": settings})})})
+    same = {"loop_state": {SERVED_KEY: served_fingerprint(settings)}}
+    assert reward_model_problem(same, config, "iter_000002") is None
+    other = {"loop_state": {SERVED_KEY: "sha256:" + "0" * 64}}
+    assert reward_model_problem(other, config, "iter_000002").startswith(
+        f"rl.reward.model.url: {served} now serves a reward model with fingerprint sha256:")
