@@ -321,7 +321,10 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
             if matcher.needs_reference
             else "needs no reference"
         )
-        report.summary.append(f"reward: terminal {matcher.name} ({need}){_process_text(config)}")
+        measured = ""
+        if reward.model is not None and reward.model.combine == "model":
+            measured = ", measured only: rl.reward.model.combine=model"
+        report.summary.append(f"reward: terminal {matcher.name} ({need}{measured}){_process_text(config)}")
     return matcher, True
 
 
