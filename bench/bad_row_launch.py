@@ -1,6 +1,6 @@
 """How long a plain launch takes to refuse a data file whose row 57 lacks the prompt
 column (before the one pre-flight it took 35 s, after Ray and seven actors had started,
-and printed the row four times; docs/performance.md section 17). The user's shape: their
+and printed the row four times; docs/performance-log.md section 17). The user's shape: their
 own profile outside configs/, a GPT-2 with a BPE tokenizer trained here,
 `question`/`answer` rows, a reward beside the profile, PYTHONPATH unset. Each repeat is a
 fresh `python -m flows.ppo`, timed from the command's start to its exit;

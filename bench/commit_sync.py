@@ -8,7 +8,7 @@ and for a model of about 1 GB (built locally with random weights, no download).
 
 Each repeat commits one boundary each way, alternately, after `os.sync()` so neither
 starts with the other's unwritten pages. Medians with the load average go to
-docs/performance.md. The shipped default stays durable whatever this shows.
+docs/performance.md ("Checkpoint commits"). The shipped default stays durable whatever this shows.
 """
 
 from __future__ import annotations

@@ -107,13 +107,13 @@ def main() -> None:
     prepare_ray_auth(joins_cluster=False)  # before the first `import ray`
     from prefect.testing.utilities import prefect_test_harness
 
-    from processes.ray_session import init_ray, shutdown_ray
+    from processes.ray_session import init_ray
 
     root = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
     results: dict[int, list[dict[str, Any]]] = {engines: [] for engines in args.engines}
     loads: dict[int, list[str]] = {engines: [] for engines in args.engines}
     with prefect_test_harness(server_startup_timeout=120):
-        init_ray(num_cpus=2)
+        ray_session = init_ray(num_cpus=2)
         try:
             one_run(root, "warm-up", 2, [*args.overrides, "rl.max_steps=1"], None, 0)  # first-run costs, not timed
             for repeat in range(args.repeats):
@@ -130,7 +130,7 @@ def main() -> None:
                     })
                     loads[engines].append(loadavg())
         finally:
-            shutdown_ray()
+            ray_session.close()
     report(results, loads, args.kill_at, args.overrides)
 
 

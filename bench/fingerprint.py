@@ -5,7 +5,7 @@ in the page cache), and through the size-and-mtime cache every later start uses.
 
     python -m bench.fingerprint [--gigabytes 1.2] [--repeats 3]
 
-Figures with the load average go to docs/performance.md.
+Figures with the load average go to docs/performance.md ("The base-model fingerprint").
 """
 
 from __future__ import annotations

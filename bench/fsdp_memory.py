@@ -7,7 +7,8 @@ every role, and in each of N spawned ranks runs one update of `UpdateRuntime` (t
 trainers' runtime, sharded by `join_data_parallel`). Each rank then reports the bytes
 it holds of parameters, gradients and AdamW state, and its peak and current resident
 memory. The sharded share should fall as 1/N; the peak does not, because each rank
-still loads the whole model from disk before sharding it (docs/performance.md).
+still loads the whole model from disk before sharding it (docs/performance.md, "An
+FSDP2-sharded trainer, per rank").
 """
 
 from __future__ import annotations

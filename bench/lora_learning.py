@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 PROFILE = "configs/ppo_tiny_arith_cpu.py"
-# The policy learning rates of docs/performance.md section 13's table: the profile's for
-# full fine-tuning, 1e-3 for LoRA (the best of 3e-4, 1e-3 and 3e-3 on seed 0 for rank 8;
-# rank 64's best there, 3e-3, collapsed on another seed).
+# The policy learning rates of the table in docs/performance.md "LoRA against full
+# fine-tuning": the profile's for full fine-tuning, 1e-3 for LoRA (the best of 3e-4, 1e-3
+# and 3e-3 on seed 0 for rank 8; rank 64's best there, 3e-3, collapsed on another seed).
 DEFAULT_VARIANTS = (
     "full=",
     "r8 lr1e-3=model.lora.rank=8 rl.optimizer.policy_lr=1e-3",

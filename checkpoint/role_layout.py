@@ -16,9 +16,6 @@ SHARDED_MODEL_DIR = "model"
 SHARDED_OPTIMIZER_DIR = "optimizer"
 PARAM_GROUPS_FILE = "optimizer_param_groups.json"
 
-# PEFT's description of a LoRA role's adapters (rank, targets, the base model's path), beside them.
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-
 # The base model a boundary was trained from (S-SEC-4): the per-file record in the
 # boundary, and under this key in the marker's loop_state the digest alone.
 BASE_MODEL_FILE = "base_model.json"

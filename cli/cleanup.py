@@ -32,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from processes.actors import kill_run_actors
-    from processes.ray_session import init_ray, shutdown_ray
+    from processes.ray_session import init_ray
 
-    started_here = not ray.is_initialized()
-    if started_here:
+    session = None
+    if not ray.is_initialized():
         try:
-            init_ray(address=args.address)
+            session = init_ray(address=args.address)
         except ConnectionError as error:
             # Without a standing cluster, a run's actors lived inside its own flow
             # process and died with it: there is nothing to remove.
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         killed = kill_run_actors(args.run_name)
     finally:
-        if started_here:
-            shutdown_ray()
+        if session is not None:
+            session.close()
     if killed:
         print(f"run {args.run_name!r}: killed actors {', '.join(killed)} in namespace ppo-{args.run_name}")
     else:

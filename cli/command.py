@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from checkpoint.boundary import CheckpointError
     from flows.launch import plan_launch
     from rundir.resume import ResumeError
-    from rundir.run_lock import RunLock, RunLocked, local_run_dir, stale_after
+    from rundir.run_lock import RunLock, RunLocked
 
     # The operator named this file on their own command line: the flow it starts
     # here may load it, wherever it lives (a deployment's parameter may not, S-SEC-2).
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
         # S-FAULT-4: a live run of this name is refused before any service starts; the
         # lock taken here is the one the flow holds.
-        lock = RunLock(local_run_dir(launch.paths.run_dir), stale_after_s=stale_after(config.rl.stage_timeout_seconds))
-        launch.lock = lock.acquire()
+        lock = launch.lock = RunLock.of_run(config, launch.paths).acquire()
     except ConfigError as error:
         return refuse(error.problems)
     except (RunLocked, RayAuthRefused, ResumeError, CheckpointError) as error:
@@ -92,7 +91,7 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
 
     api = start_temporary_api(early_api)
     stop = launch.stop
-    stop.hard_stop = _hard_stop(stop)  # until the flow sets its own, which also kills the run's actors
+    stop.hard_stop = _hard_stop(launch)  # until the flow sets its own, which also kills the run's actors
     # S-STOP-4: a signal from here on asks the run to stop, start-up included; the flow
     # installs the same handler again over the one Prefect's engine installs.
     with stop_signals(stop), temporary_api_settings(api):
@@ -105,29 +104,22 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
                 from processes.actors import discard_launched
 
                 discard_launched(unadopted)
-            if ray_connected():  # started or joined by this command (connect_ray)
-                from processes.ray_session import shutdown_ray
-
-                shutdown_ray()
+            if launch.ray is not None:  # started or joined by this command
+                launch.ray.close()
             if api is not None:
                 api.stop()
             stop.done()  # the run has ended: the grace timer with it
 
 
-def _hard_stop(stop):
+def _hard_stop(launch: Launch):
     def hard_stop(why: str) -> None:
-        from processes.ray_session import end_local_ray
-
         try:
-            end_local_ray()  # S-STOP-5: nothing this process started outlives it
+            if launch.ray is not None:
+                launch.ray.end_now()  # S-STOP-5: nothing this process started outlives it
         finally:
-            stop.exit_now(why)
+            launch.stop.exit_now(why)
 
     return hard_stop
-
-
-def ray_connected() -> bool:
-    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
@@ -138,14 +130,15 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     stop = launch.stop
     started = time.perf_counter()
     with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
-        started_ray = connect_ray(launch.config)
+        launch.ray = connect_ray(launch.config)
     take_sigterm_back(stop)
     if stop.signalled():
         return stopped_before_the_flow(launch)
     from processes.actors import ActorStartupError, launch_role_actors
 
     launch.actors = launch_role_actors(launch.config)
-    print(f"ray: {'started a local Ray' if started_ray else 'joined the Ray cluster'} and launched the role "
+    joined = launch.ray is not None and launch.ray.address is not None
+    print(f"ray: {'joined the Ray cluster' if joined else 'started a local Ray'} and launched the role "
           f"actors in {time.perf_counter() - started:.1f} s", flush=True)
     if stop.signalled():
         return stopped_before_the_flow(launch)

@@ -17,7 +17,7 @@ DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "false",
     # The Prefect server records each task-run state event in its own SQLite
     # transaction by default, server CPU taken from the cores the actors train on.
-    # Batched, every state is still recorded, a little later (docs/performance.md).
+    # Batched, every state is still recorded, a little later (docs/performance-log.md section 3).
     # They reach the embedded server the flow starts.
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "50",

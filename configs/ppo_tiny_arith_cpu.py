@@ -3,7 +3,8 @@
 The realistic shape of post-training on a laptop: the tiny Qwen3 model is born with a
 short supervised pass over two-digit sums (`model.tiny.pretrain_*`, cached in the model
 folder), then PPO raises its exact-match accuracy. `val/exact_match` tracks the held-out
-sums; `python -m bench.arith_eval --run` measures them before and after (docs/performance.md).
+sums; `python -m bench.arith_eval --run` measures them before and after
+(docs/performance.md, "Arithmetic").
 """
 
 from configs.schema import (
@@ -36,7 +37,7 @@ CONFIG = PPOConfig(
     rl=RLConfig(
         # A large batch and a cool rollout temperature keep the one-sample-per-prompt
         # signal above its noise; a fine-tuning learning rate with warmup keeps Adam's
-        # first steps from wrecking what pre-training taught (docs/performance.md section 2).
+        # first steps from wrecking what pre-training taught (docs/performance-log.md section 2).
         max_steps=60,
         stage_timeout_seconds=300,  # a CPU stage takes seconds; five minutes means stuck
         batch_size=512,

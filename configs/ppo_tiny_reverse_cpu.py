@@ -11,7 +11,7 @@ habit: its short supervised pass (`model.tiny.pretrain_task="reverse"`, cached i
 model folder) ended 60 % of the answers with a period, which the shared `exact_match`
 reward counts as wrong. PPO removes the habit and keeps the digits: held-out exact
 match (`val/exact_match`, strings never trained on) rises within the default run
-(docs/performance.md section 8 has the figures and the stage times).
+(docs/performance.md, "Reversal", has the figures and the stage times).
 """
 
 from configs.schema import (

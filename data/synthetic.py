@@ -2,7 +2,7 @@
 
 They exist because no dataset can be downloaded here and because a learning demo
 from a random start needs a task a tiny model can learn in minutes, such as copying a
-digit (docs/performance.md section 1 has its curve).
+digit (docs/performance.md, "The CPU profile", has its curve).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from flows.iteration import first_step
 from flows.iteration_loop import IterationLoop, open_run_dir, resume_roles
 from flows.stopping import stop_request, stop_signals
 from rundir.resume import find_resume_point
-from rundir.run_lock import RunLock, local_run_dir
+from rundir.run_lock import RunLock
 from rundir.run_outputs import RunPaths, append_metrics
 from flows.in_process_runner import InProcessRunner
 from views.trackers import Trackers, open_trackers
@@ -67,7 +67,7 @@ def run_in_process(
     if paths is None:
         IterationLoop(runner, roles, config, None, keep).run_iterations(start, last, policy_version)
         return records, roles
-    with RunLock(local_run_dir(paths.run_dir), "in-process"):  # one writer per run directory, as the flow
+    with RunLock.of_run(config, paths, "in-process"):  # one writer per run directory, as the flow
         point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
         open_run_dir(paths, point)
         resumed = resume_roles(runner, roles, config, paths, point)

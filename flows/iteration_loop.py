@@ -11,12 +11,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from checkpoint.boundary import CommittedBoundary
+from checkpoint.role_layout import REWARD_DIR
 from configs.schema import PPOConfig
 from contracts.stage_names import time_key
 from flows.blocks import iteration_blocks
 from flows.iteration import Batch, Runner, evaluate, evaluates_at, held_batch, ppo_iteration, save_on_cadence
 from flows.stopping import StopRequest, Stopped
-from rundir.resume import ResumePoint, restore_roles, start_from_scratch
+from algorithm.warmup import expected_policy_version
+from contracts.experience import remove_experience_after
+from rundir.resume import (
+    ResumeError,
+    ResumePoint,
+    go_back,
+    restore_boundary_row,
+    resume_logger,
+    start_from_scratch,
+    truncate_metrics,
+)
+from weights.transport import deliver
+from rundir.reward_model_identity import keeps_reward_state
 from rundir.run_outputs import RunPaths
 
 if TYPE_CHECKING:
@@ -117,3 +130,58 @@ def resume_roles(run: Runner, roles: Roles, config: PPOConfig, paths: RunPaths, 
         return Resumed(1, None, None)
     policy_version = restore_roles(run, roles, point, config, paths)
     return Resumed(point.iteration + 1, policy_version, held_batch(run, roles, point.boundary, point.iteration))
+
+
+def restore_roles(run: Runner, roles: Roles, point: ResumePoint, config: PPOConfig, paths: RunPaths) -> int:
+    """Load every role from the boundary into the (possibly fresh) actors or role
+    objects, verify the counters the marker
+    vouches for, and hand the rollout the restored weights. Returns the restored
+    policy_version."""
+    boundary = point.boundary
+    # Every rank of a data-parallel trainer loads the boundary, resharded to this
+    # run's rank count (S-SCALE-2); all loads are submitted before any is awaited
+    # (a sharded load is a collective).
+    policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.policy_ranks()]
+    critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.critic_ranks()]
+    reward_load = [run.call(roles.reward.load, f"{boundary}/{REWARD_DIR}")] if keeps_reward_state(config) else []
+    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data"), *reward_load])
+    policy_state, critic_state = states[0], states[len(policy_loads)]
+    observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
+    recorded = point.marker.get("role_steps")
+    if recorded is None:
+        # S-CKPT-3: an older marker without role_steps: all roles must agree.
+        resume_logger().warning(f"{boundary}/_SUCCESS has no role_steps; checking that all roles agree instead")
+        if len(set(observed.values())) != 1:
+            raise ResumeError(f"{boundary}: roles disagree on optimizer steps {observed} and the marker records none")
+    else:
+        for role, steps in observed.items():
+            if int(recorded.get(role, -1)) != steps:
+                raise ResumeError(
+                    f"{boundary}: {role} restored at optimizer step {steps}, the marker recorded {recorded.get(role)}"
+                )
+    configured_shape = [config.rl.epochs, config.rl.minibatch_size, config.rl.micro_batch_size]
+    for role, state in (("policy", policy_state), ("critic", critic_state)):
+        saved_shape = state.get("plan_shape")
+        if saved_shape is not None and list(saved_shape) != configured_shape:
+            raise ResumeError(
+                f"{boundary}: {role} was trained with update plan (epochs, minibatch, micro-batch) = "
+                f"{tuple(saved_shape)}, this run is configured with {tuple(configured_shape)}"
+            )
+    policy_version = int(policy_state["policy_version"])
+    expected = expected_policy_version(point.iteration, config.rl.critic_warmup_iterations)
+    if policy_version != expected:
+        raise ResumeError(
+            f"{boundary}: restored policy_version {policy_version} but iteration {point.iteration} with "
+            f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected}"
+        )
+    # Every policy rank gathers (a collective on sharded ranks); rank 0's are the weights.
+    weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.policy_ranks()][0]
+    run.get(deliver(weights, version, roles.engines(), run.call))
+    if point.went_back:
+        go_back(paths, point.iteration)
+    else:
+        truncate_metrics(paths.metrics, point.iteration)
+        remove_experience_after(paths.experience, point.iteration)  # S-OPS-3: those iterations run again
+    restore_boundary_row(paths.metrics, boundary, point.iteration)
+    resume_logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
+    return policy_version

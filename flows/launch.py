@@ -22,6 +22,7 @@ from rundir.run_outputs import RunPaths
 
 if TYPE_CHECKING:
     from processes.actors import LaunchedActors
+    from processes.ray_session import RaySession
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Launch:
     stop: StopRequest = field(default_factory=StopRequest)  # signals and the time limit (S-STOP)
     parameters: LaunchParameters | None = None  # what it was planned from: the flow taking it must say the same
     packer: str | None = None  # which DataPacker shapes the prompts (S-BYO-1), as the pre-flight found it
+    # Decided once, by whoever launched it: the command line (which hands the launch to the
+    # flow it runs in-process) or a deployment's flow run planning its own.
+    by_command: bool = False
+    ray: RaySession | None = None  # the Ray connected for it, closed by whoever connected it
 
     @property
     def finished(self) -> bool:
@@ -94,6 +99,7 @@ _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)
 @contextlib.contextmanager
 def handed_to_the_flow(launch: Launch) -> Iterator[None]:
     """The `ppo` flow called inside takes `launch` instead of planning its own."""
+    launch.by_command = True
     token = _handed.set(launch)
     try:
         yield

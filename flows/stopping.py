@@ -52,6 +52,12 @@ class Stopped:
                 f"{resume} to start it again")
 
 
+class StopSignalled(Exception):
+    """A signal asked the run to stop outside its iterations (start-up, restore):
+    raised by `StopRequest.check` and caught once, by the attempt, which keeps the
+    boundary it resumed from (S-STOP-4)."""
+
+
 def signal_exit_code(name: str) -> int:
     """The shell's convention for a process ended by a signal: 128 + its number."""
     return 128 + int(signal.Signals[name])
@@ -109,6 +115,11 @@ class StopRequest:
         """A signal's stop, honoured in any phase; the time limit is due only at an
         iteration end (S-STOP-3), so a run past it still makes progress each time."""
         return self.reason
+
+    def check(self) -> None:
+        """The one stop check of the start-up and the restore: raises StopSignalled."""
+        if self.reason is not None:
+            raise StopSignalled(self.reason)
 
     def request(self, reason: str) -> None:
         if self._ended:  # the run has ended by itself: nothing left to stop

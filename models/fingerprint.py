@@ -2,9 +2,10 @@
 weight files, so a resume over another model, or over files changed in place, is
 refused by name instead of training on silently (S-SEC-4).
 
-Streams files with sha256 (about 1 s per GB here, docs/performance.md); a file whose
-size and modification time match the cache's record is not read again (see
-`FingerprintCache` for what that trusts). Imports neither torch nor transformers.
+Streams files with sha256 (about 1 s per GB here, docs/performance.md "The base-model
+fingerprint"); a file whose size and modification time match the cache's record is not
+read again (see `FingerprintCache` for what that trusts). Imports neither torch nor
+transformers.
 """
 
 from __future__ import annotations

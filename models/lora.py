@@ -18,9 +18,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from checkpoint.role_layout import ADAPTER_CONFIG_FILE
 from configs.schema import LoraConfig
-from models.lora_targets import TARGETS_KEY, targets_message, unmatched_targets
+from models.lora_targets import ADAPTER_CONFIG_FILE, TARGETS_KEY, targets_message, unmatched_targets
 
 ADAPTER = "default"  # PEFT's name for a model's one adapter
 PEFT_PREFIX = "base_model.model."  # what PeftModel adds in front of the base model's names

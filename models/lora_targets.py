@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 TARGETS_KEY = "model.lora.target_modules"
+# PEFT's description of a LoRA model's adapters (rank, targets, the base model's path),
+# beside them in a save, a boundary's role folder or an export.
+ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
 def matches(target: str, module_name: str) -> bool:

@@ -28,7 +28,7 @@ def write_launcher(directory: str) -> str:
     plain Python. Ray runs a worker straight from its worker command only when the job
     has no runtime environment; with one (the runtime-env `py_executable` route) each
     worker first goes through Ray's `setup_worker.py`, an interpreter that imports Ray
-    (docs/performance.md section 4)."""
+    (docs/performance-log.md section 4, session 8)."""
     path = os.path.join(directory, "python")
     with open(path, "w") as launcher:
         launcher.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(CLIENT))} \"$@\"\n")

@@ -8,11 +8,13 @@ and the Prefect API come up while those imports run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -53,13 +55,12 @@ RAY_DEFAULTS = {
 
 SERVED_RAY_ENV = "PPO_FORK_SERVER_RAY"  # the GCS address of the Ray whose workers the server at SOCKET_ENV forks
 LEFTOVER_WAIT_S = 0.5  # after ray.shutdown(), for the local Ray's processes to end by themselves
-_fork_server: ForkServer | None = None  # the fork server of the local Ray this process started
-_daemon_launcher: str | None = None  # the launcher's folder when no fork server holds it (PPO_FORK_WORKERS=0)
-_local_ray_mark: str | None = None  # in the environment of every process the local Ray started (MARK_ENV)
 # Set by deployments/kubernetes/join-ray-then.sh: the temp dir of the zero-capacity node it
 # started, so the driver attaches to that node (S-TEAM-2) and not to another on the host.
 JOINED_NODE_ENV = "PPO_RAY_NODE_TEMP_DIR"
-_minted_token: str | None = None  # the token this process made for a local Ray of its own
+# Who made RAY_AUTH_TOKEN for a local Ray of its own (`pid:digest`): its children inherit
+# that token to join that Ray, but the token is never a cluster's.
+MINTED_BY_ENV = "PPO_RAY_TOKEN_MINTED_BY"
 
 
 class ClusterTokenMissing(RuntimeError):
@@ -75,94 +76,149 @@ def worker_env() -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-        # docs/performance.md; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
+        # docs/performance-log.md section 3; `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=0` turns it off.
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get(
             "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", RAY_DEFAULTS["RAY_ENABLE_ZERO_COPY_TORCH_TENSORS"]
         ),
     }
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start (or join) Ray with the settings every actor of this project needs.
+@dataclass
+class RaySession:
+    """The Ray this process started or joined, with what it started for it: the fork
+    server, the mark in the environment of every process of a local Ray (MARK_ENV), and
+    the launcher folder. `close()` is the whole teardown; `end_now()` is a hard stop's."""
 
-    Ray 2.60 listens on every interface whatever node address it is given, so a Ray
-    started here requires a token (S-SEC-1): a fresh random one per process, held in
-    this process's environment (inherited by the Ray daemons and workers it starts),
-    never written to the home directory. Joining a cluster uses the cluster's own
-    settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, docs/launch.md).
+    address: str | None  # the cluster joined; None for a local Ray of this process's own
+    fork_server: ForkServer | None = None
+    mark: str | None = None
+    launcher_dir: str | None = None  # the launcher's folder when no fork server holds it
 
-    A local Ray forks its workers from a process that has imported torch,
-    transformers and the role bodies once (processes/fork_server.py), unless
-    PPO_FORK_WORKERS=0. A driver this process starts that joins the same Ray (a test's
-    command-line run) forks its workers from the same server; a cluster's workers
-    start as Ray starts them."""
-    global _fork_server, _local_ray_mark
+    def close(self) -> None:
+        """Stop Ray, then the fork server its workers came from (its children are gone
+        with Ray; any left are killed with it), then whatever the local Ray started that
+        is still running a moment later (S-STOP-5). Each step runs whatever the one
+        before did."""
+        import ray
+
+        try:
+            stop_autoscaler_monitor()
+        finally:
+            try:
+                ray.shutdown()
+            finally:
+                try:
+                    self.stop_fork_server()
+                finally:
+                    self.end_processes(LEFTOVER_WAIT_S)
+
+    def end_now(self) -> None:
+        """A hard stop, which exits next: every process of the local Ray ended at once."""
+        self.end_processes(0.0)
+
+    def end_processes(self, wait_s: float) -> None:
+        """End every process the local Ray started (its daemons, their agents, its
+        workers, the fork server) still running after `wait_s`. Nothing for a joined Ray."""
+        if self.mark is not None:
+            end_processes(marked(self.mark), wait_s)
+            self.mark = None
+        if self.launcher_dir is not None:
+            shutil.rmtree(self.launcher_dir, ignore_errors=True)
+            self.launcher_dir = None
+
+    def stop_fork_server(self) -> None:
+        if self.fork_server is not None:
+            os.environ.pop(SOCKET_ENV, None)
+            os.environ.pop(SERVED_RAY_ENV, None)
+            self.fork_server.stop()
+            self.fork_server = None
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> RaySession:
+    """Join the Ray cluster at `address`, or start a local Ray of this process's own."""
+    return join_ray(address) if address else start_local_ray(num_cpus)
+
+
+def start_local_ray(num_cpus: int | None = None) -> RaySession:
+    """A new Ray of this run's own, never a cluster some other process started on this
+    machine (plain ray.init() would join that one).
+
+    Ray 2.60 listens on every interface whatever node address it is given, so it requires
+    a token (S-SEC-1): a fresh random one per process, held in this process's environment
+    (inherited by the Ray daemons and workers it starts), never written to the home
+    directory. Its workers fork from a process that has imported torch, transformers and
+    the role bodies once (processes/fork_server.py), unless PPO_FORK_WORKERS=0; a driver
+    this process starts that joins the same Ray (a test's command-line run) forks its
+    workers from the same server. They take their settings from the raylet's environment,
+    not a runtime environment, and so start without Ray's setup_worker.py shim."""
+    import ray
+
+    require_local_ray_auth()
+    session = RaySession(address=None, mark=secrets.token_hex(8))
+    env_vars = {**worker_env(), MARK_ENV: session.mark}  # S-STOP-5: how its processes are found at the end
+    # The autoscaler's Prometheus endpoint is the one listener of a local Ray that answers
+    # anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an invalid port makes
+    # Ray skip that server (it logs the failed start in monitor.log). A user who sets the
+    # variable keeps their own port.
+    os.environ.setdefault("AUTOSCALER_METRIC_PORT", "-1")
+    for key, value in {**LOCAL_RAY_DEFAULTS, **RAY_DEFAULTS}.items():
+        os.environ.setdefault(key, value)
+    try:
+        if fork_workers_enabled() and fork_launch_supported():
+            session.fork_server = start_fork_server({**os.environ, **env_vars})
+            env_vars[SOCKET_ENV] = session.fork_server.socket_path
+            env_vars[WORKER_SCRIPT_ENV] = worker_script() or ""  # "": nothing is forked
+        with _local_ray_environment(env_vars, _launcher(session)):
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **_init_options())
+    except BaseException:
+        session.stop_fork_server()
+        session.end_processes(0.0)
+        raise
+    if session.fork_server is not None:
+        # Inherited by the processes this one starts (see shared_fork_server).
+        os.environ[SOCKET_ENV] = session.fork_server.socket_path
+        os.environ[SERVED_RAY_ENV] = ray.get_runtime_context().gcs_address
+    return session
+
+
+def join_ray(address: str) -> RaySession:
+    """Join a cluster with its own settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or
+    RAY_AUTH_TOKEN_PATH, docs/launch.md). A joined Ray's raylet knows nothing of this
+    run: its settings, and the fork client of a local Ray handed down here, come in a
+    runtime environment; a cluster's own workers start as Ray starts them."""
     import ray
 
     env_vars = worker_env()
-    if not address:
-        require_local_ray_auth()
-        _local_ray_mark = _local_ray_mark or secrets.token_hex(8)
-        env_vars[MARK_ENV] = _local_ray_mark  # S-STOP-5: how its processes are found when the run ends
-        # The autoscaler's Prometheus endpoint is the one listener of a local Ray that
-        # answers anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an
-        # invalid port makes Ray skip that server (it logs the failed start in
-        # monitor.log). A user who sets the variable keeps their own port.
-        os.environ.setdefault("AUTOSCALER_METRIC_PORT", "-1")
-        for key, value in LOCAL_RAY_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        if fork_workers_enabled() and _fork_server is None and fork_launch_supported():
-            _fork_server = start_fork_server({**os.environ, **env_vars})
-    socket_path = _fork_socket(address)
+    socket_path = shared_fork_server(address) if fork_workers_enabled() else None
     if socket_path is not None:
         env_vars[SOCKET_ENV] = socket_path
-        env_vars[WORKER_SCRIPT_ENV] = worker_script() or ""  # "": nothing is forked
+        env_vars[WORKER_SCRIPT_ENV] = worker_script() or ""
     for key, value in RAY_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    options: dict[str, Any] = {
-        "log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1",
-        "ignore_reinit_error": True,
-    }
-    try:
-        if address:
-            require_cluster_token(address)
-            # A joined Ray's raylet knows nothing of this run: its settings, and the fork
-            # client for a local Ray handed down here, come in a runtime environment.
-            runtime_env: dict[str, Any] = {"env_vars": env_vars}
-            if socket_path is not None:
-                runtime_env["py_executable"] = py_executable()
-            joined_node = os.environ.get(JOINED_NODE_ENV) or None
-            ray.init(address=address, runtime_env=runtime_env, **attach_to_node(joined_node), **options)
-        else:
-            # "local": a new Ray of this run's own, never a cluster some other process
-            # started on this machine (plain ray.init() would join that one). Its workers
-            # take their settings from the raylet's environment, not a runtime
-            # environment, and so start without Ray's setup_worker.py shim.
-            with _local_ray_environment(env_vars, _launcher()):
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
-    except BaseException:
-        stop_fork_server()
-        end_local_ray()
-        raise
-    if _fork_server is not None and not address:
-        # Inherited by the processes this one starts (see shared_fork_server).
-        os.environ[SOCKET_ENV] = _fork_server.socket_path
-        os.environ[SERVED_RAY_ENV] = ray.get_runtime_context().gcs_address
+    require_cluster_token(address)
+    runtime_env: dict[str, Any] = {"env_vars": env_vars}
+    if socket_path is not None:
+        runtime_env["py_executable"] = py_executable()
+    joined_node = os.environ.get(JOINED_NODE_ENV) or None
+    ray.init(address=address, runtime_env=runtime_env, **attach_to_node(joined_node), **_init_options())
+    return RaySession(address=address)
 
 
-def _launcher() -> str | None:
+def _init_options() -> dict[str, Any]:
+    return {"log_to_driver": os.environ.get("PPO_ACTOR_LOGS", "0") == "1", "ignore_reinit_error": True}
+
+
+def _launcher(session: RaySession) -> str | None:
     """What the raylet runs for `python`: the fork server's launcher, or with
     PPO_FORK_WORKERS=0 the same launcher without a server behind it, so that Ray's
     Python daemons still get a process group of their own (S-STOP-5: a SIGTERM to the
     run's group must not end the agents, whose end ends the raylet, before the commit)."""
-    global _daemon_launcher
-    if _fork_server is not None:
-        return _fork_server.launcher
+    if session.fork_server is not None:
+        return session.fork_server.launcher
     if not fork_launch_supported():
         return None
-    if _daemon_launcher is None:
-        _daemon_launcher = tempfile.mkdtemp(prefix="ppo-launcher-")  # mode 0700
-    return write_launcher(_daemon_launcher)
+    session.launcher_dir = tempfile.mkdtemp(prefix="ppo-launcher-")  # mode 0700
+    return write_launcher(session.launcher_dir)
 
 
 @contextlib.contextmanager
@@ -185,16 +241,6 @@ def _local_ray_environment(env_vars: dict[str, str], launcher: str | None) -> It
                 os.environ[key] = value
 
 
-def _fork_socket(address: str | None) -> str | None:
-    """The fork server this driver's workers come from: the one it started for its own
-    local Ray, or the one handed down with the Ray at `address`; None for plain workers."""
-    if not fork_workers_enabled():
-        return None
-    if not address:
-        return _fork_server.socket_path if _fork_server is not None else None
-    return shared_fork_server(address)
-
-
 def shared_fork_server(address: str) -> str | None:
     """The socket of the fork server of the Ray at `address`, when the process that
     started that Ray on this machine handed it down; None for any other cluster."""
@@ -202,46 +248,6 @@ def shared_fork_server(address: str) -> str | None:
     if os.environ.get(SERVED_RAY_ENV) == address and socket_path and os.path.exists(socket_path):
         return socket_path
     return None
-
-
-def shutdown_ray() -> None:
-    """Stop Ray, then the fork server its workers came from (its children are gone
-    with Ray; any left are killed with it), then whatever the local Ray started that is
-    still running a moment later (S-STOP-5). Each step runs whatever the one before did."""
-    import ray
-
-    try:
-        stop_autoscaler_monitor()
-    finally:
-        try:
-            ray.shutdown()
-        finally:
-            try:
-                stop_fork_server()
-            finally:
-                end_local_ray(LEFTOVER_WAIT_S)
-
-
-def end_local_ray(wait_s: float = 0.0) -> None:
-    """End every process the local Ray of this process started (its daemons, their
-    agents, its workers, the fork server) still running after `wait_s`; at once for a
-    hard stop, which exits next. Nothing when this process started no Ray."""
-    global _daemon_launcher, _local_ray_mark
-    if _local_ray_mark is not None:
-        end_processes(marked(_local_ray_mark), wait_s)
-        _local_ray_mark = None
-    if _daemon_launcher is not None:
-        shutil.rmtree(_daemon_launcher, ignore_errors=True)
-        _daemon_launcher = None
-
-
-def stop_fork_server() -> None:
-    global _fork_server
-    if _fork_server is not None:
-        os.environ.pop(SOCKET_ENV, None)
-        os.environ.pop(SERVED_RAY_ENV, None)
-        _fork_server.stop()
-        _fork_server = None
 
 
 class RayAuthRefused(RuntimeError):
@@ -262,12 +268,11 @@ def protect_local_ray(environ: "os._Environ[str] | dict[str, str]") -> None:
             f"RAY_AUTH_MODE={mode!r}: a local Ray listens on every network interface, so the run requires token "
             "authentication; unset RAY_AUTH_MODE (the run then makes its own token) or set it to 'token'"
         )
-    global _minted_token
     environ["RAY_AUTH_MODE"] = "token"
     if not environ.get("RAY_AUTH_TOKEN") and not environ.get("RAY_AUTH_TOKEN_PATH"):
         environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         if environ is os.environ:
-            _minted_token = environ["RAY_AUTH_TOKEN"]
+            environ[MINTED_BY_ENV] = _minted_by(environ["RAY_AUTH_TOKEN"])
 
 
 def require_cluster_token(address: str) -> None:
@@ -275,7 +280,8 @@ def require_cluster_token(address: str) -> None:
     process whose profile or parameters name the cluster (`grid.ray_address`) without
     RAY_ADDRESS in its environment made a token of its own at import, for a local Ray;
     Ray has read it, so it cannot join with another one now."""
-    if _minted_token is not None and os.environ.get("RAY_AUTH_TOKEN") == _minted_token:
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    if token and os.environ.get(MINTED_BY_ENV) == _minted_by(token):
         raise ClusterTokenMissing(
             f"the run names the Ray cluster at {address} but its process has no token for it: "
             f"set RAY_ADDRESS={address} and the cluster's token (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH naming a file) "
@@ -314,13 +320,16 @@ def _auth_ready(environ: "os._Environ[str] | dict[str, str]") -> bool:
     )
 
 
-def connect_ray(config: PPOConfig) -> bool:
-    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray. Returns True when this
-    process started Ray (and so must shut it down). Actors are named inside the run's
-    own namespace, so one cluster can host several runs."""
+def _minted_by(token: str) -> str:
+    return f"{os.getpid()}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+
+
+def connect_ray(config: PPOConfig) -> RaySession | None:
+    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray; None when this process
+    is connected already (whoever connected it closes it). Actors are named inside the
+    run's own namespace, so one cluster can host several runs."""
     import ray
 
     if ray.is_initialized():
-        return False
-    init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus)
-    return True
+        return None
+    return init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus)

@@ -17,8 +17,8 @@ from typing import Mapping
 from models.tiny_spec import tiny_spec_differences
 from configs.callables import check_callable_module, code_reference_keys, value_at
 from configs.schema import PPOConfig
+from configs.tracker_packages import missing_tracker_packages, tracker_message
 from models.lora_targets import TARGETS_KEY, checkpoint_module_names, targets_message, unmatched_targets
-from views.trackers import missing_tracker_packages, tracker_message
 from placement.plan import PlacementPlan, placement_problems, plan_placement
 from placement.mesh import mesh_problems
 from weights.nixl_package import unavailable_reason

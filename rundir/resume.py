@@ -1,5 +1,7 @@
 """Resume = run the flow again: find the last committed boundary, check it belongs
-to this configuration, and restore every role from it (S-CKPT-2/3, S-CW-9/10)."""
+to this configuration, and put the run's files back as they were at it (S-CKPT-2/3,
+S-CW-9/10). Restoring the roles from it drives actors, so it lives with the iteration
+program (flows/iteration_loop.py `restore_roles`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import Any
 import fsspec
 
 
-from algorithm.warmup import expected_policy_version
 from checkpoint.boundary import (
     MARKER_NAME,
     atomic_write_text,
@@ -23,13 +24,12 @@ from checkpoint.boundary import (
     update_latest,
 )
 from checkpoint.boundary_files import BoundaryCorrupt, verify_marker_files
-from checkpoint.role_layout import ADAPTER_CONFIG_FILE, REWARD_DIR
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
+from models.lora_targets import ADAPTER_CONFIG_FILE
 from rundir.base_model import base_model_problem
-from rundir.reward_model_identity import keeps_reward_state, reward_model_problem
+from rundir.reward_model_identity import reward_model_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
-from weights.transport import deliver
 from contracts.experience import remove_experience_after, set_aside_experience
 
 
@@ -45,7 +45,7 @@ class ResumePoint:
     went_back: bool = False  # chosen with resume_from: later rows are set aside, the pointer moves back
 
 
-def _logger():
+def resume_logger():
     try:
         from prefect import get_run_logger
 
@@ -76,7 +76,7 @@ def verify_resume_point(point: ResumePoint | None) -> ResumePoint | None:
         # auto-resume, which fails here) decides to go back.
         raise BoundaryCorrupt(f"{error}. {way_back(point)}") from None
     if not verified:
-        _logger().warning(
+        resume_logger().warning(
             f"{point.boundary}/{MARKER_NAME} records no file digests (an older marker); its files could not be verified"
         )
     return point
@@ -174,7 +174,7 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
     configured_lora = config.model.lora.record if config.model.lora.enabled else None
     if recorded_lora is None and _has_adapters(boundary):
         # Adapters from before the marker recorded them: the roles' load compares the weights instead.
-        _logger().warning(f"{boundary} records no model.lora; its adapters are checked as the roles load them")
+        resume_logger().warning(f"{boundary} records no model.lora; its adapters are checked as the roles load them")
     elif recorded_lora != configured_lora:  # S-LORA-2: its weights are adapters for one setting, or full weights
         off = "rank=0 (off: full fine-tuning)"
         raise ResumeError(
@@ -184,7 +184,7 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
         )
     if loop_state is None or "critic_warmup_iterations" not in loop_state:
         # S-CW-10: unknown, not a mismatch; the derived policy_version check still runs.
-        _logger().warning(
+        resume_logger().warning(
             f"{boundary} records no critic_warmup_iterations; the configured value {configured} could not be verified"
         )
         return
@@ -199,61 +199,6 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
 def _has_adapters(boundary: str) -> bool:
     fs, root = fsspec.core.url_to_fs(boundary)
     return fs.exists(f"{root}/policy/{ADAPTER_CONFIG_FILE}")
-
-
-def restore_roles(run, roles, point: ResumePoint, config: PPOConfig, paths: RunPaths) -> int:
-    """Load every role from the boundary into the (possibly fresh) actors or role
-    objects (`run` is a runner of flows/iteration.py), verify the counters the marker
-    vouches for, and hand the rollout the restored weights. Returns the restored
-    policy_version."""
-    boundary = point.boundary
-    # Every rank of a data-parallel trainer loads the boundary, resharded to this
-    # run's rank count (S-SCALE-2); all loads are submitted before any is awaited
-    # (a sharded load is a collective).
-    policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.policy_ranks()]
-    critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.critic_ranks()]
-    reward_load = [run.call(roles.reward.load, f"{boundary}/{REWARD_DIR}")] if keeps_reward_state(config) else []
-    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data"), *reward_load])
-    policy_state, critic_state = states[0], states[len(policy_loads)]
-    observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
-    recorded = point.marker.get("role_steps")
-    if recorded is None:
-        # S-CKPT-3: an older marker without role_steps: all roles must agree.
-        _logger().warning(f"{boundary}/_SUCCESS has no role_steps; checking that all roles agree instead")
-        if len(set(observed.values())) != 1:
-            raise ResumeError(f"{boundary}: roles disagree on optimizer steps {observed} and the marker records none")
-    else:
-        for role, steps in observed.items():
-            if int(recorded.get(role, -1)) != steps:
-                raise ResumeError(
-                    f"{boundary}: {role} restored at optimizer step {steps}, the marker recorded {recorded.get(role)}"
-                )
-    configured_shape = [config.rl.epochs, config.rl.minibatch_size, config.rl.micro_batch_size]
-    for role, state in (("policy", policy_state), ("critic", critic_state)):
-        saved_shape = state.get("plan_shape")
-        if saved_shape is not None and list(saved_shape) != configured_shape:
-            raise ResumeError(
-                f"{boundary}: {role} was trained with update plan (epochs, minibatch, micro-batch) = "
-                f"{tuple(saved_shape)}, this run is configured with {tuple(configured_shape)}"
-            )
-    policy_version = int(policy_state["policy_version"])
-    expected = expected_policy_version(point.iteration, config.rl.critic_warmup_iterations)
-    if policy_version != expected:
-        raise ResumeError(
-            f"{boundary}: restored policy_version {policy_version} but iteration {point.iteration} with "
-            f"{config.rl.critic_warmup_iterations} warmup iterations implies {expected}"
-        )
-    # Every policy rank gathers (a collective on sharded ranks); rank 0's are the weights.
-    weights, version = [run.call(rank.current_weights, returns=2) for rank in roles.policy_ranks()][0]
-    run.get(deliver(weights, version, roles.engines(), run.call))
-    if point.went_back:
-        go_back(paths, point.iteration)
-    else:
-        truncate_metrics(paths.metrics, point.iteration)
-        remove_experience_after(paths.experience, point.iteration)  # S-OPS-3: those iterations run again
-    restore_boundary_row(paths.metrics, boundary, point.iteration)
-    _logger().info(f"resumed from {boundary} (iteration {point.iteration}, policy_version {policy_version})")
-    return policy_version
 
 
 def start_from_scratch(paths: RunPaths) -> None:
@@ -284,7 +229,7 @@ def restore_boundary_row(path: str, boundary: str, iteration: int) -> None:
     row = read_metrics_row(boundary)
     if row is not None:
         append_metrics(path, row)
-        _logger().info(f"metrics row of iteration {iteration} restored from {boundary}")
+        resume_logger().info(f"metrics row of iteration {iteration} restored from {boundary}")
 
 
 def go_back(paths: RunPaths, iteration: int) -> None:
@@ -295,11 +240,11 @@ def go_back(paths: RunPaths, iteration: int) -> None:
     (checkpoint.boundary.clear_for_commit)."""
     aside = set_aside_metrics(paths.metrics, iteration)
     if aside is not None:
-        _logger().info(f"metrics rows after iteration {iteration} set aside in {aside}")
+        resume_logger().info(f"metrics rows after iteration {iteration} set aside in {aside}")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     experience = set_aside_experience(paths.experience, iteration, stamp)  # S-FAULT-3, S-OPS-3
     if experience is not None:
-        _logger().info(f"experience files after iteration {iteration} set aside in {experience}")
+        resume_logger().info(f"experience files after iteration {iteration} set aside in {experience}")
     update_latest(paths.checkpoints, iteration)
 
 

@@ -15,9 +15,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checkpoint.durable import make_folders, replace_durably, sync_file, sync_folder
+
+if TYPE_CHECKING:
+    from configs.schema import PPOConfig
+    from rundir.run_outputs import RunPaths
 
 LOCK_NAME = "RUN_LOCK"
 
@@ -98,6 +102,12 @@ class RunLock:
         self.stale_after_s = stale_after_s
         self.holder: LockHolder | None = None
         self.took_over: LockHolder | None = None
+
+    @classmethod
+    def of_run(cls, config: "PPOConfig", paths: "RunPaths", flow_run: str = "-") -> "RunLock":
+        """The one way a launcher builds a run's lock (taken with acquire() or `with`):
+        on the run directory, stale after longer than any of its stages may take."""
+        return cls(local_run_dir(paths.run_dir), flow_run, stale_after_s=stale_after(config.rl.stage_timeout_seconds))
 
     def acquire(self) -> "RunLock":
         make_folders(str(self.path.parent))

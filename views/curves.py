@@ -62,7 +62,8 @@ def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
     """PNG bytes: reward mean (top) and KL to the reference (bottom) per iteration;
     critic-warmup iterations are shaded, since the policy does not move there."""
     # Imported here: the flow process needs matplotlib only when it draws, and
-    # importing it is a noticeable part of every run's start (docs/performance.md).
+    # importing it is a noticeable part of every run's start (docs/performance-log.md
+    # section 4, session 7).
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import importlib.util
 import math
 import os
 import time
@@ -18,20 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from configs.schema import PPOConfig
+from configs.tracker_packages import missing_tracker_packages, tracker_message
 from rundir.run_lock import local_run_dir
 from rundir.run_outputs import RunPaths, read_metrics
-
-REQUIRES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # tracker -> the module it needs
 
 
 class Tracker(Protocol):
     def log(self, step: int, scalars: Mapping[str, float]) -> None: ...
     def close(self) -> None: ...
-
-
-def missing_tracker_packages(trackers: list[str]) -> list[str]:
-    """Trackers chosen whose package cannot be imported here (found without importing it)."""
-    return [name for name in trackers if importlib.util.find_spec(REQUIRES[name]) is None]
 
 
 def scalars_of(record: Mapping[str, Any]) -> dict[str, float]:
@@ -204,13 +197,3 @@ def open_trackers(config: PPOConfig, paths: RunPaths, first_step: int) -> Tracke
         elif name == "mlflow":
             opened.append(MlflowTracker(config, paths, first_step, committed))
     return Trackers(opened)
-
-
-def tracker_message(missing: list[str]) -> str:
-    """`wandb` and `mlflow` are extras of the project; `tensorboard` is in the default install."""
-    names = ", ".join(missing)
-    install = " ".join(f"'ppo-flow[{name}]'" if name != "tensorboard" else "tensorboard" for name in missing)
-    return (
-        f"job.trackers: lists {names}, but the package is not installed here; pip install {install}, "
-        f"or remove {names} from job.trackers"
-    )

@@ -15,7 +15,8 @@ def _exit_without_teardown() -> None:
     """Registered before anything else, so it runs after every other exit handler
     (Prefect's log and event drains, Ray's, logging's), and after the threads Python
     waits for at exit; then the command ends without tearing down the thousands of
-    modules the flow imported, which would only delay the prompt (docs/performance.md)."""
+    modules the flow imported, which would only delay the prompt (docs/performance-log.md
+    section 4, session 7)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_code[0])

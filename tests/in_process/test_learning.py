@@ -6,7 +6,8 @@ this one catches it. It drives the role bodies through `flows.in_process` (the s
 calls as the flow, without Prefect and Ray start-up) so it stays well under a minute.
 
 Measured on the 2-core reference machine, seed 0: reward 0.075 over iterations 1-5,
-0.494 over iterations 16-20 (rise +0.42); docs/performance.md has the full curves.
+0.494 over iterations 16-20 (rise +0.42); docs/performance.md ("The CPU profile") has
+the full curves.
 The asserted margin is half of that, so CPU-numerics differences between machines
 do not make it flaky, while a policy that does not learn stays near +0.0.
 """

@@ -289,4 +289,4 @@ def test_the_finder_finds_each_kind_of_internal():
     assert check("home / 'profiles.toml'") != []
     # Public names, the project's own private names, and docstrings pass.
     assert check('"""Reads `ray._private`."""\nimport torch\ntorch.nn.functional.relu\nos._exit(0)') == []
-    assert check("self._fork_server = None\nx._fork_server") == []
+    assert check("self._live_placements = None\nx._live_placements") == []

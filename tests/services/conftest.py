@@ -50,11 +50,11 @@ def prefect_api():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    from processes.ray_session import init_ray, shutdown_ray
+    from processes.ray_session import init_ray
 
-    init_ray(num_cpus=2)
-    yield
-    shutdown_ray()
+    session = init_ray(num_cpus=2)
+    yield session
+    session.close()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ DRIVER = textwrap.dedent(
 
     written_for = ray_compat.WRITTEN_FOR
     ray_compat.WRITTEN_FOR = SpecifierSet("<2")  # as if the installed Ray were newer than the module
-    ray_session.init_ray(num_cpus=1)
+    session = ray_session.init_ray(num_cpus=1)
     import ray
 
     @ray.remote(num_cpus=0)
@@ -35,7 +35,7 @@ DRIVER = textwrap.dedent(
             return os.getpid()
 
     probe = Probe.remote()
-    print("unforked workers run", ray_session._fork_server is None and ray.get(probe.pid.remote(), timeout=120) > 0)
+    print("unforked workers run", session.fork_server is None and ray.get(probe.pid.remote(), timeout=120) > 0)
 
     # Back in range, with the monitor's kill failing: the rest of the shutdown still runs.
     ray_compat.WRITTEN_FOR = written_for
@@ -45,7 +45,7 @@ DRIVER = textwrap.dedent(
         raise RuntimeError("monitor kill broke")
 
     node.Node.kill_monitor = broken_kill
-    ray_session.shutdown_ray()
+    session.close()
     print("shut down", not ray.is_initialized(), flush=True)
     """
 )

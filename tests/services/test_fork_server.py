@@ -22,12 +22,6 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 
-def _fork_server():
-    from processes import ray_session
-
-    return ray_session._fork_server
-
-
 def _probe_class():
     import ray
 
@@ -55,7 +49,7 @@ def _probe_class():
 def test_a_local_runs_actors_are_forked_workers_with_the_raylets_environment(ray_cluster):
     import ray
 
-    server = _fork_server()
+    server = ray_cluster.fork_server
     assert server is not None, "the session's local Ray should fork its workers (PPO_FORK_WORKERS unset)"
     probe = _probe_class().remote()
     facts = ray.get(probe.facts.remote(), timeout=120)
@@ -94,7 +88,7 @@ def test_ending_one_forked_actor_leaves_the_others_and_the_server_alive(ray_clus
     trainer's ranks) while a driver keeps others (tests/support/process_pool.py)."""
     import ray
 
-    server = _fork_server()
+    server = ray_cluster.fork_server
     ended, kept = _probe_class().remote(), _probe_class().remote()
     ended_facts = ray.get(ended.facts.remote(), timeout=120)
     ended_pid, ended_group = ended_facts["pid"], ended_facts["pgid"]
@@ -124,7 +118,7 @@ DRIVER = textwrap.dedent(
     apply_default_environment()
     import ray
     from processes import ray_session
-    ray_session.init_ray(num_cpus=1)
+    session = ray_session.init_ray(num_cpus=1)
 
     @ray.remote(num_cpus=0)
     class Probe:
@@ -132,7 +126,7 @@ DRIVER = textwrap.dedent(
             return os.getpid()
 
     probe = Probe.remote()
-    print(ray_session._fork_server.process.pid, ray.get(probe.pid.remote()), flush=True)
+    print(session.fork_server.process.pid, ray.get(probe.pid.remote()), flush=True)
     time.sleep(600)
     """
 )
@@ -178,7 +172,7 @@ def test_the_launcher_runs_any_command_but_a_workers_as_plain_python(ray_cluster
     """A local Ray starts all its Python daemons with the launcher it uses for workers
     (processes/fork_launch.py): those must run unchanged, with site-packages, in the very
     process the raylet started, not as a fork."""
-    server = _fork_server()
+    server = ray_cluster.fork_server
     process = subprocess.Popen(
         [server.launcher, "-u", "-c", "import os, sys; print(os.getpid(), sys.flags.no_site, sys.argv[1:])", "x"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PPO_FORK_SERVER_SOCKET": server.socket_path},

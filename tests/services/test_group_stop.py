@@ -132,10 +132,9 @@ def test_a_group_sigterm_to_a_run_that_joined_a_cluster_stops_it_and_leaves_the_
     untouched and it still runs work."""
     import ray
 
-    from processes import ray_session
     from processes.process_tree import marked
 
-    cluster = marked(ray_session._local_ray_mark)
+    cluster = marked(ray_cluster.mark)
     daemons = {proc for proc in cluster if Path(f"/proc/{proc[0]}/cmdline").read_bytes().split(b"\0")[0].endswith(
         (b"gcs_server", b"raylet"))}
     assert len(daemons) == 2, cluster
