@@ -130,3 +130,48 @@ def test_a_resume_over_another_served_model_is_refused_by_its_url(served, tiny_r
     other = {"loop_state": {SERVED_KEY: "sha256:" + "0" * 64}}
     assert reward_model_problem(other, config, "iter_000002").startswith(
         f"rl.reward.model.url: {served} now serves a reward model with fingerprint sha256:")
+
+
+def test_a_transient_status_is_retried_and_a_refusal_is_not(served):
+    """A small forwarding server in front of ours: it answers 503 to the first request,
+    then passes requests on; a client with one retry gets the scores, one without fails
+    naming the endpoint and the status."""
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answered = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answered.append(self.path)
+            if len(answered) % 2:  # every other request: the server is overloaded
+                self.send_response(503)
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                self.wfile.write(b"busy")
+                return
+            forwarded = urllib.request.Request(f"{served}{self.path}", data=body, method="POST",
+                                               headers={k: v for k, v in self.headers.items()})
+            with urllib.request.urlopen(forwarded, timeout=10) as response:
+                payload = response.read()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    flaky = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=flaky.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    try:
+        scores = _client(url, retries=1, batch_size=2).score(TEXTS, ROWS)
+        assert len(scores) == 2 and answered == ["/classify", "/classify"]  # 503, then the answer
+        with pytest.raises(RewardServerError, match=rf"POST {url}/classify: HTTP 503 .*busy after 1 attempt$"):
+            _client(url, retries=0).score(TEXTS, ROWS)
+    finally:
+        flaky.shutdown()
+        flaky.server_close()
