@@ -34,10 +34,15 @@ EVALUATIONS = (
     "rl.validation.before_training)"
 )
 WITH_REFERENCES = "only when every evaluation prompt has a reference"
+REWARD_MODEL = "every iteration with a reward model (rl.reward.model)"
+RM_NORMALIZE = "every iteration with rl.reward.model.normalize"
+RM_CLIP = "every iteration with rl.reward.model.clip set"
+RM_EOS_PENALTY = "every iteration with rl.reward.model.missing_eos_penalty set"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
-    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO,
+    EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO, REWARD_MODEL, RM_NORMALIZE,
+    RM_CLIP, RM_EOS_PENALTY,
 )
 
 
@@ -99,6 +104,22 @@ METRICS: tuple[Metric, ...] = (
            "not a comparison of rewards)", "fraction in [0, 1]", WITH_MATCHER, "roles/reward_role.py"),
     Metric("reward/errors", "completions on which the terminal rule or callable raised, scored as incorrect "
            "(the first few are logged with their rows)", "count", ON_ERROR_ZERO, "roles/reward_role.py"),
+    # learned reward model (S-RM-1)
+    Metric("reward/model_raw_mean", "mean raw score of the batch's completions from the reward model (its logit)",
+           "model score", REWARD_MODEL, "algorithm/reward_model_scores.py"),
+    Metric("reward/model_raw_std", "population standard deviation of the raw reward-model scores of the batch",
+           "model score", REWARD_MODEL, "algorithm/reward_model_scores.py"),
+    Metric("reward/model_normalized_mean", "mean score after the running normalisation (s - mean) / std over "
+           "every training score so far, this batch included", "standard deviations", RM_NORMALIZE,
+           "algorithm/reward_model_scores.py"),
+    Metric("reward/model_clipped_fraction", "fraction of scores outside [-clip, clip] after normalising, clipped "
+           "to it", "fraction in [0, 1]", (REWARD_MODEL, RM_CLIP), "algorithm/reward_model_scores.py"),
+    Metric("reward/model_penalized_fraction", "fraction of completions that ended without EOS and paid "
+           "rl.reward.model.missing_eos_penalty", "fraction in [0, 1]", (REWARD_MODEL, RM_EOS_PENALTY),
+           "algorithm/reward_model_scores.py"),
+    Metric("reward/model_score_mean", "mean of the reward model's term of the terminal reward (normalised, "
+           "clipped, penalised, weighted); with combine=model this is train/reward_mean", "reward", REWARD_MODEL,
+           "algorithm/reward_model_scores.py"),
     # critic predictions and the frozen targets
     Metric("critic/value_mean", "mean critic prediction over response tokens, before this iteration's update",
            "reward", EVERY_ITERATION, "roles/critic_role.py"),
@@ -190,6 +211,9 @@ METRICS: tuple[Metric, ...] = (
     # held-out evaluation (S-OPS-2)
     Metric("val/reward_mean", "mean terminal reward of the evaluation prompts' completions, the run's own reward "
            "rule on PPO's scale", "reward", EVALUATIONS, "roles/reward_role.py"),
+    Metric("val/model_raw_mean", "mean raw reward-model score of the evaluation completions (the evaluation "
+           "never moves the running normalisation)", "model score", (EVALUATIONS, REWARD_MODEL),
+           "roles/reward_role.py"),
     Metric("val/fraction_correct", "fraction of evaluation completions the terminal matcher judged correct",
            "fraction in [0, 1]", (EVALUATIONS, WITH_MATCHER), "roles/reward_role.py"),
     Metric("val/exact_match", "fraction of evaluation completions equal to their reference (both stripped of "

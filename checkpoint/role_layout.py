@@ -20,3 +20,9 @@ PARAM_GROUPS_FILE = "optimizer_param_groups.json"
 # boundary, and under this key in the marker's loop_state the digest alone.
 BASE_MODEL_FILE = "base_model.json"
 BASE_MODEL_KEY = "base_model"
+
+# The learned reward model a boundary's rewards came from (S-RM-2), recorded like the base model.
+REWARD_MODEL_FILE = "reward_model.json"
+REWARD_MODEL_KEY = "reward_model"
+# The reward role's save inside a boundary: the running normalisation of the model's scores.
+REWARD_DIR = "reward"

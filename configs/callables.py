@@ -138,6 +138,12 @@ def override_trust_problems(profile: BaseModel, final: BaseModel) -> list[str]:
             "job.trusted_modules: set only in the profile (the operator's file), never by an override or a "
             "deployment parameter"
         )
+    if value_at(final, "rl.reward.model.url") != value_at(profile, "rl.reward.model.url"):
+        # S-RM-1: a deployment parameter must not send the run's completions to another host.
+        problems.append(
+            "rl.reward.model.url: set only in the profile (the operator's file), never by an override or a "
+            "deployment parameter"
+        )
     trusted = trusted_modules(listed or ())
     for key in code_reference_keys(type(final)):
         value = value_at(final, key)

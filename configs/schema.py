@@ -197,6 +197,12 @@ class ModelConfig(Section):
         default_factory=LoraConfig,
         description="LoRA adapters on the policy and the critic (rank 0, the default: full fine-tuning).",
     )
+    critic_path: str | None = Field(
+        None,
+        description="Start the critic from this folder instead of `path`: usually the reward model (its backbone "
+        "and one-label score head become the critic's backbone and value head). It must share the policy's "
+        "vocabulary; null: the critic starts from `path` with a new value head.",
+    )
 
 
 class DataPackerConfig(Section):
@@ -392,6 +398,107 @@ class ValidationConfig(Section):
         return self
 
 
+REWARD_COMBINE = ("model", "sum")
+
+
+class TinyRewardModelSpec(Section):
+    """How to build the local tiny reward model when `rl.reward.model.path` does not
+    exist yet: a one-label Qwen3 sequence classifier with the tiny policy's tokenizer,
+    trained briefly on preference pairs from a rule-truth task (Bradley-Terry loss)."""
+
+    task: Literal["copy_digit"] = Field(
+        "copy_digit",
+        description="Where the preference pairs come from: `copy_digit` prefers the prompt's digit over any other "
+        "answer (the rule stays hidden from PPO; only the model's scores reach it).",
+    )
+    task_alphabet: str = Field("0123456789", description="Characters of the character-level tokenizer.")
+    hidden_size: int = Field(64, ge=8, description="Transformer width.")
+    intermediate_size: int = Field(128, ge=8, description="MLP width.")
+    num_hidden_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(4, ge=1, description="Attention heads.")
+    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads.")
+    max_position_embeddings: int = Field(64, ge=16, description="Longest sequence it scores.")
+    seed: int = Field(0, description="Seed of its initialisation and of the preference pairs.")
+    train_steps: int = Field(500, ge=0, description="Optimizer steps on preference pairs (0: untrained).")
+    train_batch_size: int = Field(64, ge=1, description="Preference pairs per step.")
+    train_lr: float = Field(3e-3, gt=0, description="AdamW learning rate of that training.")
+
+
+class RewardModelConfig(Section):
+    """A learned reward model: a one-label sequence classifier whose score of
+    the prompt and completion is the terminal reward. docs/rewards.md, "Reward models"."""
+
+    path: str | None = Field(
+        None,
+        description="Folder (or hub id, pinned with `revision`) loadable with AutoModelForSequenceClassification, "
+        "one label; scored in the reward role's actor with the folder's own tokenizer and chat template.",
+    )
+    revision: str | None = Field(
+        None, description="For a hub id in `path`: the branch, tag or commit; pinned to a commit at launch."
+    )
+    url: str | None = Field(
+        None,
+        description="A served reward model (our `python -m models.reward_server`, or a vLLM server's `/classify`) "
+        "instead of loading it here. Set only in the profile: an override or deployment parameter naming a URL is "
+        "refused. With `path` too, `path` supplies the tokenizer and chat template the prompt is rendered with.",
+    )
+    served_name: str | None = Field(
+        None, description="With `url`: the model name sent in each request (vLLM's `--served-model-name`)."
+    )
+    token_env: str | None = Field(
+        None, description="With `url`: the environment variable holding the bearer token the server requires."
+    )
+    timeout_seconds: float = Field(30.0, gt=0, description="With `url`: seconds one request may take.")
+    retries: int = Field(3, ge=0, description="With `url`: retries of a request after a transient error.")
+    tiny: TinyRewardModelSpec | None = Field(
+        None, description="If set and `path` does not exist, build and train a tiny reward model there first."
+    )
+    batch_size: int = Field(32, ge=1, description="Completions scored per forward (or per request when served).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="The reward model's dtype.")
+    max_length: int = Field(
+        1024,
+        ge=2,
+        description="Longest prompt plus completion in the reward model's tokens; a longer one fails naming its row "
+        "(never truncated: a truncated completion would be scored on what it did not say).",
+    )
+    combine: Literal["model", "sum"] = Field(
+        "model",
+        description="`model`: the terminal reward is the model's (shaped) score alone; a terminal rule, if set, is "
+        "only measured (`reward/fraction_correct`). `sum`: the score times `weight` plus the rule's reward on PPO's "
+        "scale (a rule is required).",
+    )
+    weight: float = Field(1.0, description="Factor on the model's shaped score in the terminal reward.")
+    normalize: bool = Field(
+        False,
+        description="Running normalisation of the raw scores, (s - mean) / std over every score so far (kept in "
+        "each boundary, so a resume continues it exactly).",
+    )
+    clip: float | None = Field(
+        None, gt=0, description="After normalising: clip scores to [-clip, clip] (null: no clipping)."
+    )
+    missing_eos_penalty: float | None = Field(
+        None,
+        ge=0,
+        description="Subtracted from the score of a completion that ends without EOS (TRL's missing_eos_penalty).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RewardModelConfig":
+        if self.path is None and self.url is None:
+            raise ValueError("rl.reward.model: set rl.reward.model.path (a model folder) or rl.reward.model.url")
+        if self.url is None:
+            named = [k for k in ("served_name", "token_env") if getattr(self, k) is not None]
+            if named:
+                raise ValueError(
+                    f"rl.reward.model.{named[0]} applies to a served model only; set rl.reward.model.url or remove it"
+                )
+        elif not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"rl.reward.model.url: {self.url!r} is not an http:// or https:// URL")
+        if self.tiny is not None and self.path is None:
+            raise ValueError("rl.reward.model.tiny builds into rl.reward.model.path; set that path")
+        return self
+
+
 class RewardConfig(Section):
     terminal: str = Field(
         "arithmetic_exact_match",
@@ -411,6 +518,30 @@ class RewardConfig(Section):
         "callable, the row and the completion; `zero` scores it as incorrect, counts it in `reward/errors` and logs "
         "the first few.",
     )
+    model: RewardModelConfig | None = Field(
+        None, description="A learned reward model scoring each completion (docs/rewards.md); null: rules only."
+    )
+
+    @model_validator(mode="after")
+    def _one_combination(self) -> "RewardConfig":
+        """The one rule for mixing a model and a rule (docs/rewards.md): refused where
+        two readings are possible, naming the keys."""
+        if self.model is None:
+            return self
+        rule = self.terminal_callable is not None or self.terminal != "none"
+        if self.model.combine == "sum" and not rule:
+            raise ValueError(
+                "rl.reward.model.combine=sum adds a rule's reward to the model's score, but rl.reward.terminal is "
+                "none; name a rule in rl.reward.terminal, or use rl.reward.model.combine=model"
+            )
+        scale = [key for key, default in (("correct_reward", 1.0), ("incorrect_reward", 0.0))
+                 if getattr(self, key) != default]
+        if self.model.combine == "model" and scale:
+            raise ValueError(
+                f"rl.reward.{scale[0]} has no effect with rl.reward.model.combine=model (the rule is only measured, "
+                "its reward never added); use rl.reward.model.combine=sum, or leave the rule's scale unset"
+            )
+        return self
 
 
 class OptimizerConfig(Section):
@@ -577,6 +708,15 @@ class GridConfig(Section):
     rollout_gpus: int = Field(0, ge=0, description="GPUs of the rollout group when disaggregated.")
     reference_gpus: int = Field(0, ge=0, description="GPUs of the frozen reference group.")
     critic_gpus: int = Field(0, ge=0, description="GPUs of the critic group.")
+    reward_placement: Literal["with_reference", "own"] = Field(
+        "with_reference",
+        description="Where a loaded reward model (rl.reward.model.path without url) runs: beside the frozen "
+        "reference in its device group (both frozen; each takes half of each GPU bundle), or in a group of its own "
+        "with grid.reward_gpus. On a CPU run either way is the host.",
+    )
+    reward_gpus: int = Field(
+        0, ge=0, description="GPUs of the reward model's own group (grid.reward_placement=own); 0: the host."
+    )
     cpu_trainer_ranks: int = Field(
         1,
         ge=1,

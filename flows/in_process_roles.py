@@ -59,7 +59,7 @@ def build_roles(config: PPOConfig) -> InProcessRoles:
     return InProcessRoles(
         data=DataRole(config),
         rollout=RolloutRole(config, placements["rollout"][0]),
-        reward=RewardRole(config),
+        reward=RewardRole(config, placements.get("reward", (None,))[0]),
         replay=ReplayRole(config),
         reference=ReferenceRole(config, placements["reference"][0]),
         critic=CriticRole(config, placements["critic"][0]),

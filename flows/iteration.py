@@ -21,8 +21,12 @@ from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
 from contracts.scored_batch import ScoredBatch
 from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from placement.plan import TRAINER_ROLES
-from checkpoint.role_layout import BASE_MODEL_KEY
+from checkpoint.role_layout import BASE_MODEL_KEY, REWARD_DIR, REWARD_MODEL_KEY
 from rundir.base_model import current_fingerprint, record_in_boundary
+from rundir.reward_model_identity import (
+    REWARD_NORMALIZE_KEY, SERVED_KEY, keeps_reward_state, record_reward_model, reward_model_fingerprint,
+    served_fingerprint,
+)
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages
@@ -306,6 +310,15 @@ def save_on_cadence(
         base_model = current_fingerprint(config.model)
         if base_model is not None:  # S-SEC-4: what a resume must find at model.path
             loop_state[BASE_MODEL_KEY] = record_in_boundary(boundary, base_model)
+        reward_model = reward_model_fingerprint(config.rl.reward.model)
+        if reward_model is not None:  # S-RM-2: what a resume must find at rl.reward.model.path
+            loop_state[REWARD_MODEL_KEY] = record_reward_model(boundary, reward_model)
+        served = served_fingerprint(config.rl.reward.model)
+        if served is not None:  # S-RM-2: a server of ours says what it serves
+            loop_state[SERVED_KEY] = served
+        if keeps_reward_state(config):  # S-RM-1: the running normalisation goes on exactly
+            loop_state[REWARD_NORMALIZE_KEY] = True
+            saves["reward"] = run.call(roles.reward.save, f"{boundary}/{REWARD_DIR}")
         return run.stage(
             commit_stage.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,
             config.rl.keep_optim_last, record,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from checkpoint.boundary import CommittedBoundary
+from checkpoint.role_layout import REWARD_DIR
 from configs.schema import PPOConfig
 from contracts.stage_names import time_key
 from flows.blocks import iteration_blocks
@@ -37,6 +38,7 @@ from rundir.resume import (
     truncate_metrics,
 )
 from weights.transport import deliver
+from rundir.reward_model_identity import keeps_reward_state
 from rundir.run_outputs import RunPaths
 
 if TYPE_CHECKING:
@@ -161,7 +163,8 @@ def restore_roles(run: Runner, roles: Roles, point: ResumePoint, config: PPOConf
     # (a sharded load is a collective).
     policy_loads = [run.call(rank.load, f"{boundary}/policy") for rank in roles.policy_ranks()]
     critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.critic_ranks()]
-    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data")])
+    reward_load = [run.call(roles.reward.load, f"{boundary}/{REWARD_DIR}")] if keeps_reward_state(config) else []
+    states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data"), *reward_load])
     policy_state, critic_state = states[0], states[len(policy_loads)]
     observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
     recorded = point.marker.get("role_steps")

@@ -25,7 +25,9 @@ _LOCAL = fsspec.filesystem("file")
 # Files that say nothing about the weights the roles load: our own build records (the
 # tiny pre-training report holds its wall time) and model cards. Hidden files (a hub
 # cache's `.cache/`, `.gitattributes`) are skipped too.
-IGNORED_NAMES = frozenset({"tiny_spec.json", "tiny_pretrain.json", "README.md", "LICENSE", "LICENSE.txt"})
+IGNORED_NAMES = frozenset({
+    "tiny_spec.json", "tiny_pretrain.json", "tiny_reward_spec.json", "tiny_reward_training.json",
+    "README.md", "LICENSE", "LICENSE.txt"})
 CACHE_ENV = "PPO_FINGERPRINT_CACHE"  # a file path, or "off"
 
 

@@ -23,7 +23,8 @@ RANKED_ROLES = (*SHARDED_ROLES, "rollout")
 each) and the rollout's engines (independent, one shard each)."""
 
 DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
-"""Roles that hold a model on a device; the others (data, reward, replay) stay on the host."""
+"""Roles that hold a model on a device; the others (data, reward, replay) stay on the host,
+except the reward role when it loads a reward model (`PlacementPlan.group_of("reward")`)."""
 
 HOST_ROLES = ("data", "reward", "replay")
 
@@ -107,7 +108,7 @@ class PlacementPlan:
         takes `grid.cpu_trainer_ranks`, the reference `grid.cpu_reference_ranks` and the
         rollout `grid.cpu_rollout_engines`."""
         group = self.group_of(role)
-        if group is None:
+        if group is None or role == "reward":  # one reward actor, whatever its group holds
             return 1
         if group.gpus == 0:
             if role == "rollout":
@@ -142,6 +143,7 @@ def plan_placement(config: PPOConfig) -> PlacementPlan:
             DeviceGroup("reference", ("reference",), grid.reference_gpus, "grid.reference_gpus"),
             DeviceGroup("critic", ("critic",), grid.critic_gpus, "grid.critic_gpus"),
         )
+    groups = _with_reward_model(config, groups)
     return PlacementPlan(
         mode=grid.gpu_placement,
         groups=groups,
@@ -155,6 +157,24 @@ def plan_placement(config: PPOConfig) -> PlacementPlan:
     )
 
 
+def loads_reward_model(config: PPOConfig) -> bool:
+    """A reward model loaded in the reward role's actor (not only served): it needs a device."""
+    model = config.rl.reward.model
+    return model is not None and model.url is None
+
+
+def _with_reward_model(config: PPOConfig, groups: tuple[DeviceGroup, ...]) -> tuple[DeviceGroup, ...]:
+    """S-RM-1: the reward role joins the frozen reference's group, or gets its own; without a
+    loaded reward model the plan is exactly as before (the reward role stays a host role)."""
+    if not loads_reward_model(config):
+        return groups
+    if config.grid.reward_placement == "own":
+        return (*groups, DeviceGroup("reward", ("reward",), config.grid.reward_gpus, "grid.reward_gpus"))
+    return tuple(
+        DeviceGroup(g.name, (*g.roles, "reward"), g.gpus, g.key) if "reference" in g.roles else g for g in groups
+    )
+
+
 def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str, str]]:
     """Every way the declared groups cannot be placed on the declared devices, as
     (key, message) pairs. Checks only what the config says: the machine running the
@@ -162,6 +182,10 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
     problems: list[tuple[str, str]] = []
     grid = config.grid
     tp = plan.rollout_tensor_parallel_size
+    if grid.reward_gpus and (grid.reward_placement != "own" or not loads_reward_model(config)):
+        why = ("grid.reward_placement is with_reference (it shares the reference's GPUs)"
+               if loads_reward_model(config) else "no reward model is loaded (rl.reward.model.path without url)")
+        problems.append(("grid.reward_gpus", f"is {grid.reward_gpus} but {why}; set grid.reward_gpus=0"))
     if config.grid.backend != "ray":
         problems.append(
             ("grid.backend", f"{grid.backend!r} is not supported: PPO runs each role as its own Ray actor "

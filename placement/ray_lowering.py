@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from placement.node_layout import host_slot, node_slots
-from placement.plan import HOST_ROLES, PlacementPlan
+from placement.plan import PlacementPlan
 
 if TYPE_CHECKING:  # Ray is imported only when a plan is lowered
     from ray.util.placement_group import PlacementGroup
@@ -36,7 +36,7 @@ class LoweredPlacement:
 
     def actor_options(self, role: str, rank: int = 0) -> dict[str, Any]:
         group = self.plan.group_of(role)
-        if group is None or role in HOST_ROLES or group.name not in self.placement_groups:
+        if group is None or group.name not in self.placement_groups:  # a host role (data, replay, reward)
             if self.host_node is None:
                 # One node: no reservation at all. Actors that ask for a CPU each would
                 # not fit seven roles on a 2-core machine; with num_cpus=0 they share the cores.

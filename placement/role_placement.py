@@ -45,7 +45,8 @@ def role_placements(plan: PlacementPlan) -> dict[str, tuple[RolePlacement, ...]]
     """Every rank of every device role (`DEVICE_ROLES`), rank 0 first: one placement
     per rank of the role's group (`RANKED_ROLES`, the frozen reference included)."""
     placements: dict[str, tuple[RolePlacement, ...]] = {}
-    for role in DEVICE_ROLES:
+    placed = (*DEVICE_ROLES, "reward") if plan.group_of("reward") is not None else DEVICE_ROLES
+    for role in placed:
         group = plan.group_of(role)
         device = "cuda" if group is not None and group.gpus else "cpu"
         parks = role in SHARING_ROLES and plan.offload_active and device != "cpu"

@@ -12,17 +12,33 @@ import torch
 
 from algorithm.ppo_math import clipped_value_loss
 from configs.schema import OptimizerConfig, PPOConfig
+from models.critic_source import require_critic_source
 from models.lora import add_adapters
 from models.model_io import ensure_model, load_value_model, response_values
+from models.reward_model import ensure_reward_model
 from roles.trainer_role import TrainerRole
 from contracts.trajectory import PPOTargets, Trajectory
+
+
+def critic_start(config: PPOConfig) -> str:
+    """The folder the critic's weights start from: `model.path`, or `model.critic_path`
+    once it is checked to fit the policy (S-RM-2)."""
+    policy = ensure_model(config.model)
+    source = config.model.critic_path
+    if source is None:
+        return policy
+    reward_model = config.rl.reward.model
+    if reward_model is not None and reward_model.path == source:
+        ensure_reward_model(reward_model)  # a tiny reward model is built before it can start the critic
+    require_critic_source(policy, source)
+    return source
 
 
 class CriticRole(TrainerRole):
     role = "critic"
 
     def _load_model(self, config: PPOConfig) -> torch.nn.Module:
-        model = load_value_model(ensure_model(config.model), config.model.dtype, seed=config.job.seed)
+        model = load_value_model(critic_start(config), config.model.dtype, seed=config.job.seed)
         if not config.model.lora.enabled:
             return model
         # The value head is new: it trains whole beside the adapters (S-LORA-1).

@@ -1,5 +1,7 @@
 """The reward role: PPO's terminal reward and the optional per-token shaping term
-(S-REW), added to the trajectory as its own fields."""
+(S-REW), added to the trajectory as its own fields. With `rl.reward.model` it also
+holds the frozen reward model (S-RM-1), loaded once for the run, and its
+normalisation state, which boundaries keep."""
 
 from __future__ import annotations
 
@@ -13,20 +15,51 @@ from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resol
 from configs.schema import PPOConfig
 from contracts.faults import REWARD_EVENTS
 from contracts.trajectory import Trajectory
+from placement.role_placement import RolePlacement
+from roles.reward_model_term import RewardModelTerm
 
 
 class RewardRole:
-    def __init__(self, config: PPOConfig):
+    def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
+        """`placement`: where a loaded reward model computes (its own group, or beside
+        the reference); None for a host role (rules only, or a served model)."""
         self.reward = config.rl.reward
         self.matcher = resolve_terminal(
             self.reward.terminal, self.reward.terminal_callable, config.job.trusted_modules
         )
         self.errors_logged = 0
+        device = placement.on_visible_device().device if placement is not None else "cpu"
+        self.model_term = RewardModelTerm(config, device) if self.reward.model is not None else None
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "reward", "terminal": self.matcher.name if self.matcher else "none"}
+        ready = {"role": "reward", "terminal": self.matcher.name if self.matcher else "none"}
+        if self.model_term is not None:
+            ready["model"] = self.model_term.describe()
+            ready["device"] = self.model_term.device
+        return ready
 
-    def score(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
+    def save(self, directory: str) -> dict[str, Any]:
+        """The reward model's running normalisation, for a boundary (S-RM-1)."""
+        assert self.model_term is not None
+        return self.model_term.save(directory)
+
+    def load(self, directory: str) -> dict[str, Any]:
+        assert self.model_term is not None
+        return self.model_term.load(directory)
+
+    def score(self, trajectory: Trajectory, training: bool = True) -> tuple[Trajectory, dict[str, float]]:
+        scored, metrics = self._rule_scores(trajectory)
+        if self.model_term is None:
+            return scored, metrics
+        model_scores, model_metrics = self.model_term.score(trajectory, training=training)
+        # The one rule (docs/rewards.md): the model's score alone, or plus the rule's reward.
+        rule_share = scored.scores if self.reward.model.combine == "sum" else torch.zeros_like(model_scores)
+        terminal = model_scores + rule_share
+        metrics.update(model_metrics)
+        metrics["train/reward_mean"] = metrics["reward/terminal_mean"] = float(terminal.mean())
+        return dataclasses.replace(scored, scores=terminal), metrics
+
+    def _rule_scores(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         batch = trajectory.prompts
         scores, correct, errors, events = [], [], 0, []
         sources = batch.sources or [None] * len(batch.prompts)
@@ -84,8 +117,10 @@ class RewardRole:
         """The run's own reward on evaluation completions, as `val/*` metrics (S-OPS-2).
         `val/exact_match` compares the stripped completion with the stripped reference,
         whatever the reward rule; `val/fraction_correct` is the rule's verdict."""
-        scored, metrics = self.score(trajectory)
+        scored, metrics = self.score(trajectory, training=False)
         result = {"val/reward_mean": metrics["train/reward_mean"]}
+        if "reward/model_raw_mean" in metrics:
+            result["val/model_raw_mean"] = metrics["reward/model_raw_mean"]
         if REWARD_EVENTS in metrics:
             result[REWARD_EVENTS] = metrics[REWARD_EVENTS]
         if "reward/fraction_correct" in metrics:

@@ -72,32 +72,45 @@ def pin_hub_model(config: PPOConfig) -> PPOConfig:
     """A hub id in `model.path` becomes the local snapshot folder of one commit, so
     every role loads exactly the content that was fingerprinted, whatever the hub's
     branch points at later. The local Hugging Face cache is tried first (no network);
-    a cluster's nodes need that cache on shared storage (docs/reliability.md)."""
+    a cluster's nodes need that cache on shared storage (docs/reliability.md). A hub id
+    in `rl.reward.model.path` is pinned the same way (S-RM-2)."""
     model = config.model
-    if model.tiny is not None or Path(model.path).exists() or model.path.count("/") != 1:
-        return config
+    if model.tiny is None and not Path(model.path).exists() and model.path.count("/") == 1:
+        folder = hub_snapshot(model.path, model.revision, "model.path")
+        pinned = model.model_copy(update={"path": folder, "revision": Path(folder).name})
+        config = config.model_copy(update={"model": pinned})
+    reward_model = config.rl.reward.model
+    if (reward_model is not None and reward_model.path is not None and reward_model.tiny is None
+            and not Path(reward_model.path).exists() and reward_model.path.count("/") == 1):
+        folder = hub_snapshot(reward_model.path, reward_model.revision, "rl.reward.model.path")
+        pinned_rm = reward_model.model_copy(update={"path": folder, "revision": Path(folder).name})
+        reward = config.rl.reward.model_copy(update={"model": pinned_rm})
+        config = config.model_copy(update={"rl": config.rl.model_copy(update={"reward": reward})})
+    return config
+
+
+def hub_snapshot(repo_id: str, revision: str | None, key: str) -> str:
+    """The local snapshot folder of `repo_id` at `revision`: the cache first, then the hub."""
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(model.path, revision=model.revision, local_files_only=True)
+        return snapshot_download(repo_id, revision=revision, local_files_only=True)
     except Exception:
         try:
-            folder = snapshot_download(model.path, revision=model.revision)
+            return snapshot_download(repo_id, revision=revision)
         except Exception as error:
-            at = f" at revision {model.revision!r}" if model.revision else ""
+            at = f" at revision {revision!r}" if revision else ""
             raise ConfigError([
-                f"model.path: {model.path!r}{at} is neither a local folder nor in the Hugging Face cache, and the "
+                f"{key}: {repo_id!r}{at} is neither a local folder nor in the Hugging Face cache, and the "
                 f"hub could not provide it ({type(error).__name__}); download it first or name a local folder"
             ]) from None
-    pinned = model.model_copy(update={"path": folder, "revision": Path(folder).name})
-    return config.model_copy(update={"model": pinned})
 
 
-def record_in_boundary(boundary: str, fingerprint: ModelFingerprint) -> str:
-    """Write the per-file record into `boundary` (before its marker, which then vouches
-    for it) and return the digest for the marker's loop_state."""
+def record_in_boundary(boundary: str, fingerprint: ModelFingerprint, name: str = BASE_MODEL_FILE) -> str:
+    """Write the per-file record `name` into `boundary` (before its marker, which then
+    vouches for it) and return the digest for the marker's loop_state."""
     fs, root = fsspec.core.url_to_fs(boundary)
     fs.makedirs(root, exist_ok=True)  # the roles' saves may not have made the folder yet
     record = json.dumps(fingerprint.to_json(), indent=1, sort_keys=True) + "\n"
-    atomic_write_text(f"{boundary}/{BASE_MODEL_FILE}", record)
+    atomic_write_text(f"{boundary}/{name}", record)
     return fingerprint.digest

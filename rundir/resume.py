@@ -28,6 +28,7 @@ from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
 from models.lora_targets import ADAPTER_CONFIG_FILE
 from rundir.base_model import base_model_problem
+from rundir.reward_model_identity import reward_model_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from contracts.experience import remove_experience_after, set_aside_experience
 
@@ -138,6 +139,7 @@ def resume_boundary(
             "(more continues the run), go back with resume_from, or start a new job.name."
         )
     changed = base_model_problem(marker, config, boundary)  # S-SEC-4: before any role loads the model
+    changed = changed or reward_model_problem(marker, config, boundary)  # S-RM-2
     if changed:
         raise ResumeError(changed)
     return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,

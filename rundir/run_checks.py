@@ -31,6 +31,7 @@ from rundir.preflight import Problem, config_problems, joins_cluster, machine_pr
 from models.model_folder import (
     HEADS, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, check_model_folder, config_value, model_sizes,
 )
+from models.reward_model_folder import reward_model_folder_problems
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
@@ -76,6 +77,7 @@ def check_manifest(
     plan = plan_placement(config)
     _check_placement(config, plan, report, env, launching_here)
     _check_model(config, plan, report)
+    _check_critic_start(config, report)
     matcher, resolved = _check_reward(config, report)
     _check_data(config, matcher, resolved, report)
     _check_checkpoints(config, report, resume=not launching_here)
@@ -180,6 +182,28 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
         )
 
 
+def _check_critic_start(config: PPOConfig, report: ManifestReport) -> None:
+    """S-RM-2: a critic started from another folder must read the policy's token ids."""
+    source = config.model.critic_path
+    if source is None:
+        return
+    reward_model = config.rl.reward.model
+    pending = [folder for folder, built_later in ((config.model.path, config.model.tiny is not None),
+                                                  (source, reward_model is not None and reward_model.path == source
+                                                   and reward_model.tiny is not None))
+               if built_later and not (Path(folder) / "config.json").is_file()]
+    if pending:
+        report.summary.append(f"critic: starts from {source} (model.critic_path; checked once {pending[0]} is built)")
+        return
+    from models.critic_source import critic_source_problems
+
+    problems = critic_source_problems(config.model.path, source)
+    for message in problems:
+        report.problem("model.critic_path", message)
+    if not problems:
+        report.summary.append(f"critic: starts from {source} (model.critic_path: its backbone and score head)")
+
+
 def _check_folder(config: PPOConfig, folder: Path, model_config: dict[str, Any], report: ManifestReport) -> None:
     """S-BYO-1, S-BYO-2: the files every role will load, and the packer they call for."""
     check = check_model_folder(folder, model_config)
@@ -276,6 +300,19 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
             key = match.group(1) if match else "rl.reward.terminal"
         report.problem(key, str(error))
         return None, False
+    if reward.model is not None:
+        problems, summary = reward_model_folder_problems(reward.model)
+        report.problems.extend(Problem(key, message) for key, message in problems)
+        if summary:
+            report.summary.append(summary)
+        group = plan_placement(config).group_of("reward")
+        if group is not None:  # S-RM-1: the frozen reward model's device, as the actors will be placed
+            where = f"{group.gpus} GPU(s), {group.key}" if group.gpus else "the host"
+            others = "+".join(role for role in group.roles if role != "reward")
+            shared = f", shared with the {others}" if others else ""
+            report.summary.append(f"reward model placement: {where}{shared} (grid.reward_placement)")
+        if reward.model.url is not None:
+            _check_reward_server(reward.model, report)
     if matcher is None:
         report.summary.append("reward: no terminal reward (rl.reward.terminal=none)" + _process_text(config))
     else:
@@ -284,8 +321,23 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
             if matcher.needs_reference
             else "needs no reference"
         )
-        report.summary.append(f"reward: terminal {matcher.name} ({need}){_process_text(config)}")
+        measured = ""
+        if reward.model is not None and reward.model.combine == "model":
+            measured = ", measured only: rl.reward.model.combine=model"
+        report.summary.append(f"reward: terminal {matcher.name} ({need}{measured}){_process_text(config)}")
     return matcher, True
+
+
+def _check_reward_server(settings, report: ManifestReport) -> None:
+    """S-RM-1: a served reward model must answer before anything starts."""
+    from models.reward_client import RewardClient, RewardServerError
+
+    try:
+        served = RewardClient.from_config(settings).check()
+    except RewardServerError as error:
+        report.problem("rl.reward.model.url", str(error))
+        return
+    report.summary.append(f"reward model served at {settings.url}: {served}")
 
 
 def _process_text(config: PPOConfig) -> str:

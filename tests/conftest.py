@@ -44,7 +44,7 @@ TINY_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_cpu.py")
 TRUSTING_TINY_PROFILE = str(REPO_ROOT / "tests" / "support" / "profiles" / "tiny_trusting_tests.py")
 TEST_FOLDERS = ("pure", "in_process", "services")
 # A pure test builds no model: these fixtures belong to tests/in_process and tests/services.
-MODEL_FIXTURES = {"tiny_model_dir", "tiny_overrides"}
+MODEL_FIXTURES = {"tiny_model_dir", "tiny_overrides", "tiny_reward_model_dir"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
@@ -92,6 +92,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
     model = load_profile(TINY_PROFILE).model
     path = tmp_path_factory.mktemp("models") / "tiny-qwen3-digits"
     return ensure_model(model.model_copy(update={"path": str(path)}))
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory) -> str:
+    """A small untrained one-label reward model with the tiny policy's tokenizer, built
+    once for the session (seconds: no preference training)."""
+    from configs.schema import TinyRewardModelSpec
+    from models.tiny_reward_model import build_tiny_reward_model
+
+    spec = TinyRewardModelSpec(hidden_size=16, intermediate_size=32, num_hidden_layers=1, train_steps=0)
+    return str(build_tiny_reward_model(tmp_path_factory.mktemp("reward-models") / "tiny-reward", spec))
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,10 @@ class CurvePoints:
     kl: list[float | None]
     actor_warmup: list[bool]
     val_reward_mean: list[float | None] | None = None  # held-out evaluation, where it ran
+    # With a reward model (S-RM-1): its raw score and the measured rule's verdict, side by
+    # side, so reward hacking (the score rising while the rule does not) is visible.
+    model_score: list[float | None] | None = None
+    fraction_correct: list[float | None] | None = None
 
 
 def latest_per_iteration(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,6 +53,8 @@ def curve_points(records: list[dict[str, Any]]) -> CurvePoints:
         kl=[r.get("train/kl") for r in rows],
         actor_warmup=[bool(r.get("train/actor_warmup", 0.0)) for r in rows],
         val_reward_mean=[r.get("val/reward_mean") for r in rows],
+        model_score=[r.get("reward/model_raw_mean") for r in rows],
+        fraction_correct=[r.get("reward/fraction_correct") for r in rows],
     )
 
 
@@ -62,9 +68,14 @@ def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    figure = Figure(figsize=(8, 5), dpi=100, layout="constrained")
+    with_model = any(v is not None for v in points.model_score or [])
+    figure = Figure(figsize=(8, 7.5 if with_model else 5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    reward_axes, kl_axes = figure.subplots(2, 1, sharex=True)
+    if with_model:
+        reward_axes, model_axes, kl_axes = figure.subplots(3, 1, sharex=True)
+        _draw_model_against_rule(model_axes, points)
+    else:
+        reward_axes, kl_axes = figure.subplots(2, 1, sharex=True)
     for axes, values, label, color in (
         (reward_axes, points.reward_mean, "reward mean", "tab:green"),
         (kl_axes, points.kl, "KL (policy vs reference)", "tab:blue"),
@@ -91,6 +102,21 @@ def draw_reward_curve(points: CurvePoints, title: str) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def _draw_model_against_rule(axes: Any, points: CurvePoints) -> None:
+    """The reward model's raw score (left axis) against the measured rule's share of
+    correct completions (right axis), per iteration."""
+    shown = [(i, v) for i, v in zip(points.iterations, points.model_score or []) if v is not None]
+    axes.plot(*zip(*shown), color="tab:red", marker="o" if len(shown) <= 40 else None, markersize=3)
+    axes.set_ylabel("reward model score (raw)", color="tab:red")
+    axes.grid(True, alpha=0.3)
+    correct = [(i, v) for i, v in zip(points.iterations, points.fraction_correct or []) if v is not None]
+    if correct:
+        rule_axes = axes.twinx()
+        rule_axes.plot(*zip(*correct), color="tab:gray", marker="^" if len(correct) <= 40 else None, markersize=3)
+        rule_axes.set_ylabel("rule: fraction correct", color="tab:gray")
+        rule_axes.set_ylim(-0.05, 1.05)
 
 
 def write_reward_curve(metrics_path: str, out_path: str, title: str = "PPO run") -> str | None:

@@ -1,0 +1,140 @@
+"""A learned reward model loaded here: a one-label sequence classifier scoring each
+prompt and completion as one text in its own format (S-RM-1).
+
+The policy and the reward model need not share a tokenizer: the prompt and the
+decoded completion are rendered with the reward model's own chat template (the
+conversation plus an assistant turn) where it has one, as prompt text followed by the
+completion where it has none, and tokenized with its own tokenizer. The score is the
+classifier's logit at the last token (transformers' sequence-classification pooling,
+the same a TRL or OpenRLHF reward-model trainer trained it with).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from configs.schema import RewardModelConfig
+from contracts.faults import RepeatsOnRerun
+from data.packing import as_conversation
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RewardModelError(ValueError, RepeatsOnRerun):
+    """The reward model folder, or one completion's text, cannot be scored as configured."""
+
+
+@dataclass(frozen=True)
+class RowOrigin:
+    row_id: int
+    source: str | None
+
+
+def ensure_reward_model(model: RewardModelConfig) -> str | None:
+    """The reward model folder to load; builds the tiny one on first use. None when
+    only a URL is configured."""
+    if model.path is None:
+        return None
+    if model.tiny is not None:
+        from models.tiny_reward_model import build_tiny_reward_model
+
+        build_tiny_reward_model(model.path, model.tiny)
+    return model.path
+
+
+def load_reward_classifier(path: str, dtype: str) -> torch.nn.Module:
+    """AutoModelForSequenceClassification with exactly one label, frozen, in eval mode."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from models.model_io import quiet_transformers
+
+    quiet_transformers()
+    config = AutoConfig.from_pretrained(path)
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise RewardModelError(
+            f"rl.reward.model.path: {path} holds a {', '.join(architectures) or config.model_type}, not a sequence "
+            "classifier; a reward model is saved by AutoModelForSequenceClassification (num_labels=1), as TRL's and "
+            "OpenRLHF's reward trainers write it"
+        )
+    if config.num_labels != 1:
+        raise RewardModelError(
+            f"rl.reward.model.path: {path} is a sequence classifier with {config.num_labels} labels; a reward model "
+            "has one (its logit is the score)"
+        )
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype]).eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
+
+
+class RewardModelScorer:
+    """Renders, tokenizes and scores in batches of `batch_size`; refuses a text longer
+    than `max_length` tokens, naming its row, instead of truncating it."""
+
+    def __init__(self, path: str, dtype: str, batch_size: int, max_length: int, *, load_model: bool = True):
+        from transformers import AutoTokenizer
+
+        self.path = path
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "right"  # positions count from the first token, as in training
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = load_reward_classifier(path, dtype) if load_model else None
+        if self.model is not None and self.model.config.pad_token_id is None:
+            # Sequence-classification pooling finds each row's last token by the pad id.
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def render(self, prompt: Any, completion: str) -> str:
+        if self.has_chat_template:
+            conversation = [*as_conversation(prompt), {"role": "assistant", "content": completion}]
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False)
+        if not isinstance(prompt, str):
+            raise RewardModelError(
+                f"rl.reward.model.path: {self.path}'s tokenizer has no chat template, so a conversation prompt cannot "
+                "be rendered for it; use a reward model with a chat template or string prompts"
+            )
+        return prompt + completion
+
+    def token_ids(self, texts: Sequence[str], rows: Sequence[RowOrigin]) -> list[list[int]]:
+        """Each text's ids (the tokenizer's own special tokens added as it adds them);
+        the first one over `max_length` fails naming its row."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=not self.has_chat_template)["input_ids"]
+        for ids, row in zip(encoded, rows):
+            if len(ids) > self.max_length:
+                where = f"row {row.row_id}" + (f" ({row.source})" if row.source else "")
+                raise RewardModelError(
+                    f"{where}: the prompt and completion are {len(ids)} tokens in the reward model's tokenizer "
+                    f"({self.path}), over rl.reward.model.max_length={self.max_length}; scoring a truncated text "
+                    "would score what the completion did not say. Raise rl.reward.model.max_length (up to the model's "
+                    "context) or shorten the prompts"
+                )
+        return encoded
+
+    @torch.no_grad()
+    def score_ids(self, encoded: Sequence[list[int]]) -> torch.Tensor:
+        """Raw scores (b,) float32 on the host, `batch_size` texts per forward."""
+        assert self.model is not None
+        device = next(self.model.parameters()).device
+        scores = []
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(encoded), self.batch_size):
+            chunk = encoded[start:start + self.batch_size]
+            width = max(len(ids) for ids in chunk)
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, ids in enumerate(chunk):
+                input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[row, :len(ids)] = 1
+            logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+            scores.append(logits[:, 0].float().cpu())
+        return torch.cat(scores) if scores else torch.zeros(0)
