@@ -49,22 +49,33 @@ def base_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: str)
     recorded_digest = (marker.get("loop_state") or {}).get(BASE_MODEL_KEY)
     if recorded_digest is None:
         return None
-    current = current_fingerprint(config.model, build=True)
+    return changed_model_problem(
+        "model.path", config.model.path, current_fingerprint(config.model, build=True), boundary,
+        f"{boundary}/{BASE_MODEL_FILE}", recorded_digest, source="from", would="train another model",
+    )
+
+
+def changed_model_problem(
+    key: str, path: str, current: ModelFingerprint | None, boundary: str, record: str, recorded_digest: str,
+    *, source: str, would: str,
+) -> str | None:
+    """A resume over a model folder (the base model, a reward model) whose content is not
+    what `boundary` recorded in `record`: refused naming the key and the first differing
+    file. `source` says how the boundary used the model ("from"), `would` what resuming
+    over another would do."""
     if current is None:
         return (
-            f"model.path: {config.model.path!r} holds no model (no config.json), but {boundary} was trained from "
-            f"the model with fingerprint {recorded_digest}; resume refused. Put that model back at model.path, or "
-            "start a new job.name."
+            f"{key}: {path!r} holds no model (no config.json), but {boundary} was trained {source} the model with "
+            f"fingerprint {recorded_digest}; resume refused. Put that model back at {key}, or start a new job.name."
         )
     if current.digest == recorded_digest:
         return None
-    differs = current.first_difference_from(f"{boundary}/{BASE_MODEL_FILE}", recorded_digest)
+    differs = current.first_difference_from(record, recorded_digest)
     first = f"; first differing file: {differs}" if differs else ""
     return (
-        f"model.path: {config.model.path!r} now has content fingerprint sha256:{current.short}…, but {boundary} was "
-        f"trained from sha256:{recorded_digest.removeprefix('sha256:')[:16]}…{first}. Resuming would train another "
-        "model under this run's name; resume refused. Point model.path at the recorded model, or start a new "
-        "job.name for the new one."
+        f"{key}: {path!r} now has content fingerprint sha256:{current.short}…, but {boundary} was trained {source} "
+        f"sha256:{recorded_digest.removeprefix('sha256:')[:16]}…{first}. Resuming would {would} under this run's "
+        f"name; resume refused. Point {key} at the recorded model, or start a new job.name for the new one."
     )
 
 

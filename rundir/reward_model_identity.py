@@ -12,7 +12,7 @@ from typing import Any
 from checkpoint.role_layout import REWARD_MODEL_FILE, REWARD_MODEL_KEY
 from configs.schema import PPOConfig, RewardModelConfig
 from models.fingerprint import ModelFingerprint, fingerprint_folder
-from rundir.base_model import record_in_boundary
+from rundir.base_model import changed_model_problem, record_in_boundary
 
 
 def reward_model_fingerprint(model: RewardModelConfig | None, *, build: bool = False) -> ModelFingerprint | None:
@@ -85,20 +85,8 @@ def reward_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: st
             f"{recorded_digest[:23]}…) but this run configures none; resume refused. Configure that reward model "
             "again, or start a new job.name."
         )
-    current = reward_model_fingerprint(settings, build=True)
-    if current is None:
-        return (
-            f"rl.reward.model.path: {settings.path!r} holds no model (no config.json), but {boundary} was trained on "
-            f"the reward model with fingerprint {recorded_digest}; resume refused. Put that model back, or start a "
-            "new job.name."
-        )
-    if current.digest == recorded_digest:
-        return None
-    differs = current.first_difference_from(f"{boundary}/{REWARD_MODEL_FILE}", recorded_digest)
-    first = f"; first differing file: {differs}" if differs else ""
-    return (
-        f"rl.reward.model.path: {settings.path!r} now has content fingerprint sha256:{current.short}…, but {boundary} "
-        f"was trained on the rewards of sha256:{recorded_digest.removeprefix('sha256:')[:16]}…{first}. Resuming would "
-        "optimise another reward under this run's name; resume refused. Point rl.reward.model.path at the recorded "
-        "model, or start a new job.name for the new one."
+    return changed_model_problem(
+        "rl.reward.model.path", settings.path, reward_model_fingerprint(settings, build=True), boundary,
+        f"{boundary}/{REWARD_MODEL_FILE}", recorded_digest, source="on the rewards of",
+        would="optimise another reward",
     )
