@@ -7,7 +7,7 @@ One iteration itself is flows/iteration.py.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from checkpoint.boundary import CommittedBoundary
@@ -17,7 +17,6 @@ from contracts.stage_names import time_key
 from flows.blocks import iteration_blocks
 from flows.iteration import (
     Batch,
-    IterationResult,
     Runner,
     evaluate,
     evaluates_at,
@@ -106,7 +105,9 @@ class IterationLoop:
                 return policy_version, self._stop_after(iteration, policy_version) or last_commit
         return policy_version, last_commit
 
-    _finished: IterationResult | None = field(default=None, init=False, repr=False)  # the last one run
+    # The last IterationResult this loop ran: not a dataclass field, so that Prefect, which
+    # rebuilds a flow's dataclass parameters field by field, leaves it alone.
+    _finished = None
 
     def _stop_after(self, iteration: int, policy_version: int) -> CommittedBoundary | None:
         """S-STOP-1: the finished iteration is committed as a full boundary, once; the
