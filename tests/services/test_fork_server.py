@@ -132,6 +132,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 12 s: a driver of its own; test_group_stop.py (slow) kills whole runs the same way
 def test_a_killed_driver_leaves_neither_the_fork_server_nor_its_workers():
     """S-FAULT-2: killing the whole run at any moment must not leave processes behind
     that hold memory (the kill-point tests check the rerun; this checks the leftovers)."""

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from tests.conftest import REPO_ROOT
 
@@ -62,6 +63,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow  # 23 s: a Ray of its own with logical GPUs; the plan itself is tests/pure
 def test_colocated_and_disaggregated_groups_on_logical_gpus():
     result = subprocess.run(
         [sys.executable, "-c", f"PROFILE = {PUBLIC_PROFILE!r}\n" + SCRIPT],
