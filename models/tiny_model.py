@@ -22,7 +22,7 @@ from filelock import FileLock
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from configs.schema import TinyModelSpec
+from configs.schema import TinyModelSpec, TinyRewardModelSpec
 from models.tiny_pretrain import pretrain
 from models.tiny_spec import write_tiny_spec
 
@@ -96,7 +96,7 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec) -> Path:
     return build_once(path, lambda staging: (_write(staging, spec), write_tiny_spec(staging, spec)))
 
 
-def text_model_kwargs(spec: TinyModelSpec, tokenizer) -> dict:
+def text_model_kwargs(spec: TinyModelSpec | TinyRewardModelSpec, tokenizer) -> dict:
     """The language model's dimensions and special tokens, shared by the text model's
     config and a tiny VLM's `text_config`."""
     return dict(

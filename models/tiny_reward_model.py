@@ -21,7 +21,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForSequenceClassification
 
 from configs.schema import TinyRewardModelSpec
-from models.tiny_model import build_once, build_tokenizer
+from models.tiny_model import build_once, build_tokenizer, text_model_kwargs
 
 TINY_REWARD_SPEC_FILE = "tiny_reward_spec.json"
 TRAINING_REPORT_FILE = "tiny_reward_training.json"
@@ -102,18 +102,7 @@ def train_on_pairs(model, tokenizer, spec: TinyRewardModelSpec) -> RewardTrainin
 def _write(staging: Path, spec: TinyRewardModelSpec) -> None:
     tokenizer = build_tokenizer(spec.task_alphabet)
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        head_dim=spec.hidden_size // spec.num_attention_heads,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        num_labels=1,
+        **text_model_kwargs(spec, tokenizer), head_dim=spec.hidden_size // spec.num_attention_heads, num_labels=1
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
