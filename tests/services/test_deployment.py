@@ -25,6 +25,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -158,6 +159,21 @@ def _task_runs(stack: Stack, flow_run_id: str):
             found += page
             if not page:
                 return found
+
+
+@contextmanager
+def _cancelled_if_it_fails(stack: Stack, flow_run_id: str) -> Iterator[None]:
+    """A test that fails while its deployment run is still going cancels it, so the run
+    does not train on beside every later test."""
+    from prefect.states import Cancelling
+
+    try:
+        yield
+    except BaseException:
+        with _client(stack) as client:
+            if not client.read_flow_run(uuid.UUID(flow_run_id)).state.is_final():
+                client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="its test failed"), force=True)
+        raise
 
 
 def _poll(read, done, timeout: float = 120.0, every: float = 1.0):
@@ -426,27 +442,28 @@ def test_cancel_from_the_ui_commits_the_finished_iteration_and_the_next_run_resu
     params = {"overrides": [*overrides, f"rl.max_steps={max_steps}"], "run_name": "deploy-cancel"}
     run_dir = tmp_path / "deploy-cancel"
     flow_run_id, result = _deployment_run(stack, params, watch=False, tags=("auto-resume",))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics = run_dir / "metrics.jsonl"
-    _poll(lambda: metrics.exists() and metrics.read_text().strip(), bool, timeout=600, every=0.1)
-    with _client(stack) as client:
-        asked = time.monotonic()
-        client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="Cancel from the UI"), force=True)
-        cancelled = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda r: r.state.is_final(),
-                          timeout=120)
-        done = len(metrics.read_text().splitlines())
-        print(f"\ncancel: {cancelled.state.name} {time.monotonic() - asked:.1f} s after Cancelling, "
-              f"at iteration {done} of {max_steps}")
-        assert cancelled.state.is_cancelled(), cancelled.state
-        assert done < max_steps
-        assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file()
-        assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == f"iter_{done:06d}"
-        messages = [state.message or "" for state in client.read_flow_run_states(uuid.UUID(flow_run_id))]
-        assert any(f"committed {run_dir}/checkpoints/iter_{done:06d}" in m for m in messages), messages
-        assert _poll(lambda: _pids_with_env(f"PREFECT__FLOW_RUN_ID={flow_run_id}"), lambda pids: pids == [],
-                     timeout=60) == []  # no actor, no Ray daemon of the run is left
-        time.sleep(10)  # the crash automation would have rescheduled it by now
-        assert client.read_flow_run(uuid.UUID(flow_run_id)).state.is_cancelled()
+    with _cancelled_if_it_fails(stack, flow_run_id):
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        metrics = run_dir / "metrics.jsonl"
+        _poll(lambda: metrics.exists() and metrics.read_text().strip(), bool, timeout=600, every=0.1)
+        with _client(stack) as client:
+            asked = time.monotonic()
+            client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="Cancel from the UI"), force=True)
+            cancelled = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda r: r.state.is_final(),
+                              timeout=120)
+            done = len(metrics.read_text().splitlines())
+            print(f"\ncancel: {cancelled.state.name} {time.monotonic() - asked:.1f} s after Cancelling, "
+                  f"at iteration {done} of {max_steps}")
+            assert cancelled.state.is_cancelled(), cancelled.state
+            assert done < max_steps
+            assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file()
+            assert (run_dir / "checkpoints" / "latest_checkpoint.txt").read_text().strip() == f"iter_{done:06d}"
+            messages = [state.message or "" for state in client.read_flow_run_states(uuid.UUID(flow_run_id))]
+            assert any(f"committed {run_dir}/checkpoints/iter_{done:06d}" in m for m in messages), messages
+            assert _poll(lambda: _pids_with_env(f"PREFECT__FLOW_RUN_ID={flow_run_id}"), lambda pids: pids == [],
+                         timeout=60) == []  # no actor, no Ray daemon of the run is left
+            time.sleep(10)  # the crash automation would have rescheduled it by now
+            assert client.read_flow_run(uuid.UUID(flow_run_id)).state.is_cancelled()
 
     rerun = {**params, "overrides": [*overrides, f"rl.max_steps={done + 2}"]}  # two more iterations
     again_id, again = _deployment_run(stack, rerun)
