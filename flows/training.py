@@ -13,6 +13,7 @@ from processes import ray_auth_first  # noqa: F401  (before anything below impor
 import contextlib
 import dataclasses
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -150,6 +151,29 @@ def _resume_hint(launch: Launch) -> str:
     return RESUME_BY_COMMAND if launch.by_command else RESUME_IN_THE_UI
 
 
+def _report_stop_now(launch: Launch, stopped: Stopped) -> None:
+    """S-STOP-2: a deployment's stopped run is marked Cancelled, with its stop line, as
+    soon as what it keeps is known, before its records, actors and Ray close: a worker
+    that runs out of grace (30 s) while they close then kills a run that already says
+    what it committed, instead of ending it with a line of its own. The flow's return
+    states it again."""
+    if not launch.by_command:
+        _mark_cancelled(stopped.line(RESUME_IN_THE_UI))
+
+
+def _mark_cancelled(line: str) -> None:
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelled(message=line))
+    except Exception as error:  # the flow's own return (or the worker) still ends the run
+        print(f"stop: could not mark the flow run Cancelled ahead of its close: {error}", file=sys.stderr, flush=True)
+
+
 def _flow_run_label() -> str:
     from prefect.runtime import flow_run
 
@@ -175,7 +199,9 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             runner, roles = _start_actors(owned, launch)
             resumed = _restore(runner, roles, launch, point)
         except StopSignalled:
-            return stopped_summary(config, paths, stop.stopped_at(stop.progress.committed, stop.progress.boundary))
+            stopped = stop.stopped_at(stop.progress.committed, stop.progress.boundary)
+            _report_stop_now(launch, stopped)
+            return stopped_summary(config, paths, stopped)
         summary = _iterate(owned, launch, lock, runner, roles, resumed)
         summary["resumed_from"] = point.boundary if point else None
         return summary
@@ -261,6 +287,7 @@ def _iterate(
     if loop.stopped is not None:
         summary["stopped"] = dataclasses.asdict(loop.stopped)
         logger.warning(loop.stopped.line(_resume_hint(launch)))
+        _report_stop_now(launch, loop.stopped)
     history.finish(summary)
     runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block_ran)
     return summary
@@ -325,10 +352,18 @@ def hard_stop_of(launch: Launch) -> Callable[[str], None]:
     stands, as after any crash."""
     def hard_stop(why: str) -> None:
         # Bounded: with its raylet gone, Ray's calls wait for it (S-STOP-5), and the exit
-        # must happen whatever the cluster says.
-        killer = threading.Thread(target=_quietly, args=(kill_run_actors, launch.config.job.name), daemon=True)
-        killer.start()
-        killer.join(HARD_STOP_KILL_S)
+        # must happen whatever the cluster says. A deployment's run says first, on its
+        # flow run, what it kept or lost (S-STOP-4): its worker's SIGKILL follows.
+        jobs = [threading.Thread(target=_quietly, args=(kill_run_actors, launch.config.job.name), daemon=True)]
+        if not launch.by_command:
+            stop = launch.stop
+            line = stop.outcome.line(RESUME_IN_THE_UI) if stop.outcome else stop.progress.lost(why, RESUME_IN_THE_UI)
+            jobs.append(threading.Thread(target=_quietly, args=(_mark_cancelled, line), daemon=True))
+        deadline = time.monotonic() + HARD_STOP_KILL_S
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(max(0.0, deadline - time.monotonic()))
         if launch.ray is not None:
             _quietly(launch.ray.end_now)  # S-STOP-5: nothing this process started outlives it
         launch.stop.exit_now(why)
