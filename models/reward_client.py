@@ -1,7 +1,8 @@
 """A served reward model's client (S-RM-1, `rl.reward.model.url`).
 
 The request is vLLM's classification API: `POST {url}/classify` with
-`{"model": name, "input": [text, ...], "use_activation": false}` answered by
+`{"model": name, "input": [text, ...], "use_activation": false, "add_special_tokens": ...}`
+(`ClassificationCompletionRequest` of vLLM 0.32.0, the version requirements-gpu.lock pins) answered by
 `{"data": [{"index": i, "probs": [score], ...}]}`; `use_activation: false` asks for
 the raw logit (a one-label classifier's default activation is a sigmoid). Our own
 server (`python -m models.reward_server`) answers the same request, so one client
@@ -84,12 +85,14 @@ class RewardClient:
                 return str(value) if value else None
         return None
 
-    def score(self, texts: Sequence[str], rows: Sequence[Any]) -> torch.Tensor:
-        """Raw scores (b,) float32, `batch_size` texts per request."""
+    def score(self, texts: Sequence[str], rows: Sequence[Any], add_special_tokens: bool = True) -> torch.Tensor:
+        """Raw scores (b,) float32, `batch_size` texts per request. `add_special_tokens`
+        false for texts a chat template rendered (they hold their own BOS); vLLM adds
+        them unless told, like a tokenizer's plain call."""
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             chunk = list(texts[start:start + self.batch_size])
-            body: dict[str, Any] = {"input": chunk, "use_activation": False}
+            body: dict[str, Any] = {"input": chunk, "use_activation": False, "add_special_tokens": add_special_tokens}
             if self.served_name is not None:
                 body["model"] = self.served_name
             answer = self._request("POST", "/classify", body, retries=self.retries)

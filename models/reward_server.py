@@ -72,7 +72,8 @@ class RewardModelService:
         model = body.get("model")
         if model is not None and model != self.name:
             return 404, {"error": f"model {model!r} is not served here (serving {self.name!r})"}
-        encoded = self.scorer.tokenizer(texts, add_special_tokens=not self.scorer.has_chat_template)["input_ids"]
+        special = bool(body.get("add_special_tokens", True))  # vLLM's default: added unless the request says not
+        encoded = self.scorer.tokenizer(texts, add_special_tokens=special)["input_ids"]
         for index, ids in enumerate(encoded):
             if len(ids) > self.scorer.max_length:
                 return 400, {"error": f"input[{index}] is {len(ids)} tokens, over the model's context of "

@@ -62,7 +62,8 @@ class RewardModelTerm:
         if self.client is not None:
             if self.scorer is not None:
                 self.scorer.token_ids(texts, rows)  # S-RM-1: refused before sending, never truncated by the server
-            raw = self.client.score(texts, rows)
+            templated = self.scorer is not None and self.scorer.has_chat_template
+            raw = self.client.score(texts, rows, add_special_tokens=not templated)
         else:
             assert self.scorer is not None
             raw = self.scorer.score_ids(self.scorer.token_ids(texts, rows))

@@ -115,6 +115,41 @@ def test_the_reward_role_scores_through_the_server(served, tiny_reward_model_dir
         local.score(trajectory)[0].scores.tolist(), abs=1e-6)
 
 
+def test_a_tokenizer_that_adds_bos_scores_the_same_served_and_local(tiny_reward_model_dir, tmp_path, monkeypatch):
+    """A chat template writes its own BOS; a server asked with vLLM's default
+    (`add_special_tokens` true) would add a second one. The role says false for
+    templated texts, so a BOS-adding tokenizer's scores match the local model's."""
+    import shutil
+
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from roles.reward_role import RewardRole
+    from tests.in_process.test_reward_model_role import _generated
+
+    folder = tmp_path / "bos-reward"
+    shutil.copytree(tiny_reward_model_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{tokenizer.bos_token} $A", special_tokens=[(tokenizer.bos_token, tokenizer.bos_token_id)])
+    tokenizer.save_pretrained(folder)
+    assert AutoTokenizer.from_pretrained(folder)("3")["input_ids"][0] == tokenizer.bos_token_id
+    server = serve(str(folder), "127.0.0.1", 0, "bos-reward", token=None)
+    try:
+        monkeypatch.delenv("PPO_TEST_REWARD_TOKEN", raising=False)
+        base = load_config(TINY_PROFILE, ["rl.reward.terminal=none", f"rl.reward.model.path={folder}"])
+        settings = base.rl.reward.model.model_copy(update={
+            "url": f"http://127.0.0.1:{server.server_address[1]}", "served_name": "bos-reward"})
+        remote = RewardRole(base.model_copy(update={"rl": base.rl.model_copy(update={
+            "reward": base.rl.reward.model_copy(update={"model": settings})})}))
+        trajectory = _generated(["3", "4"], ["3", "57"], ["3", "4"])
+        assert remote.score(trajectory)[0].scores.tolist() == pytest.approx(
+            RewardRole(base).score(trajectory)[0].scores.tolist(), abs=1e-6)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_resume_over_another_served_model_is_refused_by_its_url(served, tiny_reward_model_dir, monkeypatch):
     from models.fingerprint import fingerprint_folder
     from rundir.reward_model_identity import SERVED_KEY, reward_model_problem, served_fingerprint
