@@ -36,9 +36,9 @@ def _overrides(root: Path, model_dir: str, reward_dir: Path, name: str, *extra: 
     ]
 
 
-def _run(root: Path, model_dir: str, reward_dir: Path, name: str, *extra: str) -> Path:
+def _run(root: Path, model_dir: str, reward_dir: Path, name: str, *extra: str, stop_after: int | None = None) -> Path:
     config = load_config(TINY_PROFILE, _overrides(root, model_dir, reward_dir, name, *extra))
-    run_in_process(config, paths=RunPaths.for_config(config), resume=True)
+    run_in_process(config, max_steps=stop_after, paths=RunPaths.for_config(config), resume=True)
     return root / name
 
 
@@ -92,3 +92,20 @@ def test_stop_and_rerun_is_bitwise_the_uninterrupted_run_and_a_changed_reward_mo
     assert validate_manifest(TINY_PROFILE, overrides, out=out, err=err) == 1
     assert err.getvalue() == f"error: {message}\n"
     assert torch.isfinite(weights["score.weight"]).all()
+
+
+def test_one_step_off_with_normalised_scores_resumes_bitwise(tiny_model_dir, reward_dir, tmp_path):
+    """S-RM-2 with S-ASYNC: the boundary of a one-step-off run holds a batch generated
+    but not yet trained; its scores and the running moments they moved must resume as
+    the uninterrupted run has them."""
+    off = ("rl.max_steps=4", "rl.rollout.max_staleness=1")
+    straight = _run(tmp_path, tiny_model_dir, reward_dir, "straight-off", *off)
+    _run(tmp_path, tiny_model_dir, reward_dir, "resumed-off", *off, stop_after=2)  # stopped after boundary 2
+    resumed = _run(tmp_path, tiny_model_dir, reward_dir, "resumed-off", *off)
+    rows = [[without_timings(r) for r in metric_records(run)] for run in (straight, resumed)]
+    assert rows[0] == rows[1] and [r["rollout/staleness"] for r in rows[1]] == [0.0, 1.0, 1.0, 1.0]
+    moments = [json.loads((boundary(run, 4) / "reward" / "reward_moments.json").read_text())
+               for run in (straight, resumed)]
+    assert moments[0] == moments[1]
+    for role in ("policy", "critic"):
+        assert weights_digest(boundary(resumed, 4) / role) == weights_digest(boundary(straight, 4) / role)
