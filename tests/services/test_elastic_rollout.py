@@ -113,6 +113,21 @@ def test_exact_after_a_kill_inside_generate_for_each_transport_and_staleness(
 
 
 @pytest.mark.slow
+def test_exact_after_a_kill_with_a_normalised_reward_model(
+    twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tiny_reward_model_dir, tmp_path
+):
+    """S-RM-2 with S-ELASTIC-1: the regenerated shard is scored by the reward model like
+    the lost one, so the running normalisation and every file match the twin's."""
+    extra = (f"rl.reward.model.path={tiny_reward_model_dir}", "rl.reward.model.normalize=true",
+             "rl.reward.model.max_length=64")
+    run_dir, summary, _ = _killed_run(tiny_overrides, tmp_path, 1, 2, *extra)
+    rows = metric_records(run_dir)
+    assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 1.0, 0.0]
+    assert all("reward/model_normalized_mean" in r for r in rows)
+    assert_same_run(run_dir, twins(*extra))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["object_store", "nixl"])
 def test_a_kill_at_a_random_moment_ends_like_the_twin(
     transport, twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
