@@ -58,18 +58,24 @@ class TinyVisionSpec(Section):
         return self
 
 
-class TinyModelSpec(Section):
+class TinyShapeSpec(Section):
+    """The transformer shape of a locally built tiny Qwen3 (the policy's or the reward
+    model's): one set of keys, so both read the same way."""
+
+    hidden_size: int = Field(64, ge=8, description="Transformer width.")
+    intermediate_size: int = Field(128, ge=8, description="MLP width.")
+    num_hidden_layers: int = Field(2, ge=1, description="Number of decoder layers.")
+    num_attention_heads: int = Field(4, ge=1, description="Attention heads.")
+    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+
+
+class TinyModelSpec(TinyShapeSpec):
     """How to build the local tiny model when `model.path` does not exist yet."""
 
     task_alphabet: str = Field(
         "0123456789+-=*/(). #:abcdefghijklmnopqrstuvwxyz",
         description="Characters the character-level tokenizer knows besides its special tokens.",
     )
-    hidden_size: int = Field(64, ge=8, description="Transformer width of the tiny Qwen3 model.")
-    intermediate_size: int = Field(128, ge=8, description="MLP width of the tiny model.")
-    num_hidden_layers: int = Field(2, ge=1, description="Number of decoder layers of the tiny model.")
-    num_attention_heads: int = Field(4, ge=1, description="Attention heads of the tiny model.")
-    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
     max_position_embeddings: int = Field(256, ge=16, description="Longest sequence the tiny model accepts.")
     seed: int = Field(0, description="Seed for the tiny model's random initialisation (same seed, same bytes).")
     pretrain_task: Literal["none", "addition", "reverse"] = Field(
@@ -401,7 +407,7 @@ class ValidationConfig(Section):
 REWARD_COMBINE = ("model", "sum")
 
 
-class TinyRewardModelSpec(Section):
+class TinyRewardModelSpec(TinyShapeSpec):
     """How to build the local tiny reward model when `rl.reward.model.path` does not
     exist yet: a one-label Qwen3 sequence classifier with the tiny policy's tokenizer,
     trained briefly on preference pairs from a rule-truth task (Bradley-Terry loss)."""
@@ -412,11 +418,6 @@ class TinyRewardModelSpec(Section):
         "answer (the rule stays hidden from PPO; only the model's scores reach it).",
     )
     task_alphabet: str = Field("0123456789", description="Characters of the character-level tokenizer.")
-    hidden_size: int = Field(64, ge=8, description="Transformer width.")
-    intermediate_size: int = Field(128, ge=8, description="MLP width.")
-    num_hidden_layers: int = Field(2, ge=1, description="Decoder layers.")
-    num_attention_heads: int = Field(4, ge=1, description="Attention heads.")
-    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads.")
     max_position_embeddings: int = Field(64, ge=16, description="Longest sequence it scores.")
     seed: int = Field(0, description="Seed of its initialisation and of the preference pairs.")
     train_steps: int = Field(500, ge=0, description="Optimizer steps on preference pairs (0: untrained).")
