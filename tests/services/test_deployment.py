@@ -528,3 +528,38 @@ def test_cancel_from_the_ui_in_the_last_iteration_commits_it_and_the_rerun_only_
     assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [1, 2]
     names = Counter(run.name for run in _task_runs(stack, again_id))
     assert names["export[iter=2]"] == 1 and not any(name.startswith("rollout[") for name in names), names
+
+
+def test_a_cancel_that_runs_out_of_grace_says_on_the_flow_run_what_was_lost(stack, tiny_model_dir, tmp_path):
+    """S-STOP-4 through the real server and worker: with the reference actor frozen the
+    iteration cannot finish; the run's grace (job.stop_grace_seconds=5) runs out, and the
+    flow run's states carry the hard stop's line (what was running, what is lost, which
+    boundary stands) before the process exits; nothing of the run is left."""
+    from prefect.states import Cancelling
+
+    if stack.env["PPO_PREFECT_DB"] == "postgres":
+        pytest.skip("the hard stop's report is the same call on either database; SQLite shows it")
+    overrides = [f"model.path={tiny_model_dir}", f"job.output_root={tmp_path}", "rl.max_steps=400", "rl.save_every=1",
+                 "job.stop_grace_seconds=5", *SMALL_BATCH]
+    run_dir = tmp_path / "deploy-grace"
+    flow_run_id, result = _deployment_run(stack, {"overrides": overrides, "run_name": "deploy-grace"}, watch=False)
+    with _cancelled_if_it_fails(stack, flow_run_id):
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        latest = run_dir / "checkpoints" / "latest_checkpoint.txt"
+        _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
+        pid = _poll(lambda: _actor_process("ray::ReferenceRole", stack.marker), bool, timeout=60)
+        os.kill(pid, signal.SIGSTOP)
+        kept = latest.read_text().strip()
+        with _client(stack) as client:
+            client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="Cancel from the UI"), force=True)
+            final = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda r: r.state.is_final(),
+                          timeout=120)
+            assert final.state.is_cancelled(), final.state
+            messages = [state.message or "" for state in client.read_flow_run_states(uuid.UUID(flow_run_id))]
+        lost = [m for m in messages if m.startswith("stopped at once (the grace of 5 s ran out) during iteration ")]
+        assert len(lost) == 1, messages
+        assert re.search(rf"lost iteration \d+, run since the last boundary; the last committed boundary "
+                         rf"\S+/{kept} stands; run the deployment again", lost[0]), lost[0]
+        assert latest.read_text().strip() == kept
+        assert _poll(lambda: _pids_with_env(f"PREFECT__FLOW_RUN_ID={flow_run_id}"), lambda pids: pids == [],
+                     timeout=60) == []
