@@ -131,8 +131,12 @@ def _role_memory(config: PPOConfig, plan: PlacementPlan, role: str, on_host: boo
     if role == "reward":
         settings = config.rl.reward.model
         assert settings is not None and settings.path is not None  # only a loaded reward model joins a group
-        return _frozen(role, _read(settings.path, settings.revision, _spec_key(config, settings.path)),
-                       settings.dtype, shard=1)
+        memory = _frozen(role, _read(settings.path, settings.revision, _spec_key(config, settings.path)),
+                         settings.dtype, shard=1)
+        group = plan.group_of(role)
+        if memory.bytes is None or on_host or group is None or group.gpus == 1:
+            return memory
+        return RoleMemory(role, memory.bytes, f"{memory.made_of}; one actor: on one of the {group.gpus} GPUs")
     dtype = model.dtype
     shard = 1 if on_host else role_mesh(plan, role).shard
     if role == "critic":

@@ -154,3 +154,11 @@ def _validate(profile: str, overrides: list[str]) -> str:
     out = io.StringIO()
     validate_manifest(profile, overrides, out=out, err=io.StringIO())
     return out.getvalue()
+
+
+def test_a_reward_model_beside_a_sharded_reference_is_whole_on_one_gpu(models, tmp_path):
+    groups = _groups(GPU_PROFILE, [*_reward_overrides(models, tmp_path), "grid.reference_gpus=2",
+                                   "grid.gpus_per_node=5"])
+    # reference 1408 bytes / 2 FSDP2 shards = 704, plus the whole reward model (528) on the GPU that holds it
+    assert groups["reference+reward"].bytes == 704 + 528
+    assert groups["reference+reward"].role("reward").made_of.endswith("one actor: on one of the 2 GPUs")
