@@ -694,6 +694,13 @@ class GridConfig(Section):
         description="Policy and rollout share one device group (colocated) or all four roles own one.",
     )
     gpus_per_node: int = Field(0, ge=0, description="GPUs the profile declares; 0 runs every role on CPU.")
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of each GPU in GiB (80 for an 80 GB H100), read only by `--validate-manifest`'s memory "
+        "estimate: it turns vLLM's rl.rollout.gpu_memory_utilization into GiB and adds a note for a device group "
+        "estimated over it. null: the estimate is printed, not compared.",
+    )
     num_nodes: int = Field(
         1,
         ge=1,

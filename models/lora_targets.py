@@ -14,6 +14,8 @@ import struct
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from models.weight_shapes import safetensors_header
+
 TARGETS_KEY = "model.lora.target_modules"
 # PEFT's description of a LoRA model's adapters (rank, targets, the base model's path),
 # beside them in a save, a boundary's role folder or an export.
@@ -39,14 +41,6 @@ def targets_message(missing: Sequence[str], module_names: Iterable[str]) -> str:
     )
 
 
-def _safetensors_names(path: Path) -> list[str]:
-    """Tensor names from a safetensors file's JSON header (8-byte length, then JSON)."""
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    return [name for name in header if name != "__metadata__"]
-
-
 def checkpoint_module_names(model_dir: str) -> list[str] | None:
     """Names of the modules that own a local checkpoint's weights (`a.b.weight` -> `a.b`),
     or None when the folder holds no safetensors checkpoint to read (a hub id not yet
@@ -58,7 +52,7 @@ def checkpoint_module_names(model_dir: str) -> list[str] | None:
         if index.is_file():
             weights = list(json.loads(index.read_text())["weight_map"])
         elif single.is_file():
-            weights = _safetensors_names(single)
+            weights = list(safetensors_header(single))
         else:
             return None
     except (OSError, ValueError, KeyError, struct.error):

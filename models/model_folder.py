@@ -11,6 +11,7 @@ folder, what is missing and the fix, before Ray starts (S-BYO-2).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # model_type values of config.json with a built-in vision packer (data/vision_packer.py).
 QWEN_VL_MODEL_TYPES = frozenset({"qwen2_5_vl"})
 SAVE_FIX = "save it into the folder with tokenizer.save_pretrained(folder)"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # `owner/name`, as `from_pretrained` takes it
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,20 @@ def model_sizes(model_config: dict[str, Any]) -> str:
     kv_heads = config_value(model_config, *KV_HEADS) or heads
     shown = ["?" if value is None else value for value in (layers, hidden, heads, kv_heads)]
     return f"{shown[0]} layers, hidden {shown[1]}, heads {shown[2]}/{shown[3]}"
+
+
+def cached_hub_file(repo_id: str, filename: str, revision: str | None = None) -> str | None:
+    """The path of `filename` of a hub model in the local Hugging Face cache, or None:
+    the cache only, never the network (a pre-flight downloads nothing)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, filename, revision=revision)
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
 
 
 def check_model_folder(folder: Path, model_config: dict[str, Any]) -> FolderCheck:

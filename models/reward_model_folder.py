@@ -5,15 +5,13 @@ naming `rl.reward.model.*` (S-BYO-2, S-RM-1)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from configs.schema import RewardModelConfig
-from models.model_folder import POSITIONS, TOKENIZER_FILES, WEIGHT_FILES, config_value
+from models.model_folder import HUB_ID, POSITIONS, TOKENIZER_FILES, WEIGHT_FILES, config_value
 
 KEY = "rl.reward.model.path"
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def label_count(model_config: dict[str, Any]) -> int:

@@ -29,14 +29,14 @@ from data.prompt_projection import (
 )
 from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
 from models.model_folder import (
-    HEADS, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, check_model_folder, config_value, model_sizes,
+    HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
+    model_sizes,
 )
 from models.reward_model_folder import reward_model_folder_problems
+from placement.memory_estimate import estimate_memory, memory_lines, memory_notes
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
 from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -79,6 +79,7 @@ def check_manifest(
     _check_model(config, plan, report)
     _check_critic_start(config, report)
     matcher, resolved = _check_reward(config, report)
+    _check_memory(config, plan, report)
     _check_data(config, matcher, resolved, report)
     _check_checkpoints(config, report, resume=not launching_here)
     _check_options(config, plan, report)
@@ -241,8 +242,8 @@ def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, A
         report.packer = config.data_packer.factory or "chat template (the tiny model's tokenizer has one)"
         report.summary.append(f"packer: {report.packer}")
         return spec.model_dump()
-    elif _HUB_ID.match(path) and not Path(path).exists():
-        source = _cached_hub_config(path)
+    elif HUB_ID.match(path) and not Path(path).exists():
+        source = cached_hub_file(path, "config.json")
         if source is None:
             report.summary.append(f"model: {path} (hub id), dtype {config.model.dtype}")
             report.notes.append(
@@ -271,16 +272,12 @@ def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, A
     return model_config
 
 
-def _cached_hub_config(repo_id: str) -> str | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")  # reads the cache only, never the network
-    except Exception:
-        return None
-    return found if isinstance(found, str) else None
+def _check_memory(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+    """What each device group holds, from the models' parameter counts (S-RM-1: the reward
+    model's weights in its group); compared with grid.gpu_memory_gib where it is set."""
+    estimates = estimate_memory(config, plan)
+    report.summary.extend(memory_lines(estimates))
+    report.notes.extend(memory_notes(config, estimates))
 
 
 # --- reward vs. data ---------------------------------------------------------------
