@@ -151,13 +151,14 @@ def _resume_hint(launch: Launch) -> str:
     return RESUME_BY_COMMAND if launch.by_command else RESUME_IN_THE_UI
 
 
-def _report_stop_now(launch: Launch, stopped: Stopped) -> None:
+def _report_stop_now(launch: Launch, lock: RunLock, stopped: Stopped) -> None:
     """S-STOP-2: a deployment's stopped run is marked Cancelled, with its stop line, as
     soon as what it keeps is known, before its records, actors and Ray close: a worker
     that runs out of grace (30 s) while they close then kills a run that already says
     what it committed, instead of ending it with a line of its own. The flow's return
-    states it again."""
+    states it again. A rerun pressed meanwhile waits for the close (`RunLock.closing`)."""
     if not launch.by_command:
+        lock.closing()
         _mark_cancelled(stopped.line(RESUME_IN_THE_UI))
 
 
@@ -200,7 +201,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             resumed = _restore(runner, roles, launch, point)
         except StopSignalled:
             stopped = stop.stopped_at(stop.progress.committed, stop.progress.boundary)
-            _report_stop_now(launch, stopped)
+            _report_stop_now(launch, lock, stopped)
             return stopped_summary(config, paths, stopped)
         summary = _iterate(owned, launch, lock, runner, roles, resumed)
         summary["resumed_from"] = point.boundary if point else None
@@ -287,7 +288,7 @@ def _iterate(
     if loop.stopped is not None:
         summary["stopped"] = dataclasses.asdict(loop.stopped)
         logger.warning(loop.stopped.line(_resume_hint(launch)))
-        _report_stop_now(launch, loop.stopped)
+        _report_stop_now(launch, lock, loop.stopped)
     history.finish(summary)
     runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block_ran)
     return summary

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from rundir.run_outputs import RunPaths
 
 LOCK_NAME = "RUN_LOCK"
+CLOSING_WAIT_S = 60.0  # how long a launch waits for a stopped run that is releasing its actors
 
 
 def local_run_dir(run_dir: str) -> Path:
@@ -53,6 +55,7 @@ class LockHolder:
     acquired_at: float
     heartbeat_at: float
     token: str  # tells this process's own lock apart when it renews or releases
+    closing: bool = False  # stopped and committed: only releasing its actors and Ray now
 
     def describe(self) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
@@ -86,13 +89,32 @@ def _read(path: Path) -> LockHolder | None:
 
 
 def check_run_lock(run_dir: str | Path, stale_after_s: float = STARTUP_FLOOR_SECONDS) -> None:
-    """Refuse early (before any service starts) when a live run holds `run_dir`."""
-    holder = _read(Path(run_dir) / LOCK_NAME)
+    """Refuse early (before any service starts) when a live run holds `run_dir`; a run
+    that has stopped and only releases its actors is waited for (a rerun pressed as soon
+    as the UI shows Cancelled)."""
+    path = Path(run_dir) / LOCK_NAME
+    holder = _read(path)
+    if holder is not None and _alive(holder, stale_after_s) and holder.closing:
+        holder = _wait_while_closing(path, holder, stale_after_s)
     if holder is not None and _alive(holder, stale_after_s):
         raise RunLocked(
             f"{run_dir} is being written by a running run: {holder.describe()}; wait for it to end or stop it "
             "(Cancel in the Prefect UI, or kill that process), or choose another job.name"
         )
+
+
+def _wait_while_closing(path: Path, holder: LockHolder, stale_after_s: float) -> LockHolder | None:
+    """The holder now, once the closing one has let go, died or CLOSING_WAIT_S passed."""
+    print(f"run lock: the stopped run {holder.describe()} is releasing its actors; waiting up to "
+          f"{CLOSING_WAIT_S:g} s for it", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + CLOSING_WAIT_S
+    current: LockHolder | None = holder
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        current = _read(path)
+        if current is None or current.token != holder.token or not _alive(current, stale_after_s):
+            break
+    return current
 
 
 class RunLock:
@@ -124,7 +146,8 @@ class RunLock:
             except FileExistsError:
                 held = _read(self.path)
                 if held is not None and _alive(held, self.stale_after_s):
-                    check_run_lock(self.path.parent, self.stale_after_s)  # raises, naming the holder
+                    check_run_lock(self.path.parent, self.stale_after_s)  # raises naming a live holder
+                    continue  # a stopped run that let go (or died) while it closed: race again
                 # A dead run's lock: remove it and race for it again (O_EXCL decides).
                 self.took_over = held
                 try:
@@ -150,6 +173,14 @@ class RunLock:
             return
         self.flow_run = flow_run or self.flow_run
         self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), "flow_run": self.flow_run})
+        replace_durably(str(self.path), json.dumps(asdict(self.holder)))
+
+    def closing(self) -> None:
+        """Stopped, committed and reported: a launch of this run waits for the close
+        (actors, Ray) rather than being refused."""
+        if self.holder is None:
+            return
+        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), "closing": True})
         replace_durably(str(self.path), json.dumps(asdict(self.holder)))
 
     def release(self) -> None:

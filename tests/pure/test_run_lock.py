@@ -16,13 +16,14 @@ import pytest
 from rundir.run_lock import LOCK_NAME, RunLock, RunLocked, check_run_lock
 
 
-def _holder_file(run_dir, pid: int, process_start: str, host: str | None = None, heartbeat: float | None = None):
+def _holder_file(run_dir, pid: int, process_start: str, host: str | None = None, heartbeat: float | None = None,
+                 **more):
     now = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOCK_NAME).write_text(json.dumps({
         "host": host or socket.gethostname(), "pid": pid, "process_start": process_start,
         "flow_run": "other-run (1234)",
-        "acquired_at": now, "heartbeat_at": heartbeat if heartbeat is not None else now, "token": "theirs",
+        "acquired_at": now, "heartbeat_at": heartbeat if heartbeat is not None else now, "token": "theirs", **more,
     }))
 
 
@@ -77,3 +78,44 @@ def test_release_leaves_a_lock_that_is_no_longer_ours(tmp_path):
     _holder_file(tmp_path, 1, "1", host="node-b")  # taken over meanwhile (we looked dead from there)
     lock.release()
     assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "node-b"
+
+
+def test_a_stopped_run_still_closing_is_waited_for_then_the_lock_is_taken(tmp_path, capsys):
+    """A rerun pressed as soon as the UI shows Cancelled: the stopped run (S-STOP-2)
+    marked its lock closing; the launch waits for it to let go instead of refusing."""
+    import threading
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _holder_file(tmp_path, sleeper.pid, _start_of(sleeper.pid), closing=True)
+        threading.Timer(1.0, (tmp_path / LOCK_NAME).unlink).start()
+        started = time.monotonic()
+        with RunLock(tmp_path, "mine") as lock:
+            assert time.monotonic() - started >= 1.0 and lock.took_over is None
+            assert json.loads((tmp_path / LOCK_NAME).read_text())["flow_run"] == "mine"
+        assert f"the stopped run host {socket.gethostname()}, pid {sleeper.pid}" in capsys.readouterr().err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_closing_run_that_does_not_let_go_is_refused_after_the_wait(tmp_path, monkeypatch):
+    from rundir import run_lock
+
+    monkeypatch.setattr(run_lock, "CLOSING_WAIT_S", 0.5)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _holder_file(tmp_path, sleeper.pid, _start_of(sleeper.pid), closing=True)
+        with pytest.raises(RunLocked, match=rf"pid {sleeper.pid}, flow run other-run \(1234\)"):
+            RunLock(tmp_path).acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_closing_keeps_the_lock_ours_and_marks_it(tmp_path):
+    with RunLock(tmp_path, "mine") as lock:
+        lock.closing()
+        held = json.loads((tmp_path / LOCK_NAME).read_text())
+        assert held["closing"] is True and held["token"] == lock.holder.token
+    assert not (tmp_path / LOCK_NAME).exists()
