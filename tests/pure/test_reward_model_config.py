@@ -13,6 +13,7 @@ from algorithm.reward_model_scores import RunningMoments, first_non_finite, shap
 from configs.loading import ConfigError, load_config
 from models.reward_model_folder import reward_model_folder_problems
 from configs.schema import RewardModelConfig
+from tests.support.helpers import offline_hub_snapshot
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 RLHF_PROFILE = str(REPO_ROOT / "configs" / "ppo_tiny_rlhf_cpu.py")
@@ -132,15 +133,7 @@ def test_a_hub_reward_model_is_pinned_like_the_base_model(tmp_path, monkeypatch)
     from rundir.base_model import pin_hub_model
 
     commit = "89abcdef0123456789abcdef0123456789abcdef"
-    repo = tmp_path / "hub" / "models--acme--rm"
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    (repo / "snapshots" / commit / "config.json").write_text("{}")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network in a test
+    repo = offline_hub_snapshot(monkeypatch, tmp_path / "hub", "acme/rm", commit)
     config = load_config(TINY_PROFILE, ["rl.reward.model.path=acme/rm"])
     problems, summary = reward_model_folder_problems(config.rl.reward.model)
     assert problems == [] and "hub id" in summary  # the pre-flight leaves it to the launch's pinning

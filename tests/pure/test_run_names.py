@@ -11,6 +11,7 @@ from rundir.preflight import config_problems
 from configs.loading import ConfigError, load_config, load_profile
 from models.tiny_spec import TINY_SPEC_FILE, write_tiny_spec
 
+from tests.support.helpers import offline_hub_snapshot
 from tests.conftest import TINY_PROFILE
 
 
@@ -78,17 +79,9 @@ def test_a_hub_id_is_pinned_to_one_cached_snapshot(tmp_path, monkeypatch):
     from rundir.base_model import pin_hub_model
 
     commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hub" / "models--acme--tiny"
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    (repo / "snapshots" / commit / "config.json").write_text("{}")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network in a test
+    repo = offline_hub_snapshot(monkeypatch, tmp_path / "hub", "acme/tiny", commit)
     config = load_config(TINY_PROFILE, ["model.path=acme/tiny", "model.tiny=null"])
     pinned = pin_hub_model(config)
     assert pinned.model.path == str(repo / "snapshots" / commit) and pinned.model.revision == commit

@@ -127,3 +127,19 @@ def alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited too
         return stat.read().split()[2] != "Z"
+
+
+def offline_hub_snapshot(monkeypatch, hub: Path, repo_id: str, commit: str) -> Path:
+    """A Hugging Face cache under `hub` holding one snapshot of `repo_id` at `commit`
+    (its `main` ref pointing there), made the cache and offline for the test: a hub id
+    resolves as it would on a machine that downloaded it, and never over the network."""
+    import huggingface_hub.constants
+
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return repo
