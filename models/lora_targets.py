@@ -9,12 +9,10 @@ the modules that own the checkpoint's weights.
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from models.weight_shapes import safetensors_header
+from models.weight_shapes import checkpoint_weight_names
 
 TARGETS_KEY = "model.lora.target_modules"
 # PEFT's description of a LoRA model's adapters (rank, targets, the base model's path),
@@ -45,16 +43,7 @@ def checkpoint_module_names(model_dir: str) -> list[str] | None:
     """Names of the modules that own a local checkpoint's weights (`a.b.weight` -> `a.b`),
     or None when the folder holds no safetensors checkpoint to read (a hub id not yet
     downloaded, the tiny model not yet built): the role then checks the built model."""
-    root = Path(model_dir)
-    index = root / "model.safetensors.index.json"
-    single = root / "model.safetensors"
-    try:
-        if index.is_file():
-            weights = list(json.loads(index.read_text())["weight_map"])
-        elif single.is_file():
-            weights = list(safetensors_header(single))
-        else:
-            return None
-    except (OSError, ValueError, KeyError, struct.error):
-        return None  # an unreadable checkpoint is the loader's to report, with its own message
+    weights = checkpoint_weight_names(Path(model_dir))
+    if weights is None:
+        return None
     return sorted({name.rsplit(".", 1)[0] for name in weights if "." in name})

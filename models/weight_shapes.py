@@ -48,6 +48,21 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def checkpoint_weight_names(folder: Path) -> list[str] | None:
+    """Tensor names of a local safetensors checkpoint (its index's weight map, else its
+    one file's header); None without one, or when it cannot be read (the loader's to
+    report, with its own message)."""
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return list(json.loads(index.read_text())["weight_map"])
+        if (folder / "model.safetensors").is_file():
+            return list(safetensors_header(folder / "model.safetensors"))
+    except (OSError, ValueError, KeyError, struct.error):
+        pass
+    return None
+
+
 def checkpoint_shapes(folder: Path) -> Shapes | None:
     """Shapes from `model.safetensors` or the shards its index names; None without one."""
     index = folder / "model.safetensors.index.json"

@@ -169,18 +169,18 @@ class RunLock:
     def renew(self, flow_run: str | None = None) -> None:
         """The heartbeat another host reads; written atomically beside the lock. A lock
         the command line took before its flow run existed gets the run's name here."""
-        if self.holder is None:
-            return
         self.flow_run = flow_run or self.flow_run
-        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), "flow_run": self.flow_run})
-        replace_durably(str(self.path), json.dumps(asdict(self.holder)))
+        self._rewrite(flow_run=self.flow_run)
 
     def closing(self) -> None:
         """Stopped, committed and reported: a launch of this run waits for the close
         (actors, Ray) rather than being refused."""
+        self._rewrite(closing=True)
+
+    def _rewrite(self, **changes: Any) -> None:
         if self.holder is None:
             return
-        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), "closing": True})
+        self.holder = LockHolder(**{**asdict(self.holder), "heartbeat_at": time.time(), **changes})
         replace_durably(str(self.path), json.dumps(asdict(self.holder)))
 
     def release(self) -> None:
