@@ -38,11 +38,12 @@ REWARD_MODEL = "every iteration with a reward model (rl.reward.model)"
 RM_NORMALIZE = "every iteration with rl.reward.model.normalize"
 RM_CLIP = "every iteration with rl.reward.model.clip set"
 RM_EOS_PENALTY = "every iteration with rl.reward.model.missing_eos_penalty set"
+ENVIRONMENT = "every iteration with a multi-turn environment (rl.env)"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
     EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO, REWARD_MODEL, RM_NORMALIZE,
-    RM_CLIP, RM_EOS_PENALTY,
+    RM_CLIP, RM_EOS_PENALTY, ENVIRONMENT,
 )
 
 
@@ -227,6 +228,31 @@ METRICS: tuple[Metric, ...] = (
            "roles/rollout_role.py"),
     Metric("val/prompts", "how many evaluation prompts were generated and scored", "count", EVALUATIONS,
            "roles/rollout_role.py"),
+    # multi-turn environments (S-ENV)
+    Metric("env/turns_mean", "assistant turns per episode, averaged over the batch", "turns", ENVIRONMENT,
+           "environments/episodes.py"),
+    Metric("env/tool_calls_mean", "tool calls the policy wrote per episode (parsed ones), averaged over the batch",
+           "calls", ENVIRONMENT, "environments/episodes.py"),
+    Metric("env/errors", "episodes ended because their environment raised, timed out or answered malformed "
+           "(rl.env.on_error=end; with fail the stage fails instead)", "count", ENVIRONMENT,
+           "environments/episodes.py"),
+    Metric("env/tool_call_parse_errors", "tool-call blocks that did not parse; each is answered with an error "
+           "message the model reads, and the episode goes on", "count", ENVIRONMENT, "environments/episodes.py"),
+    Metric("env/cut_fraction", "share of episodes cut by a limit (rl.env.max_turns, max_turn_tokens or "
+           "max_episode_tokens) rather than ended by the environment", "fraction in [0, 1]", ENVIRONMENT,
+           "environments/episodes.py"),
+    Metric("env/episode_seconds", "wall-clock seconds of the batch's episodes, generation and environment steps "
+           "(the slowest engine's, with several)", "seconds", ENVIRONMENT, "environments/episodes.py"),
+    Metric("env/step_wait_seconds", "of those, seconds spent waiting for environment steps (tools) to answer",
+           "seconds", ENVIRONMENT, "environments/episodes.py"),
+    Metric("val/turns_mean", "assistant turns per evaluation episode", "turns", (EVALUATIONS, ENVIRONMENT),
+           "roles/rollout_role.py"),
+    Metric("val/tool_calls_mean", "tool calls per evaluation episode", "calls", (EVALUATIONS, ENVIRONMENT),
+           "roles/rollout_role.py"),
+    Metric("val/cut_fraction", "share of evaluation episodes cut by a limit", "fraction in [0, 1]",
+           (EVALUATIONS, ENVIRONMENT), "roles/rollout_role.py"),
+    Metric("val/errors", "evaluation episodes ended by an environment error (rl.env.on_error=end)", "count",
+           (EVALUATIONS, ENVIRONMENT), "roles/rollout_role.py"),
     Metric("time/iteration_seconds", "wall-clock seconds of the whole iteration", "seconds", EVERY_ITERATION,
            "flows/iteration.py"),
 )

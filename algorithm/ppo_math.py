@@ -104,6 +104,69 @@ def generalized_advantage_estimate(
     return advantages * mask, returns
 
 
+def kl_penalised_turn_rewards(
+    turn_rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    action_mask: torch.Tensor,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The multi-turn counterpart of `kl_penalised_rewards` (S-ENV-2): the KL penalty on
+    sampled tokens only, and each turn's reward where the environment gave it (on the
+    turn's last sampled token) instead of one terminal score.
+
+    Args:
+        turn_rewards: (b, r) environment rewards, zero except on turn ends.
+        logprobs, ref_logprobs: (b, r) as in `kl_penalised_rewards`.
+        action_mask: (b, r) 1.0 on sampled tokens, 0.0 on observations and padding.
+
+    Returns:
+        rewards (b, r) and the per-token KL estimate (b, r), both zero off the actions.
+    """
+    kl = (logprobs - ref_logprobs) * action_mask
+    rewards = (-kl_coef * kl + turn_rewards) * action_mask
+    return rewards, kl
+
+
+def advantage_over_actions(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    action_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the sampled tokens of a multi-turn episode (S-ENV-2). Observation
+    tokens are not time steps: the environment's answer is part of the transition
+    from a turn's last action to the next turn's first, so the recursion steps over
+    them, carrying the next action's value and the running advantage unchanged. This
+    is the choice of verl's `compute_gae_advantage_return` (masked positions carry
+    `nextvalues` and `lastgaelam`) and RAGEN's loss-masked GAE; with no observation in
+    a row it is `generalized_advantage_estimate` on that row.
+
+    Args:
+        rewards: (b, r) per-token rewards, zero off the actions.
+        values: (b, r) critic values of the states before each token.
+        action_mask: (b, r) 1.0 on sampled tokens.
+
+    Returns:
+        advantages (b, r) and returns = advantages + values (b, r), zero off the actions.
+    """
+    values = values * action_mask
+    length = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    next_value = torch.zeros_like(running)
+    for t in reversed(range(length)):
+        acting = action_mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        stepped = delta + gamma * lam * running
+        running = torch.where(acting > 0, stepped, running)
+        next_value = torch.where(acting > 0, values[:, t], next_value)
+        advantages[:, t] = running * acting
+    returns = (advantages + values) * action_mask
+    return advantages, returns
+
+
 def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
     """Entropy H = −Σ_v π(v)·log π(v) of each position's next-token distribution.
 

@@ -604,6 +604,53 @@ class RolloutConfig(Section):
     )
 
 
+class EnvConfig(Section):
+    """A multi-turn environment (S-ENV): each prompt row starts an episode in which the
+    policy talks with the environment over several turns and calls its tools; the
+    environment's step rewards are the run's rewards (docs/howto/environments.md)."""
+
+    factory: CallablePath = Field(
+        description="`package.module:callable` called as `factory(**factory_kwargs)` once per episode, returning an "
+        "object with `reset(row, seed)` and `step(assistant_message)` (environments/protocol.py)."
+    )
+    factory_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Keyword arguments passed to `factory`."
+    )
+    max_turns: int = Field(
+        4, ge=1, description="Assistant turns per episode; an episode still going after them is cut."
+    )
+    max_turn_tokens: int = Field(
+        64, ge=1, description="Longest assistant turn in tokens; a turn that reaches it without EOS cuts the episode."
+    )
+    max_episode_tokens: int = Field(
+        256,
+        ge=1,
+        description="Longest episode after its opening prompt, in tokens (assistant turns and observations); the "
+        "episode is cut where it would pass it.",
+    )
+    step_timeout_seconds: float = Field(
+        60.0, gt=0, description="A reset or step that has not returned after this many seconds is an error."
+    )
+    on_error: Literal["fail", "end"] = Field(
+        "fail",
+        description="When an environment raises, times out or returns a malformed answer: `fail` ends the rollout "
+        "stage naming the environment, the row and the turn; `end` ends that episode with reward 0 and counts it in "
+        "`env/errors`.",
+    )
+    max_concurrency: int = Field(
+        64, ge=1, description="Environment steps (and the tool calls inside them) run at once, across episodes."
+    )
+
+    @model_validator(mode="after")
+    def _turn_fits_episode(self) -> "EnvConfig":
+        if self.max_turn_tokens > self.max_episode_tokens:
+            raise ValueError(
+                f"rl.env.max_turn_tokens ({self.max_turn_tokens}) exceeds rl.env.max_episode_tokens "
+                f"({self.max_episode_tokens})"
+            )
+        return self
+
+
 class RLConfig(Section):
     max_steps: int = Field(20, ge=1, description="Outer PPO iterations in the run.")
     batch_size: int = Field(32, ge=1, description="Prompts per iteration (one completion each).")
@@ -667,6 +714,9 @@ class RLConfig(Section):
     validation: ValidationConfig | None = Field(
         None, description="Held-out evaluation as an `evaluate[iter=N]` task logging `val/*`; null: none."
     )
+    env: EnvConfig | None = Field(
+        None, description="A multi-turn environment with tools (S-ENV); null: one completion per prompt."
+    )
 
     @model_validator(mode="after")
     def _plan_shape(self) -> "RLConfig":
@@ -677,6 +727,23 @@ class RLConfig(Section):
                 f"rl.minibatch_size ({self.minibatch_size}) must be a multiple of "
                 f"rl.micro_batch_size ({self.micro_batch_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _environment_rewards(self) -> "RLConfig":
+        """With an environment its step rewards are the rewards: a second source is
+        refused by key rather than silently ignored (docs/howto/environments.md)."""
+        if self.env is None:
+            return self
+        if self.reward.model is not None:
+            raise ValueError("rl.reward.model: a learned reward model does not score environment episodes; with rl.env "
+                             "the environment's step rewards are the rewards (set rl.reward.model=null)")
+        if self.reward.terminal_callable is not None:
+            raise ValueError("rl.reward.terminal_callable: not used with rl.env (the environment's step rewards are "
+                             "the rewards); score the answer in the environment's step instead")
+        if self.reward.process != "none":
+            raise ValueError("rl.reward.process: per-token shaping is not applied to environment episodes; set it to "
+                             "none, or give turn rewards from the environment's step")
         return self
 
 

@@ -59,7 +59,7 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
     first_returns = targets.returns[:, 0]
     correct = trajectory.correct.tolist() if trajectory.correct is not None else [None] * len(lengths)
     batch = trajectory.prompts
-    return [
+    rows = [
         {
             "iteration": trajectory.iteration,
             "policy_version": trajectory.policy_version,
@@ -76,6 +76,18 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
         }
         for index in range(len(trajectory.completions))
     ]
+    if trajectory.episodes is not None:  # S-ENV: the transcript, as plain role/content pairs
+        for row, episode in zip(rows, trajectory.episodes):
+            row.update(
+                messages=episode["messages"], turns=episode["turns"], tool_calls=episode["tool_calls"],
+                cut=episode["cut"],
+            )
+    return rows
+
+
+def transcript_text(messages: list[dict[str, str]]) -> str:
+    """A transcript on one line for a table cell: `role: content` turns joined by ` | `."""
+    return " | ".join(f"{message['role']}: {message['content']}" for message in messages)
 
 
 def write_experience(directory: str, iteration: int, rows: list[dict[str, Any]]) -> str:

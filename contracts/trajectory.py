@@ -68,10 +68,19 @@ class Trajectory:
     ref_logprobs: torch.Tensor | None = None      # (b, r) frozen reference (reference role)
     values: torch.Tensor | None = None            # (b, r) critic predictions (critic role)
     extras: dict[str, Any] = field(default_factory=dict)
+    # Multi-turn episodes only (S-ENV-2); None keeps the single-turn path as it is.
+    action_mask: torch.Tensor | None = None       # (b, r) 1.0 on sampled tokens; observations are 0
+    turn_rewards: torch.Tensor | None = None      # (b, r) each turn's reward on its last sampled token
+    episodes: list[dict[str, Any]] | None = None  # per row: messages, turns, tool_calls, cut, failed
 
     @property
     def prompt_length(self) -> int:
         return self.prompt_ids.shape[1]
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """The tokens PPO trains on (policy loss, KL, values): the sampled ones."""
+        return self.response_mask if self.action_mask is None else self.action_mask
 
     def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Full sequences (b, p + r) and their attention mask."""

@@ -17,11 +17,13 @@ from typing import Any, Iterator
 import torch
 
 from algorithm.ppo_math import (
+    advantage_over_actions,
     behaviour_weights,
     clipped_policy_loss,
     explained_variance,
     generalized_advantage_estimate,
     kl_penalised_rewards,
+    kl_penalised_turn_rewards,
     masked_mean,
     whiten,
 )
@@ -116,7 +118,7 @@ class PolicyRole(TrainerRole):
         )
         self._unpark()
         input_ids, attention_mask = trajectory.sequences()
-        mask = trajectory.response_mask
+        mask = trajectory.loss_mask  # multi-turn: observations are context, never trained on (S-ENV-2)
         self.model.eval()
         with torch.no_grad():
             # Recomputed rather than taken from the engine: vLLM's numerics differ from
@@ -126,11 +128,18 @@ class PolicyRole(TrainerRole):
                 self.model, input_ids, attention_mask, trajectory.prompt_length, self.rl.rollout.temperature,
                 trajectory.extras,
             ).cpu() * mask
-        rewards, kl = kl_penalised_rewards(
-            trajectory.scores, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef, trajectory.process_rewards
-        )
         old_values = trajectory.values * mask
-        advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
+        if trajectory.turn_rewards is None:
+            rewards, kl = kl_penalised_rewards(
+                trajectory.scores, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef,
+                trajectory.process_rewards,
+            )
+            advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
+        else:
+            rewards, kl = kl_penalised_turn_rewards(
+                trajectory.turn_rewards, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef
+            )
+            advantages, returns = advantage_over_actions(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
         if self.rl.whiten_advantages:
             advantages = whiten(advantages, mask)
         lag_metrics: dict[str, float] = {}

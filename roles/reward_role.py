@@ -48,6 +48,8 @@ class RewardRole:
         return self.model_term.load(directory)
 
     def score(self, trajectory: Trajectory, training: bool = True) -> tuple[Trajectory, dict[str, float]]:
+        if trajectory.turn_rewards is not None:
+            return self._episode_scores(trajectory)
         scored, metrics = self._rule_scores(trajectory)
         if self.model_term is None:
             return scored, metrics
@@ -58,6 +60,21 @@ class RewardRole:
         metrics.update(model_metrics)
         metrics["train/reward_mean"] = metrics["reward/terminal_mean"] = float(terminal.mean())
         return dataclasses.replace(scored, scores=terminal), metrics
+
+    def _episode_scores(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
+        """Multi-turn episodes (S-ENV-2): the environment rewarded each turn where it was
+        earned; the episode's score is their sum, shown and normalised like a terminal
+        reward but trained on turn by turn. An episode is correct when it earned more
+        than nothing (docs/howto/environments.md)."""
+        assert trajectory.turn_rewards is not None
+        totals = trajectory.turn_rewards.sum(dim=1)
+        correct = (totals > 0).float()
+        scored = dataclasses.replace(trajectory, scores=totals, correct=correct)
+        return scored, {
+            "train/reward_mean": float(totals.mean()),
+            "reward/terminal_mean": float(totals.mean()),
+            "reward/fraction_correct": float(correct.mean()),
+        }
 
     def _rule_scores(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         batch = trajectory.prompts

@@ -16,6 +16,7 @@ from placement.role_placement import RolePlacement
 from roles.rollout.engine import RolloutEngine
 from contracts.generated_rows import AbortedGeneration, GeneratedRowError, check_generated
 from contracts.trajectory import PromptBatch, Trajectory
+from environments.factory import episode_rows, episode_runner, episode_seeds
 from trainer.runtime import configure_torch_threads
 from weights.publication import WeightPublication
 from weights.receive import receive
@@ -23,6 +24,10 @@ from weights.receive import receive
 
 class StalePolicyError(RuntimeError):
     pass
+
+
+# The env/* figures an evaluation reports as val/*.
+VAL_EPISODE = ("env/turns_mean", "env/tool_calls_mean", "env/cut_fraction", "env/errors")
 
 
 def build_engine(config: PPOConfig, placement: RolePlacement, model_path: str, tokenizer) -> RolloutEngine:
@@ -81,7 +86,27 @@ def merge_shards(parts: list[Trajectory], pad_token_id: int) -> Trajectory:
         rollout_logprobs=torch.cat([right(part.rollout_logprobs, 0.0) for part in parts]),
         completions=[c for part in parts for c in part.completions],
         extras=extras,
+        **_merged_episodes(parts, right),
     )
+
+
+def _merged_episodes(parts: list[Trajectory], right) -> dict:
+    """A multi-turn batch's per-token masks and rewards, padded like the responses."""
+    if parts[0].action_mask is None:
+        return {}
+    return {
+        "action_mask": torch.cat([right(part.action_mask, 0.0) for part in parts]),
+        "turn_rewards": torch.cat([right(part.turn_rewards, 0.0) for part in parts]),
+        "episodes": [episode for part in parts for episode in part.episodes],
+    }
+
+
+SUMMED_EPISODE = ("env/errors", "env/tool_call_parse_errors")
+SLOWEST_EPISODE = ("env/episode_seconds", "env/step_wait_seconds")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)  # equal shards: the mean of the shards' means is the batch's
 
 
 class RolloutRole:
@@ -101,6 +126,8 @@ class RolloutRole:
             model_path, config.data_packer.factory, config.data_packer.factory_kwargs, config.job.trusted_modules
         )
         self.engine = build_engine(config, placement, model_path, self.tokenizer)
+        # S-ENV: with an environment, each prompt row is the start of a multi-turn episode.
+        self.episodes = episode_runner(config, self.tokenizer) if config.rl.env is not None else None
         # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
         self.sleep_between_rollouts = placement.parks
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
@@ -118,13 +145,17 @@ class RolloutRole:
         self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1
     ) -> tuple[Trajectory, dict[str, float]]:
         """One completion per prompt of shard `shard` of `shards` of the batch."""
+        first_position = 0
         if shards > 1:
+            first_position = shard * (len(prompts.prompts) // shards)
             prompts = prompts.shard(shard, shards)
         # Per iteration and shard: a resumed run samples what the uninterrupted one
         # did, and no two engines draw the same stream.
         seed = self.config.job.seed * 1_000_003 + prompts.iteration + 7_919 * shard
         try:
-            trajectory, seconds = self._sample(prompts, required_version, seed, greedy=False)
+            trajectory, seconds, episode_metrics = self._sample(
+                prompts, required_version, seed, greedy=False, first=first_position
+            )
         except AbortedGeneration as aborted:
             raise GeneratedRowError(
                 f"iteration {prompts.iteration}: the engine aborted row {prompts.row_ids[aborted.position]} "
@@ -137,6 +168,7 @@ class RolloutRole:
             "rollout/generate_seconds": seconds,
             "rollout/policy_version": float(self.policy_version),
             "perf/rollout_weight_loads": float(self.weight_loads),
+            **episode_metrics,
         }
 
     def evaluate(self, prompts: PromptBatch, required_version: int) -> tuple[Trajectory, dict[str, float]]:
@@ -146,8 +178,11 @@ class RolloutRole:
         if validation is None:
             raise RuntimeError("evaluation asked for, but rl.validation is not configured")
         seed = (self.config.job.seed * 1_000_003 + prompts.iteration) * 31 + 1_000_000_007
-        trajectory, seconds = self._sample(prompts, required_version, seed, greedy=validation.greedy)
+        trajectory, seconds, episode_metrics = self._sample(
+            prompts, required_version, seed, greedy=validation.greedy, stream=1
+        )
         return trajectory, {
+            **{f"val/{key.partition('/')[2]}": value for key, value in episode_metrics.items() if key in VAL_EPISODE},
             "val/response_length_mean": float(trajectory.response_mask.sum(dim=1).mean()),
             "val/generate_seconds": seconds,
             "val/policy_version": float(self.policy_version),
@@ -155,8 +190,9 @@ class RolloutRole:
         }
 
     def _sample(
-        self, prompts: PromptBatch, required_version: int, seed: int, greedy: bool
-    ) -> tuple[Trajectory, float]:
+        self, prompts: PromptBatch, required_version: int, seed: int, greedy: bool, first: int = 0, stream: int = 0
+    ) -> tuple[Trajectory, float, dict[str, float]]:
+        """The trajectory, its seconds, and a multi-turn batch's env/* figures."""
         if required_version != self.policy_version:
             # Equality, not "at least": a newer engine is as wrong as an older one.
             raise StalePolicyError(
@@ -164,6 +200,9 @@ class RolloutRole:
                 f"requires {required_version}"
             )
         started = time.perf_counter()
+        if self.episodes is not None:
+            trajectory, metrics = self._episodes(prompts, seed, greedy, first, stream)
+            return trajectory, time.perf_counter() - started, metrics
         packed = self.packer.pack_prompts(prompts.prompts, prompts.sources)
         if packed.multimodal is not None and not self.engine.accepts_multimodal:
             raise NotImplementedError(
@@ -192,7 +231,37 @@ class RolloutRole:
             # critic and policy see exactly what the rollout showed the model.
             extras={MULTIMODAL_EXTRA: packed.multimodal} if packed.multimodal is not None else {},
         )
-        return trajectory, time.perf_counter() - started
+        return trajectory, time.perf_counter() - started, {}
+
+    def _episodes(
+        self, prompts: PromptBatch, seed: int, greedy: bool, first: int, stream: int
+    ) -> tuple[Trajectory, dict[str, float]]:
+        """Multi-turn episodes (S-ENV-2): the environment's messages are context, the
+        sampled turns are actions, and each turn's reward sits on its last token."""
+        assert self.episodes is not None
+        seeds = episode_seeds(self.config.job.seed, prompts.iteration, prompts.row_ids, first, stream)
+        self.engine.wake_up()
+        batch = self.episodes.run(
+            self.engine, episode_rows(prompts), seeds,
+            temperature=self.config.rl.rollout.temperature, generation_seed=seed, greedy=greedy,
+        )
+        if self.sleep_between_rollouts:
+            self.engine.sleep()
+        trajectory = Trajectory(
+            iteration=prompts.iteration,
+            policy_version=self.policy_version,
+            prompts=prompts,
+            prompt_ids=batch.prompt_ids,
+            prompt_mask=batch.prompt_mask,
+            response_ids=batch.response_ids,
+            response_mask=batch.response_mask,
+            rollout_logprobs=batch.logprobs,
+            completions=batch.completions,
+            action_mask=batch.action_mask,
+            turn_rewards=batch.turn_rewards,
+            episodes=batch.episodes,
+        )
+        return trajectory, batch.metrics
 
     def gather(self, shards: int, *parts_and_summaries) -> tuple[Trajectory, dict[str, float]]:
         """Engine 0, after its own shard: the whole batch from every engine's shard
@@ -201,8 +270,15 @@ class RolloutRole:
         parts, summaries = list(parts_and_summaries[:shards]), list(parts_and_summaries[shards:])
         trajectory = merge_shards(parts, self.tokenizer.pad_token_id)
         lengths = trajectory.response_mask.sum(dim=1)
+        episode = {
+            key: (sum if key in SUMMED_EPISODE else max if key in SLOWEST_EPISODE else _mean)(
+                [summary[key] for summary in summaries]
+            )
+            for key in summaries[0] if key.startswith("env/")
+        }
         return trajectory, {
             **summaries[0],
+            **episode,
             "rollout/response_length_mean": float(lengths.mean()),
             "rollout/generate_seconds": max(s["rollout/generate_seconds"] for s in summaries),
             "rollout/engines": float(shards),

@@ -14,12 +14,13 @@ from prefect.artifacts import TableArtifact
 from prefect.context import TaskRunContext
 
 from compat.prefect_compat import create_artifact
-from contracts.experience import ExperienceReceipt
+from contracts.experience import ExperienceReceipt, transcript_text
 from views.artifact_writes import artifact_writes
 from views.run_artifacts import run_flow_run_id
 
 SHOWN = ("row_id", "prompt", "completion", "reference", "reward", "advantage", "return", "policy_version")
 MAX_TEXT = 200  # characters of a prompt or completion in a cell (a picture's data URL is long)
+MAX_TRANSCRIPT = 600  # an episode's turns, so the tool call and its answer are visible
 
 
 def _cell(value: Any) -> Any:
@@ -31,7 +32,15 @@ def _cell(value: Any) -> Any:
 
 
 def samples_table(receipt: ExperienceReceipt) -> list[dict[str, Any]]:
-    return [{column: _cell(row.get(column)) for column in SHOWN} for row in receipt.table]
+    table = []
+    for row in receipt.table:
+        cells = {column: _cell(row.get(column)) for column in SHOWN}
+        if "messages" in row:
+            text = transcript_text(row["messages"])
+            cells.update(turns=row["turns"], tool_calls=row["tool_calls"],
+                         transcript=text if len(text) <= MAX_TRANSCRIPT else text[:MAX_TRANSCRIPT] + "…")
+        table.append(cells)
+    return table
 
 
 def publish_samples(receipt: ExperienceReceipt, key: str | None) -> None:

@@ -19,7 +19,8 @@ CODE_KEYS = sorted(code_reference_keys(PPOConfig))
 
 def test_the_schema_walk_finds_every_key_that_names_code():
     assert CODE_KEYS == sorted(
-        ["rl.data.factory", "rl.validation.data.factory", "data_packer.factory", "rl.reward.terminal_callable"]
+        ["rl.data.factory", "rl.validation.data.factory", "data_packer.factory", "rl.reward.terminal_callable",
+         "rl.env.factory"]
     )
 
 

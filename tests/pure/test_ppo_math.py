@@ -137,3 +137,37 @@ def test_whiten_uses_only_real_tokens():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     # mean 2, unbiased var 1 -> [−1, 0, 1], padding stays 0
     torch.testing.assert_close(whiten(values, mask, eps=0.0), torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
+
+
+def test_gae_over_actions_steps_over_observations_and_is_plain_gae_without_them():
+    """S-ENV-2: observation tokens are not time steps. A row of actions only gives plain
+    GAE exactly; a row with an observation gives, on its actions, the GAE of the same
+    actions laid end to end, and nothing on the observation."""
+    from algorithm.ppo_math import advantage_over_actions
+
+    torch.manual_seed(3)
+    rewards, values = torch.randn(2, 7), torch.randn(2, 7)
+    prefix = torch.tensor([[1.0] * 7, [1.0] * 4 + [0.0] * 3])
+    assert all(torch.equal(a, b) for a, b in zip(
+        advantage_over_actions(rewards * prefix, values, prefix, 0.9, 0.8),
+        generalized_advantage_estimate(rewards * prefix, values, prefix, 0.9, 0.8),
+    ))
+    actions = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])
+    kept = actions[0].bool()
+    advantages, returns = advantage_over_actions(rewards[:1] * actions, values[:1], actions, 0.9, 0.8)
+    compact = generalized_advantage_estimate(
+        rewards[:1, kept], values[:1, kept], torch.ones(1, int(kept.sum())), 0.9, 0.8
+    )
+    assert torch.allclose(advantages[0, kept], compact[0][0]) and torch.allclose(returns[0, kept], compact[1][0])
+    assert advantages[0, ~kept].abs().sum() == 0 and returns[0, ~kept].abs().sum() == 0
+
+
+def test_turn_rewards_and_the_kl_penalty_sit_on_the_sampled_tokens_only():
+    from algorithm.ppo_math import kl_penalised_turn_rewards
+
+    actions = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
+    turn_rewards = torch.tensor([[0.0, 0.5, 0.0, 0.0, 1.0, 0.0]])
+    logprobs, ref = torch.full((1, 6), -1.0), torch.full((1, 6), -1.5)
+    rewards, kl = kl_penalised_turn_rewards(turn_rewards, logprobs, ref, actions, kl_coef=0.1)
+    assert torch.allclose(rewards, torch.tensor([[-0.05, 0.45, 0.0, 0.0, 0.95, 0.0]]))
+    assert torch.equal(kl, 0.5 * actions)

@@ -1,0 +1,65 @@
+"""The run's environment factory and episode seeds (S-ENV-1, S-ENV-3)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from configs.callables import import_callable
+from configs.schema import PPOConfig
+from contracts.faults import RepeatsOnRerun
+from contracts.trajectory import PromptBatch
+from environments.episodes import EpisodeLimits, EpisodeRunner
+from environments.protocol import EnvRow
+
+
+class EnvironmentConfigError(ValueError, RepeatsOnRerun):
+    pass
+
+
+def environment_factory(config: PPOConfig) -> Callable[[], Any]:
+    """A callable making one environment per episode, refused by key when it cannot
+    be imported or is outside the trusted modules an override may name."""
+    env = config.rl.env
+    assert env is not None
+    build = import_callable(
+        env.factory, key="rl.env.factory", error=EnvironmentConfigError, trusted=config.job.trusted_modules
+    )
+    kwargs = dict(env.factory_kwargs)
+    return lambda: build(**kwargs)
+
+
+def episode_runner(config: PPOConfig, tokenizer) -> EpisodeRunner:
+    env = config.rl.env
+    assert env is not None
+    limits = EpisodeLimits(
+        max_turns=env.max_turns,
+        max_turn_tokens=env.max_turn_tokens,
+        max_episode_tokens=env.max_episode_tokens,
+        step_timeout_seconds=env.step_timeout_seconds,
+        on_error=env.on_error,
+        max_concurrency=env.max_concurrency,
+        factory_name=env.factory,
+    )
+    return EpisodeRunner(tokenizer, environment_factory(config), limits)
+
+
+def episode_rows(prompts: PromptBatch) -> list[EnvRow]:
+    sources = prompts.sources or [""] * len(prompts.prompts)
+    return [
+        EnvRow(prompt, reference, dict(metadata), row_id, source)
+        for prompt, reference, metadata, row_id, source in zip(
+            prompts.prompts, prompts.references, prompts.metadata, prompts.row_ids, sources
+        )
+    ]
+
+
+def episode_seeds(job_seed: int, iteration: int, row_ids: list[int], first_position: int, stream: int) -> list[int]:
+    """One seed per episode, from the run's seed, the iteration, the row and its place
+    in the whole batch (not the shard): an engine that regenerates a lost shard, or a
+    resumed run, gives each environment the seed it had (S-ENV-3). `stream` keeps
+    training and evaluation episodes apart."""
+    return [
+        ((((job_seed * 1_000_003 + iteration) * 1_000_033 + row_id) * 8_191 + first_position + i) * 4 + stream)
+        % (2**63 - 1)
+        for i, row_id in enumerate(row_ids)
+    ]
