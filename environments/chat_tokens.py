@@ -60,10 +60,13 @@ class ObservationEncoder:
             )
 
     def ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return encode(self.tokenizer, self.text(messages))
+
+    def text(self, messages: list[dict[str, Any]]) -> str:
         rendered = render(self.tokenizer, _ANCHOR + messages, None, generation=True)
         cut = -1
         for _ in range(self.anchor_turns):
             cut = rendered.find(self.eos_token, cut + 1)
             if cut < 0:
                 raise TemplateError("the model's chat template drops turns once an observation follows them")
-        return encode(self.tokenizer, rendered[cut + len(self.eos_token):])
+        return rendered[cut + len(self.eos_token):]

@@ -24,6 +24,7 @@ import torch
 from contracts.faults import RepeatsOnRerun
 from data.packing import PackedPrompts
 from environments.chat_tokens import ObservationEncoder, opening_ids
+from environments.preflight import template_renders_tool_messages
 from environments.protocol import EnvRow, MalformedEnvironmentOutput, Reset, Step, checked_reset, checked_step
 from environments.tool_calls import assistant_message, parse_tool_calls
 
@@ -95,6 +96,7 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.make_env = make_env
         self.limits = limits
+        template_renders_tool_messages(tokenizer)  # as pre-flight checked, for a model built since
         self.observations = ObservationEncoder(tokenizer, tokenizer.eos_token)
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id

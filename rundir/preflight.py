@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from environments.preflight import environment_problems
 from models.tiny_spec import tiny_spec_differences
 from configs.callables import check_callable_module, code_reference_keys, value_at
 from configs.schema import PPOConfig
@@ -69,6 +70,7 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
         ))
     problems += lora_problems(config)
     problems += [Problem(key, message) for key, message in tiny_spec_differences(config.model)]
+    problems += [Problem(key, message) for key, message in environment_problems(config)]  # S-ENV-1
     # Code named in the config must at least be findable before any worker starts;
     # the values already passed the trust check, so finding their parents is safe.
     missing = missing_tracker_packages(config.job.trackers)
