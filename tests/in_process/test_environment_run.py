@@ -9,6 +9,8 @@ import gzip
 import json
 from pathlib import Path
 
+import torch
+
 from configs.loading import load_config
 from configs.schema import EnvConfig
 from flows.in_process import run_in_process
@@ -64,3 +66,30 @@ def test_an_environment_run_keeps_its_transcripts_and_resumes_bitwise(tiny_model
         roles = [message["role"] for message in row["messages"]]
         assert roles[:4] == ["user", "assistant", "user", "assistant"]
         assert row["messages"][2]["content"] == "11"  # the environment's observation, as it said it
+
+
+def test_a_shard_regenerated_on_another_engine_is_byte_identical_and_merges_like_one_batch(tiny_model_dir, tmp_path):
+    """S-ENV-3 with elastic rollout: a survivor that generates a lost engine's shard
+    draws the same environment seeds and sampling stream, so its episodes are the
+    lost engine's byte for byte; the gathered batch keeps each row's action mask."""
+    from contracts.trajectory import PromptBatch
+    from roles.rollout_role import RolloutRole, merge_shards
+    from tests.conftest import first_rank
+
+    config = load_config(TINY_PROFILE, [f"job.output_root={tmp_path}", f"model.path={tiny_model_dir}"])
+    config = config.model_copy(update={"rl": config.rl.model_copy(update={"env": ENV})})
+    prompts = PromptBatch(3, [str(i) for i in range(4)], [None] * 4, [{}] * 4, [20, 21, 22, 23])
+    first, survivor = (RolloutRole(config, first_rank(config, "rollout")) for _ in range(2))
+    lost, _ = first.generate(prompts, 0, shard=1, shards=2)
+    again, summary = survivor.generate(prompts, 0, shard=1, shards=2)
+    for name in ("prompt_ids", "response_ids", "response_mask", "action_mask", "rollout_logprobs", "turn_rewards"):
+        assert torch.equal(getattr(lost, name), getattr(again, name)), name
+    assert lost.episodes == again.episodes and summary["env/turns_mean"] >= 1.0
+
+    kept, _ = first.generate(prompts, 0, shard=0, shards=2)
+    merged = merge_shards([kept, again], first.tokenizer.pad_token_id)
+    assert merged.prompts.row_ids == [20, 21, 22, 23] and len(merged.episodes) == 4
+    for row, part in ((0, kept), (2, again)):
+        n = part.response_ids.shape[1]
+        assert torch.equal(merged.action_mask[row, :n], part.action_mask[0])
+        assert merged.action_mask[row, n:].sum() == 0 and merged.turn_rewards[row, n:].sum() == 0
