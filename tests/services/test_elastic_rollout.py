@@ -35,25 +35,25 @@ def twins(prefect_api, ray_cluster, role_process_pool, tiny_model_dir, tmp_path_
 
     made: dict[tuple[str, ...], object] = {}
 
-    def twin(*extra: str):
+    def twin(*extra: str, profile: str = TINY_PROFILE):
         if extra not in made:
             root = tmp_path_factory.mktemp("twin")
             overrides = short_run_overrides(root / "outputs", tiny_model_dir) + TWO_ENGINES + ["job.name=twin", *extra]
             with keep_role_processes(role_process_pool):
-                ppo(profile=TINY_PROFILE, overrides=overrides)
+                ppo(profile=profile, overrides=overrides)
             made[extra] = root / "outputs" / "twin"
         return made[extra]
 
     return twin
 
 
-def _killed_run(tiny_overrides, tmp_path, engine: int, iteration: int, *extra: str):
+def _killed_run(tiny_overrides, tmp_path, engine: int, iteration: int, *extra: str, profile: str = TINY_PROFILE):
     from flows.training import ppo
 
     name = f"elastic-{engine}"
     fault = fault_inside_generate(name, engine, iteration, signal.SIGKILL)
     started = time.monotonic()
-    summary = ppo(profile=TINY_PROFILE, overrides=_overrides(tiny_overrides, name, *extra))
+    summary = ppo(profile=profile, overrides=_overrides(tiny_overrides, name, *extra))
     assert fault.armed.is_set() and fault.pid is not None
     return tmp_path / "outputs" / name, summary, time.monotonic() - started
 
@@ -125,6 +125,26 @@ def test_exact_after_a_kill_with_a_normalised_reward_model(
     assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 1.0, 0.0]
     assert all("reward/model_normalized_mean" in r for r in rows)
     assert_same_run(run_dir, twins(*extra))
+
+
+@pytest.mark.slow
+def test_exact_after_a_kill_in_a_multi_turn_run(
+    twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path, monkeypatch
+):
+    """S-ENV-3 with S-ELASTIC-1: the survivor regenerates the lost shard's episodes with
+    the same environment seeds and sampling streams, so every file matches the twin's."""
+    from pathlib import Path
+
+    from tests.conftest import TRUSTING_TINY_PROFILE
+
+    monkeypatch.setenv("PPO_PROFILE_DIRS", str(Path(TRUSTING_TINY_PROFILE).parent))  # the test is the operator
+    extra = ("rl.env.factory=tests.in_process.test_episodes:CountingEnv", "rl.env.max_turns=3",
+             "rl.env.max_turn_tokens=12", "rl.env.max_episode_tokens=60")
+    run_dir, summary, _ = _killed_run(tiny_overrides, tmp_path, 1, 2, *extra, profile=TRUSTING_TINY_PROFILE)
+    rows = metric_records(run_dir)
+    assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 1.0, 0.0]
+    assert all(r["env/turns_mean"] >= 1.0 for r in rows)
+    assert_same_run(run_dir, twins(*extra, profile=TRUSTING_TINY_PROFILE))
 
 
 @pytest.mark.slow
