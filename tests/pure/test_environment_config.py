@@ -41,6 +41,21 @@ def test_a_template_that_drops_tool_messages_is_refused_and_chatml_passes():
         template_renders_tool_messages(tokenizer)
 
 
+def test_pre_flight_names_rl_env_for_a_model_folder_whose_template_drops_tool_messages(tmp_path):
+    from rundir.preflight import config_problems
+
+    folder = tmp_path / "chat-model"
+    tokenizer = build_tokenizer("0123456789")
+    tokenizer.chat_template = CHAT_TEMPLATE.replace(
+        "{% for message in messages %}", "{% for message in messages if message['role'] != 'tool' %}"
+    )
+    tokenizer.save_pretrained(folder)
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
+    config = load_config(TINY_PROFILE, [ENV, f"model.path={folder}"])
+    problems = [str(problem) for problem in config_problems(config) if problem.key == "rl.env"]
+    assert len(problems) == 1 and "does not render messages of role 'tool'" in problems[0], problems
+
+
 @pytest.mark.parametrize("answer, message", [
     ("just text", "step returned str; return environments.protocol.Step"),
     (([{"role": "tool"}], 0.0, False), r"message 0 \(tool\) needs a string 'content'"),

@@ -29,6 +29,19 @@ def test_rows_keep_the_shown_columns_rounded_and_cut_short():
     assert row["advantage"] == 0.1235
 
 
+def test_an_episode_row_shows_its_turns_tool_calls_and_transcript():
+    """S-ENV: the table shows what the agent did, not only its last answer."""
+    call = '<tool_call>\n{"name": "get", "arguments": {"key": "QX"}}\n</tool_call>'
+    messages = [{"role": "user", "content": "value of QX?"}, {"role": "assistant", "content": call},
+                {"role": "tool", "content": "493"}, {"role": "assistant", "content": "493"}]
+    receipt = _receipt()
+    receipt = replace(receipt, table=[{**receipt.table[0], "messages": messages, "turns": 2, "tool_calls": 1}])
+    (row,) = samples_table(receipt)
+    assert row["turns"] == 2 and row["tool_calls"] == 1
+    assert row["transcript"].startswith('user: value of QX? | assistant: <tool_call>\n{"name": "get"')
+    assert row["transcript"].endswith("tool: 493 | assistant: 493")
+
+
 class _Published:
     """Stands in for Prefect's TableArtifact and the background writer: what would
     have reached the UI, and what was sent."""
