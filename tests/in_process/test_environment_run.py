@@ -9,6 +9,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from configs.loading import load_config
@@ -27,16 +28,17 @@ ENV = EnvConfig(
 )
 
 
-def _run(root: Path, model_dir: str, name: str, steps: int) -> Path:
+def _run(root: Path, model_dir: str, name: str, steps: int, *extra: str, stop_after: int | None = None) -> Path:
     config = load_config(TINY_PROFILE, [
         f"job.output_root={root}", f"model.path={model_dir}", f"job.name={name}", "rl.batch_size=8",
         "rl.minibatch_size=8", "rl.micro_batch_size=8", "rl.epochs=1", "rl.save_every=2", "rl.validation=null",
-        f"rl.max_steps={steps}",
+        f"rl.max_steps={steps}", *extra,
     ])
     # A test module is not trusted code an override may name (S-SEC-3): set in the
     # config itself, as a profile would.
     config = config.model_copy(update={"rl": config.rl.model_copy(update={"env": ENV})})
-    run_in_process(config, paths=RunPaths.for_config(config), resume=True)
+    stop = {} if stop_after is None else {"max_steps": stop_after}
+    run_in_process(config, paths=RunPaths.for_config(config), resume=True, **stop)
     return root / name
 
 
@@ -93,3 +95,19 @@ def test_a_shard_regenerated_on_another_engine_is_byte_identical_and_merges_like
         n = part.response_ids.shape[1]
         assert torch.equal(merged.action_mask[row, :n], part.action_mask[0])
         assert merged.action_mask[row, n:].sum() == 0 and merged.turn_rewards[row, n:].sum() == 0
+
+
+@pytest.mark.slow
+def test_one_step_off_keeps_the_episodes_in_flight_and_resumes_bitwise(tiny_model_dir, tmp_path):
+    """S-ENV-3 with S-ASYNC-3: the batch generated during the boundary's iteration is
+    saved with its action mask, turn rewards and transcripts, and trained on after it."""
+    one_step_off = "rl.rollout.max_staleness=1"
+    straight = _run(tmp_path, tiny_model_dir, "straight", 4, one_step_off)
+    _run(tmp_path, tiny_model_dir, "resumed", 4, one_step_off, stop_after=2)
+    assert (boundary(tmp_path / "resumed", 2) / "in_flight").is_dir()
+    resumed = _run(tmp_path, tiny_model_dir, "resumed", 4, one_step_off)
+    assert weights_digest(boundary(resumed, 4) / "policy") == weights_digest(boundary(straight, 4) / "policy")
+    records = [without_timings(r) for r in metric_records(resumed)]
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    assert records == [without_timings(r) for r in metric_records(straight)]
+    assert _experience(resumed, 3) == _experience(straight, 3)
