@@ -35,14 +35,18 @@ lint: setup
 	@# History belongs in commits and docs, not in code.
 	@! grep -rnE '[Ii]ssue [0-9]+' --include='*.py' $(PRODUCTION_DIRS) || (echo "lint: an issue number in production code (above)"; false)
 
+# Two pytest-xdist workers: the services tests (Prefect, Ray) stay in order on one of them
+# (tests/conftest.py), the pure and in-process tests share the other. TEST_WORKERS=0 runs
+# everything in this one process, as before.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(VPY) -m pytest -q --durations=15
+	$(VPY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: setup
 	$(VPY) -m pytest -q -m slow --durations=15
 
 # pyproject.toml's [project].dependencies and its `dev` extra (the tests) without torch, for an install line.
-PROJECT_DEPS = $$($(PYTHON) -c "import tomllib;p=tomllib.load(open('pyproject.toml','rb'))['project'];e=p['optional-dependencies'];print(' '.join(d for d in p['dependencies']+e['dev']+e['power-cut'] if not d.startswith('torch')))")
+PROJECT_DEPS = $$($(PYTHON) -c "import tomllib;p=tomllib.load(open('pyproject.toml','rb'))['project'];e=p['optional-dependencies'];print(' '.join(d for d in p['dependencies']+e['dev']+e['power-cut']+e['parallel-tests'] if not d.startswith('torch')))")
 
 # The GPU install (S-DEP-1): every package pinned by requirements-gpu.lock (torch 2.13.0,
 # PyPI's CUDA build, with its nvidia-*/cuda-* runtime and triton; vllm 0.32.0; Prefect
