@@ -29,6 +29,8 @@ from algorithm.reward_rules import RewardContext, match_arithmetic_exact
 from data.packing import ChatTextPacker
 from data.synthetic import heldout_sums
 
+from bench.overrides import split_overrides
+
 ARITH_PROFILE = "configs/ppo_tiny_arith_cpu.py"
 
 
@@ -135,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", default=ARITH_PROFILE, help=f"profile for --run (default {ARITH_PROFILE})")
     parser.add_argument("--max-operand", type=int, default=99, help="operand range of the held-out sums (model dirs)")
-    argv = sys.argv[1:] if argv is None else argv
-    overrides: list[str] = []
-    if "--" in argv:  # as in `python -m flows.ppo`: overrides follow a bare `--`
-        split = argv.index("--")
-        argv, overrides = argv[:split], argv[split + 1 :]
+    argv, overrides = split_overrides(argv)
     args = parser.parse_args(argv)
     if args.run:
         return _run_profile(args.profile, overrides, args.direct)

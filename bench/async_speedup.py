@@ -45,6 +45,8 @@ from typing import Any, Iterator
 from bench.cpu_accounting import CpuSampler, _cmdline
 from contracts.stage_names import TIMED_STAGES, time_key
 
+from bench.overrides import split_overrides
+
 DEFAULT_PROFILE = "configs/ppo_tiny_reverse_cpu.py"
 MODES = {"sync": 0, "one step off": 1}
 GENERATION_CHAIN = ("rollout", "reward")
@@ -315,11 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="outputs/bench/async_speedup", help="folder for the runs and their logs")
     parser.add_argument("--json", help="also write the figures here")
-    argv = sys.argv[1:] if argv is None else argv
-    extra: list[str] = []
-    if "--" in argv:  # as in `python -m flows.ppo`: overrides follow a bare `--`
-        split = argv.index("--")
-        argv, extra = argv[:split], argv[split + 1 :]
+    argv, extra = split_overrides(argv)
     args = parser.parse_args(argv)
     if args.skip < 1 or args.iterations <= args.skip:
         parser.error("need 1 <= --skip < --iterations")

@@ -33,6 +33,8 @@ from data.synthetic import KEY_QUESTION, key_lookup_split
 from environments.key_lookup import make_environment
 from environments.protocol import EnvRow, checked_reset, checked_step
 
+from bench.overrides import split_overrides
+
 TOOLS_PROFILE = "configs/ppo_tiny_tools_cpu.py"
 # Qwen3's form; environments/tool_calls.py will own the parser, this one is the bench's.
 TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
@@ -197,11 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-turn-tokens", type=int, default=96)
     parser.add_argument("--show", type=int, default=3, help="print this many sampled episodes")
-    argv = sys.argv[1:] if argv is None else argv
-    overrides: list[str] = []
-    if "--" in argv:  # as in `python -m flows.ppo`: overrides follow a bare `--`
-        split = argv.index("--")
-        argv, overrides = argv[:split], argv[split + 1 :]
+    argv, overrides = split_overrides(argv)
     args = parser.parse_args(argv)
 
     from configs.loading import load_config
