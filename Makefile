@@ -35,12 +35,12 @@ lint: setup
 	@# History belongs in commits and docs, not in code.
 	@! grep -rnE '[Ii]ssue [0-9]+' --include='*.py' $(PRODUCTION_DIRS) || (echo "lint: an issue number in production code (above)"; false)
 
-# Two pytest-xdist workers: the services tests (Prefect, Ray) stay in order on one of them
-# (tests/conftest.py), the pure and in-process tests share the other. TEST_WORKERS=0 runs
+# Two pytest-xdist workers, each with its own session fixtures (a Prefect test server, a
+# local Ray): tests share no server or cluster across workers. TEST_WORKERS=0 runs
 # everything in this one process, as before.
 TEST_WORKERS ?= 2
 test: setup lint
-	$(VPY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+	$(VPY) -m pytest -q --durations=15 -n $(TEST_WORKERS)
 
 test-slow: setup
 	$(VPY) -m pytest -q -m slow --durations=15

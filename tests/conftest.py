@@ -56,11 +56,6 @@ def pytest_collection_modifyitems(items):
         if folder == "pure" and MODEL_FIXTURES & set(item.fixturenames):
             raise pytest.UsageError(f"{item.nodeid} builds the tiny model: it belongs in tests/in_process")
         item.add_marker(folder)
-        if folder == "services":
-            # `make test` runs two pytest-xdist workers with --dist loadgroup: the
-            # services tests (Prefect servers, Ray clusters, process-tree checks) stay
-            # together on one worker, in order, as in a serial run.
-            item.add_marker(pytest.mark.xdist_group("services"))
 
 
 
