@@ -59,8 +59,8 @@ CONFIG = PPOConfig(
     ),
     rl=RLConfig(
         max_steps=60,
-        stage_timeout_seconds=300,  # a CPU stage takes seconds; five minutes means stuck
         batch_size=64,
+        stage_timeout_seconds=300,  # a batch of episodes takes seconds here
         epochs=2,
         minibatch_size=32,
         micro_batch_size=32,

@@ -217,21 +217,24 @@ class RolloutRole:
         if self.sleep_between_rollouts:
             self.engine.sleep()
         completions = self.packer.decode_completions(result.response_ids, result.response_mask)
-        trajectory = Trajectory(
-            iteration=prompts.iteration,
-            policy_version=self.policy_version,
-            prompts=prompts,
-            prompt_ids=packed.input_ids,
-            prompt_mask=packed.attention_mask,
-            response_ids=result.response_ids,
-            response_mask=result.response_mask,
-            rollout_logprobs=result.logprobs,
-            completions=completions,
+        trajectory = self._trajectory(
+            prompts, packed.input_ids, packed.attention_mask, result.response_ids, result.response_mask,
+            result.logprobs, completions,
             # The packed pixels travel with the batch by reference, so reference,
             # critic and policy see exactly what the rollout showed the model.
             extras={MULTIMODAL_EXTRA: packed.multimodal} if packed.multimodal is not None else {},
         )
         return trajectory, time.perf_counter() - started, {}
+
+    def _trajectory(
+        self, prompts: PromptBatch, prompt_ids, prompt_mask, response_ids, response_mask, logprobs, completions,
+        **fields,
+    ) -> Trajectory:
+        return Trajectory(
+            iteration=prompts.iteration, policy_version=self.policy_version, prompts=prompts, prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+            rollout_logprobs=logprobs, completions=completions, **fields,
+        )
 
     def _episodes(
         self, prompts: PromptBatch, seed: int, greedy: bool, first: int, stream: int
@@ -247,19 +250,9 @@ class RolloutRole:
         )
         if self.sleep_between_rollouts:
             self.engine.sleep()
-        trajectory = Trajectory(
-            iteration=prompts.iteration,
-            policy_version=self.policy_version,
-            prompts=prompts,
-            prompt_ids=batch.prompt_ids,
-            prompt_mask=batch.prompt_mask,
-            response_ids=batch.response_ids,
-            response_mask=batch.response_mask,
-            rollout_logprobs=batch.logprobs,
-            completions=batch.completions,
-            action_mask=batch.action_mask,
-            turn_rewards=batch.turn_rewards,
-            episodes=batch.episodes,
+        trajectory = self._trajectory(
+            prompts, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.logprobs,
+            batch.completions, action_mask=batch.action_mask, turn_rewards=batch.turn_rewards, episodes=batch.episodes,
         )
         return trajectory, batch.metrics
 
