@@ -1,9 +1,9 @@
-"""Held-out episodes of the key-lookup tool task, played with transformers `generate`.
+"""Held-out episodes of the key-lookup tool task, played through the run's own episode loop.
 
 Why: the tool profile claims its pre-trained model leaves PPO room to improve: greedy
 episodes mostly answer without looking the value up, sampled ones sometimes call
 `get` and succeed. This plays held-out rows (keys and values never pre-trained on)
-turn by turn as the episode loop does, greedy and sampled at temperature 1.0, and
+turn by turn on the transformers engine, greedy and sampled at temperature 1.0, and
 prints the success rate, the share of episodes that looked the value up, and the
 pre-training's time, with the load average beside every timing.
 
@@ -21,64 +21,24 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from data.synthetic import KEY_QUESTION, key_lookup_split
 from environments.key_lookup import make_environment
-from environments.protocol import EnvRow, checked_reset, checked_step
+from environments.episodes import EpisodeLimits, EpisodeRunner
+from environments.protocol import EnvRow
+from environments.tool_calls import parse_tool_calls
 
 from bench.overrides import split_overrides
 
 TOOLS_PROFILE = "configs/ppo_tiny_tools_cpu.py"
-# Qwen3's form; environments/tool_calls.py will own the parser, this one is the bench's.
-TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-
-
 def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
-
-
-def parse_assistant(text: str) -> dict:
-    """The assistant message the environment's step gets: well-formed `<tool_call>`
-    blocks become `tool_calls`; everything else (a malformed block too) is content."""
-    calls, kept = [], []
-    position = 0
-    for block in TOOL_CALL.finditer(text):
-        try:
-            parsed = json.loads(block.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not (isinstance(parsed, dict) and isinstance(parsed.get("name"), str)):
-            continue
-        calls.append({"type": "function", "function": {"name": parsed["name"], "arguments": parsed.get("arguments")}})
-        kept.append(text[position : block.start()])
-        position = block.end()
-    kept.append(text[position:])
-    message: dict = {"role": "assistant", "content": "".join(kept)}
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-@dataclass
-class Episode:
-    row: dict
-    environment: object
-    tools: list | None
-    history: list[dict]
-    token_ids: list[int]
-    reward: float = 0.0
-    done: bool = False
-    turns: int = 0
-    looked_up: bool = False  # some tool reply carried the hidden value
-    first_turn_called: bool = False
-    texts: list[str] = field(default_factory=list)
 
 
 def render(tokenizer, messages: list[dict], tools, generation_prompt: bool) -> str:
@@ -87,63 +47,43 @@ def render(tokenizer, messages: list[dict], tools, generation_prompt: bool) -> s
     )
 
 
-@torch.no_grad()
-def play(model, tokenizer, rows: list[dict], *, greedy: bool, max_turns: int, max_turn_tokens: int, seed: int):
-    """One episode per row, all rows' turns batched: the opening prompt, then per turn
-    a generation up to the EOS, the environment's step, and the observation (what the
-    template adds after the turn's EOS for the new messages and a generation prompt)."""
-    eos = tokenizer.eos_token
-    episodes = []
-    for index, row in enumerate(rows):
-        environment = make_environment()
-        env_row = EnvRow(row["prompt"], row["reference"], {"key": row["key"]}, index, "key_lookup_split heldout")
-        reset = checked_reset(environment.reset(env_row, seed))
-        prompt = render(tokenizer, reset.messages, reset.tools, True)
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        episodes.append(Episode(row, environment, reset.tools, list(reset.messages), ids))
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    for turn in range(max_turns):
-        active = [e for e in episodes if not e.done]
-        if not active:
-            break
-        width = max(len(e.token_ids) for e in active)
-        input_ids = torch.full((len(active), width), tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for i, e in enumerate(active):  # left padding, as the rollout packs prompts
-            input_ids[i, width - len(e.token_ids) :] = torch.tensor(e.token_ids)
-            attention_mask[i, width - len(e.token_ids) :] = 1
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed * 1000 + turn)
-            output = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                **sampling,
-                max_new_tokens=max_turn_tokens,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        for e, response in zip(active, output[:, width:].tolist()):
-            ended = tokenizer.eos_token_id in response
-            response = response[: response.index(tokenizer.eos_token_id) + 1] if ended else response
-            text = tokenizer.decode([t for t in response if t != tokenizer.eos_token_id])
-            e.texts.append(text)
-            e.token_ids += response
-            e.turns += 1
-            message = parse_assistant(text)
-            step = checked_step(e.environment.step(message))
-            if turn == 0:
-                e.first_turn_called = "tool_calls" in message
-            e.looked_up |= any(m["role"] == "tool" and m["content"] == e.row["reference"] for m in step.messages)
-            e.history.append(message)
-            if step.done or not ended:  # a turn cut off before its EOS ends the episode unrewarded
-                e.done, e.reward = True, step.reward if ended else 0.0
-                continue
-            closed = render(tokenizer, e.history, e.tools, False)
-            turn_end = closed.rindex(eos) + len(eos)
-            e.history += step.messages
-            observation = render(tokenizer, e.history, e.tools, True)[turn_end:]
-            e.token_ids += tokenizer(observation, add_special_tokens=False)["input_ids"]
-    return episodes
+@dataclass(frozen=True)
+class Played:
+    row: dict
+    reward: float
+    messages: list[dict]
+    cut: bool
+
+    @property
+    def looked_up(self) -> bool:  # some tool reply carried the hidden value
+        return any(m["role"] == "tool" and m["content"] == self.row["reference"] for m in self.messages)
+
+    @property
+    def first_turn_called(self) -> bool:
+        assistant = [m for m in self.messages if m["role"] == "assistant"]
+        return bool(assistant) and bool(parse_tool_calls(assistant[0]["content"]).tool_calls)
+
+    @property
+    def texts(self) -> list[str]:
+        return [m["content"] for m in self.messages if m["role"] == "assistant"]
+
+
+def play(engine, tokenizer, rows: list[dict], *, greedy: bool, max_turns: int, max_turn_tokens: int, seed: int):
+    """One episode per row through the run's own episode loop (environments/episodes.py)
+    on the transformers engine, exactly as the rollout plays them."""
+    limits = EpisodeLimits(
+        max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_episode_tokens=448, step_timeout_seconds=30.0,
+        on_error="fail", max_concurrency=64, factory_name="environments.key_lookup:make_environment",
+    )
+    env_rows = [EnvRow(r["prompt"], r["reference"], {"key": r["key"]}, i, "key_lookup_split heldout")
+                for i, r in enumerate(rows)]
+    batch = EpisodeRunner(tokenizer, make_environment, limits).run(
+        engine, env_rows, [seed] * len(rows), temperature=1.0, generation_seed=seed, greedy=greedy
+    )
+    return [
+        Played(row, float(rewards.sum()), episode["messages"], episode["cut"])
+        for row, rewards, episode in zip(rows, batch.turn_rewards, batch.episodes)
+    ]
 
 
 @torch.no_grad()
@@ -165,18 +105,18 @@ def first_call_probability(model, tokenizer, rows: list[dict]) -> list[float]:
     return logits.softmax(-1)[:, call_id].tolist()
 
 
-def summarise(name: str, episodes: list[Episode], seconds: float) -> str:
+def summarise(name: str, episodes: list[Played], seconds: float) -> str:
     n = len(episodes)
     success = sum(e.reward == 1.0 for e in episodes) / n
     bare = [e for e in episodes if e.row["prompt"] == KEY_QUESTION.format(key=e.row["key"])]
     bare_success = sum(e.reward == 1.0 for e in bare) / max(1, len(bare))
     looked_up = sum(e.looked_up for e in episodes) / n
     called = sum(e.first_turn_called for e in episodes) / n
-    unfinished = sum(not e.done for e in episodes) / n
+    unfinished = sum(e.cut for e in episodes) / n
     return (
         f"{name:8s} success {success:.3f} (bare question {bare_success:.3f})  looked the value up {looked_up:.3f}  "
         f"called a tool first {called:.3f}  "
-        f"unfinished {unfinished:.3f}  ({n} episodes, {seconds:.1f} s, {load()})"
+        f"cut by a limit {unfinished:.3f}  ({n} episodes, {seconds:.1f} s, {load()})"
     )
 
 
@@ -203,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from configs.loading import load_config
-    from models.model_io import ensure_model, load_causal_lm, load_tokenizer
+    from models.model_io import ensure_model, load_tokenizer
+    from roles.rollout.hf_engine import HFEngine
 
     config = load_config(args.profile, overrides)
     config = load_config(args.profile, _with_eval_path(overrides, config.model.tiny.model_dump(mode="json")))
@@ -221,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{report['last_loss']:.3f}" + ("" if built else " (recorded when the model was built)"))
 
     torch.set_num_threads(1)
-    model = load_causal_lm(str(model_dir), "float32").eval()
     tokenizer = load_tokenizer(str(model_dir))
+    engine = HFEngine(str(model_dir), "float32", tokenizer.eos_token_id, tokenizer.pad_token_id)
+    model = engine.model
     rows = list(key_lookup_split(args.rows, seed=args.seed, split="heldout"))
     probabilities = sorted(first_call_probability(model, tokenizer, rows))
     if probabilities:
@@ -232,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{probabilities[9 * n // 10]:.3f}")
     for name, greedy in (("greedy", True), ("sampled", False)):
         started = time.perf_counter()
-        episodes = play(model, tokenizer, rows, greedy=greedy, max_turns=args.max_turns,
+        episodes = play(engine, tokenizer, rows, greedy=greedy, max_turns=args.max_turns,
                         max_turn_tokens=args.max_turn_tokens, seed=args.seed)
         print(summarise(name, episodes, time.perf_counter() - started), flush=True)
     for e in episodes[: args.show]:
