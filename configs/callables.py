@@ -36,11 +36,12 @@ PROJECT_CALLABLE_MODULES: tuple[str, ...] = (
     "data.vision_packer",
     "algorithm.reward_rules",
     "algorithm.rewards",
+    "environments.key_lookup",
 )
 """The project's modules written to be named in a config (row factories, packers,
-reward rules). The rest of the project (process launchers, file writers) is not:
-a function that writes or deletes files would do the attacker's bidding with the
-scalar keyword arguments an override can also set."""
+reward rules, environments). The rest of the project (process launchers, file
+writers) is not: a function that writes or deletes files would do the attacker's
+bidding with the scalar keyword arguments an override can also set."""
 
 
 class _NamesCode:

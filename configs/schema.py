@@ -78,11 +78,13 @@ class TinyModelSpec(TinyShapeSpec):
     )
     max_position_embeddings: int = Field(256, ge=16, description="Longest sequence the tiny model accepts.")
     seed: int = Field(0, description="Seed for the tiny model's random initialisation (same seed, same bytes).")
-    pretrain_task: Literal["none", "addition", "reverse"] = Field(
+    pretrain_task: Literal["none", "addition", "reverse", "tool_lookup"] = Field(
         "none",
         description="Supervised next-token pre-training when the tiny model is built: `addition` trains on the "
         "training side of the synthetic sums split (held-out sums are never seen), so PPO starts from a model "
-        "that half-knows the task; `reverse` the same on the training side of the digit-reversal split; `none` "
+        "that half-knows the task; `reverse` the same on the training side of the digit-reversal split; "
+        "`tool_lookup` on whole episodes of the key-lookup task (call the `get` tool, answer with its result; "
+        "training keys and values only), and gives the tokenizer Qwen3's tool-call template and tool tags; `none` "
         "keeps the random initialisation.",
     )
     pretrain_steps: int = Field(0, ge=0, description="Optimizer steps of that pre-training (0: none).")
@@ -96,7 +98,9 @@ class TinyModelSpec(TinyShapeSpec):
         ge=0.0,
         le=1.0,
         description="`reverse` pre-training: the share of answers written with a trailing period, a base model's "
-        "habit that an exact-match reward counts as wrong (so PPO has something to correct).",
+        "habit that an exact-match reward counts as wrong (so PPO has something to correct). `tool_lookup`: the "
+        "share of episodes asked the bare question that answer 'unknown' instead of calling the tool (the same "
+        "role: above 0.5, greedy decoding looks a value up only when the prompt says to).",
     )
     vision: TinyVisionSpec | None = Field(
         None,
@@ -133,6 +137,15 @@ class TinyModelSpec(TinyShapeSpec):
                 raise ValueError(
                     f"model.tiny.pretrain_min_digits={self.pretrain_min_digits} exceeds "
                     f"model.tiny.pretrain_max_digits={self.pretrain_max_digits}"
+                )
+        if self.pretrain_task == "tool_lookup":
+            # Keys, values, the prompts, the tools line, the tool-call JSON and the tool's
+            # error replies (tests/pure/test_key_lookup_task.py renders episodes against it).
+            written = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" + ' <>/_{}":,()'
+            missing = sorted(set(written) - set(self.task_alphabet))
+            if missing:
+                raise ValueError(
+                    f"model.tiny.task_alphabet lacks {''.join(missing)!r}, which pretrain_task='tool_lookup' writes"
                 )
         return self
 

@@ -40,16 +40,56 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# CHAT_TEMPLATE with Qwen3's tool forms, written compactly for a character-level model:
+# the tools as one system line (`tools: get(key)`), an assistant's calls as Qwen3's
+# `<tool_call>\n{json}\n</tool_call>` blocks (the form the episode loop parses), tool
+# results inside a user turn as `<tool_response>\n...\n</tool_response>`. Messages
+# without tools render byte-identical to CHAT_TEMPLATE. A newline right after a block
+# tag is written `{{ '\n' }}`: transformers renders with trim_blocks, which drops it.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}tools: "
+    "{% for tool in tools %}{% set tool = tool['function'] if tool['function'] is defined else tool %}"
+    "{{ tool['name'] }}({{ tool['parameters']['properties'] | list | join(',') }}){% if not loop.last %} {% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% elif not (tools and loop.first and message['role'] == 'system') %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}{% set call = call['function'] if call['function'] is defined "
+    "else call %}{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "<tool_call>\n{\"name\": {{ call['name'] | tojson }}, \"arguments\": "
+    "{% if call['arguments'] is string %}{{ call['arguments'] }}{% else %}{{ call['arguments'] | tojson }}{% endif %}"
+    "}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3's tokenizer holds each tool tag as one token (not a special one: it decodes
+# into the text the tool-call parser reads); so does the tool task's tiny tokenizer.
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
 ROLE_CHARACTERS = "userassistantsystem\n"
 
 
-def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    alphabet: str, chat_template: str = CHAT_TEMPLATE, words: tuple[str, ...] = ()
+) -> PreTrainedTokenizerFast:
+    """One token per character of `alphabet`, the special tokens, and each of `words` whole."""
     characters = sorted(set(alphabet) | set(ROLE_CHARACTERS))
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + characters)}
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(words) + characters)}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.add_tokens(list(words))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD,
@@ -58,7 +98,7 @@ def build_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
         unk_token=UNK,
         padding_side="left",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 
@@ -128,7 +168,11 @@ def seeded_model(model_class: type, config: Any, seed: int, tokenizer: Any) -> A
 
 
 def _write(staging: Path, spec: TinyModelSpec) -> None:
-    tokenizer = build_tokenizer(spec.task_alphabet)
+    # Only the tool task's models know the tool forms: every other tiny model's tokenizer stays as built before.
+    if spec.pretrain_task == "tool_lookup":
+        tokenizer = build_tokenizer(spec.task_alphabet, TOOL_CHAT_TEMPLATE, TOOL_TAGS)
+    else:
+        tokenizer = build_tokenizer(spec.task_alphabet)
     config = Qwen3Config(
         **text_model_kwargs(spec, tokenizer),
         head_dim=spec.hidden_size // spec.num_attention_heads,
