@@ -1,11 +1,12 @@
 """Held-out episodes of the key-lookup tool task, played through the run's own episode loop.
 
 Why: the tool profile claims its pre-trained model leaves PPO room to improve: greedy
-episodes mostly answer without looking the value up, sampled ones sometimes call
-`get` and succeed. This plays held-out rows (keys and values never pre-trained on)
-turn by turn on the transformers engine, greedy and sampled at temperature 1.0, and
-prints the success rate, the share of episodes that looked the value up, and the
-pre-training's time, with the load average beside every timing.
+episodes look the value up only when the prompt says "look up", sampled ones also call
+`get` for the bare question and succeed there sometimes. This plays held-out rows
+(keys and values never pre-trained on) turn by turn on the transformers engine, greedy
+and sampled at temperature 1.0, with the profile's `rl.env` limits, and prints the
+success rate, the share of episodes that looked the value up, and the pre-training's
+time, with the load average beside every timing (docs/performance.md, "Tool use").
 
     .venv/bin/python -m bench.tools_task_eval
     .venv/bin/python -m bench.tools_task_eval -- model.tiny.pretrain_steps=200 model.tiny.pretrain_lr=2e-3
@@ -30,7 +31,7 @@ import torch
 
 from data.synthetic import KEY_QUESTION, key_lookup_split
 from environments.key_lookup import make_environment
-from environments.episodes import EpisodeLimits, EpisodeRunner
+from environments.factory import episode_runner
 from environments.protocol import EnvRow
 from environments.tool_calls import parse_tool_calls
 
@@ -68,16 +69,12 @@ class Played:
         return [m["content"] for m in self.messages if m["role"] == "assistant"]
 
 
-def play(engine, tokenizer, rows: list[dict], *, greedy: bool, max_turns: int, max_turn_tokens: int, seed: int):
+def play(engine, tokenizer, config, rows: list[dict], *, greedy: bool, seed: int):
     """One episode per row through the run's own episode loop (environments/episodes.py)
-    on the transformers engine, exactly as the rollout plays them."""
-    limits = EpisodeLimits(
-        max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_episode_tokens=448, step_timeout_seconds=30.0,
-        on_error="fail", max_concurrency=64, factory_name="environments.key_lookup:make_environment",
-    )
+    with the profile's `rl.env` limits, on the transformers engine, as the rollout plays them."""
     env_rows = [EnvRow(r["prompt"], r["reference"], {"key": r["key"]}, i, "key_lookup_split heldout")
                 for i, r in enumerate(rows)]
-    batch = EpisodeRunner(tokenizer, make_environment, limits).run(
+    batch = episode_runner(config, tokenizer).run(
         engine, env_rows, [seed] * len(rows), temperature=1.0, generation_seed=seed, greedy=greedy
     )
     return [
@@ -136,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, default=200, help="held-out rows (one greedy and one sampled episode each)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the held-out rows and of the sampling")
-    parser.add_argument("--max-turns", type=int, default=3)
-    parser.add_argument("--max-turn-tokens", type=int, default=96)
     parser.add_argument("--show", type=int, default=3, help="print this many sampled episodes")
     argv, overrides = split_overrides(argv)
     args = parser.parse_args(argv)
@@ -174,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{probabilities[9 * n // 10]:.3f}")
     for name, greedy in (("greedy", True), ("sampled", False)):
         started = time.perf_counter()
-        episodes = play(engine, tokenizer, rows, greedy=greedy, max_turns=args.max_turns,
-                        max_turn_tokens=args.max_turn_tokens, seed=args.seed)
+        episodes = play(engine, tokenizer, config, rows, greedy=greedy, seed=args.seed)
         print(summarise(name, episodes, time.perf_counter() - started), flush=True)
     for e in episodes[: args.show]:
         print(f"  {e.row['prompt']} (value {e.row['reference']}, reward {e.reward}): {e.texts}")

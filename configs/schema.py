@@ -84,8 +84,8 @@ class TinyModelSpec(TinyShapeSpec):
         "training side of the synthetic sums split (held-out sums are never seen), so PPO starts from a model "
         "that half-knows the task; `reverse` the same on the training side of the digit-reversal split; "
         "`tool_lookup` on whole episodes of the key-lookup task (call the `get` tool, answer with its result; "
-        "training keys and values only), and gives the tokenizer a chat template with tool calls; `none` keeps "
-        "the random initialisation.",
+        "training keys and values only), and gives the tokenizer Qwen3's tool-call template and tool tags; `none` "
+        "keeps the random initialisation.",
     )
     pretrain_steps: int = Field(0, ge=0, description="Optimizer steps of that pre-training (0: none).")
     pretrain_batch_size: int = Field(64, ge=1, description="Examples per pre-training step.")
@@ -99,7 +99,8 @@ class TinyModelSpec(TinyShapeSpec):
         le=1.0,
         description="`reverse` pre-training: the share of answers written with a trailing period, a base model's "
         "habit that an exact-match reward counts as wrong (so PPO has something to correct). `tool_lookup`: the "
-        "share of episodes that answer at once with a wrong value instead of calling the tool (the same role).",
+        "share of episodes asked the bare question that answer 'unknown' instead of calling the tool (the same "
+        "role: above 0.5, greedy decoding looks a value up only when the prompt says to).",
     )
     vision: TinyVisionSpec | None = Field(
         None,
@@ -138,9 +139,9 @@ class TinyModelSpec(TinyShapeSpec):
                     f"model.tiny.pretrain_max_digits={self.pretrain_max_digits}"
                 )
         if self.pretrain_task == "tool_lookup":
-            # Keys, values, the prompt, the tools line, the tool-call JSON and the tool's
-            # error replies (tests/pure/test_key_lookup_task.py renders an episode against it).
-            written = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" + ' <>/_{}":,()?'
+            # Keys, values, the prompts, the tools line, the tool-call JSON and the tool's
+            # error replies (tests/pure/test_key_lookup_task.py renders episodes against it).
+            written = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" + ' <>/_{}":,()'
             missing = sorted(set(written) - set(self.task_alphabet))
             if missing:
                 raise ValueError(

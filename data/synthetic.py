@@ -108,10 +108,15 @@ def heldout_reversals(num_rows: int = 256, seed: int = 1, min_digits: int = 8, m
     return list(_reversal_rows(num_rows, seed, min_digits, max_digits, heldout=True))
 
 
-# A bare question, and one that says to look the key up; the tokenizer needs their
-# characters (model.tiny.task_alphabet).
-KEY_QUESTION, LOOK_UP_REQUEST = "value of {key}?", "look up {key}"
+# A bare question, and one that says to look the key up. Both end with the key, so the
+# key stands as far from where the tool call writes it in either; the tokenizer needs
+# their characters (model.tiny.task_alphabet).
+KEY_QUESTION, LOOK_UP_REQUEST = "value of {key}", "look up {key}"
 LOOK_UP_SHARE = 0.25  # of the rows, on both sides of the split
+# A key's first letter is one of A-M, its second one of N-Z: each is then the only
+# letter of its half in the episode, which a small model learns to copy much sooner
+# than two letters drawn alike (docs/performance.md, "Tool use").
+KEY_FIRST, KEY_SECOND = "ABCDEFGHIJKLM", "NOPQRSTUVWXYZ"
 
 
 def is_heldout_key(key: str) -> bool:
@@ -126,8 +131,8 @@ def is_heldout_value(value: str) -> bool:
 
 
 def key_lookup_split(num_rows: int = 1000, seed: int = 0, split: str = "train") -> Iterator[dict]:
-    """Prompt "value of QX?" (or, in a quarter of the rows, "look up QX"), reference
-    "493", key "QX" (the data role hands a row's other keys to the environment as
+    """Prompt "value of GN" (or, in a quarter of the rows, "look up GN"), reference
+    "493", key "GN" (the data role hands a row's other keys to the environment as
     `EnvRow.metadata`). The value is drawn afresh for every row and never written in
     the prompt, so only the environment's `get` tool can tell it
     (environments/key_lookup.py). Keys are two capital letters, values three digits;
@@ -136,8 +141,7 @@ def key_lookup_split(num_rows: int = 1000, seed: int = 0, split: str = "train") 
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout' (got {split!r})")
     heldout = split == "heldout"
-    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    keys = [a + b for a in letters for b in letters if is_heldout_key(a + b) == heldout]
+    keys = [a + b for a in KEY_FIRST for b in KEY_SECOND if is_heldout_key(a + b) == heldout]
     values = [str(v) for v in range(100, 1000) if is_heldout_value(str(v)) == heldout]
     rng = random.Random(seed)
     for _ in range(num_rows):

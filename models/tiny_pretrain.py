@@ -89,14 +89,15 @@ def episode_segments(tokenizer, reset, turns: list[tuple[dict, list[dict]]]) -> 
     segments: Segments = [(render(history, True), False)]
     for assistant, observation in turns:
         opened, closed = render(history, True), render(history + [assistant], False)
-        turn_end = closed.rindex(tokenizer.eos_token)
-        if not closed.startswith(opened):
-            raise ValueError("the chat template renders an assistant turn differently from its generation prompt")
-        segments.append((closed[len(opened) : turn_end], True))
-        history.append(assistant)
+        turn_end = closed.rindex(tokenizer.eos_token) + len(tokenizer.eos_token)
+        history += [assistant, *observation]
+        following = render(history, True) if observation else closed
+        # The episode loop's tokens are the concatenation: each rendering must extend the last.
+        if not (closed.startswith(opened) and following.startswith(closed[:turn_end])):
+            raise ValueError("the chat template renders an episode's history differently as it grows")
+        segments.append((closed[len(opened) : turn_end - len(tokenizer.eos_token)], True))
         if observation:
-            history += observation
-            segments.append((render(history, True)[turn_end + len(tokenizer.eos_token) :], False))
+            segments.append((following[turn_end:], False))
     return segments
 
 
@@ -106,7 +107,7 @@ UNLOOKED_ANSWER = "unknown"
 def lookup_transcripts(tokenizer, rows: list[dict], habit_fraction: float, seed: int) -> list[Segments]:
     """Whole key-lookup episodes, played against the environment itself: call `get`
     with the row's key, then answer with the value it returns. Asked the bare question
-    ("value of QX?"), a seeded share `habit_fraction` of the episodes instead answers
+    ("value of GN"), a seeded share `habit_fraction` of the episodes instead answers
     "unknown" at once: the habit of answering without looking, which PPO has to
     unlearn; asked to look the key up, every episode does. So greedy decoding looks up
     only when asked to, while sampling finds the reward for the bare question too.
@@ -139,9 +140,9 @@ def pretrain_examples(tokenizer, task: str, rows: list[dict], habit_fraction: fl
 
 
 # Qwen3 normalises each head's queries and keys (q_norm, k_norm: gains born at 1), which
-# bounds how sharply a head can attend until the gains grow. The tool task must copy a
-# key and a value across its episode, which needs sharp heads; at the task's learning
-# rate whether the copy formed within the pre-training depended on the seed.
+# bounds how sharply a head attends until the gains grow. The tool task copies a key and
+# a value across its episode, which needs sharp heads: with gains that learn ten times
+# faster the copies form within the pre-training (docs/performance.md, "Tool use").
 ATTENTION_GAIN_LR_FACTOR = {"tool_lookup": 10.0}
 
 
