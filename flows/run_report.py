@@ -43,7 +43,8 @@ def run_summary(
         "final_model": exported,
         # Observed from the policy itself: no optimizer step and no published version.
         "actor_untouched": updates["optimizer_step"] == 0 and updates["policy_version"] == 0,
-        **reward_rise(read_metrics(paths.metrics)),
+        **reward_rise(records := read_metrics(paths.metrics)),
+        **held_out_rise(records),
     }
 
 
@@ -60,6 +61,17 @@ def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, fl
     first = sum(rewards[:window]) / window
     last = sum(rewards[-window:]) / window
     return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": window}
+
+
+def held_out_rise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first and the last held-out evaluation (S-OPS-2): the training reward is
+    sampled on rows the policy trains on, this one is what it does on rows it never saw."""
+    evaluated = sorted((r["iteration"], r["val/reward_mean"]) for r in records if "val/reward_mean" in r)
+    if len(evaluated) < 2:
+        return {}
+    (first_iteration, first), (last_iteration, last) = evaluated[0], evaluated[-1]
+    return {"first_val_reward": first, "first_val_iteration": first_iteration,
+            "last_val_reward": last, "last_val_iteration": last_iteration}
 
 
 def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from configs.loading import load_config
 from views.curves import curve_points, draw_reward_curve
 from views.history import iteration_row, summary_markdown, table_rows
-from flows.run_report import progress_line, reward_rise
+from flows.run_report import held_out_rise, progress_line, reward_rise
 from tests.conftest import TINY_PROFILE
 
 BEFORE = {"iteration": 0, "val/reward_mean": 0.1, "val/exact_match": 0.1, "time/evaluate_seconds": 0.02}
@@ -44,3 +44,6 @@ def test_summary_curve_progress_and_rise_read_the_evaluation_rows():
     assert progress_line(config, BEFORE) == "iter    0/40  before training: val reward 0.100 exact 0.100"
     assert progress_line(config, records[2]).endswith("val reward 0.400 exact 0.400")
     assert reward_rise(records)["first_reward_mean"] == 0.2  # row 0 has no training reward
+    assert held_out_rise(records) == {"first_val_reward": 0.1, "first_val_iteration": 0,
+                                      "last_val_reward": 0.4, "last_val_iteration": 2}
+    assert held_out_rise(records[1:]) == {}  # one evaluation: no rise to tell
