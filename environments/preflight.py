@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from configs.schema import PPOConfig
+from environments.chat_tokens import ObservationEncoder, TemplateError
 
 PROBE = "tool-answer-7"
 
@@ -35,8 +36,6 @@ def environment_problems(config: PPOConfig) -> list[tuple[str, str]]:
 
 def template_renders_tool_messages(tokenizer) -> None:
     """Raise TemplateError unless an observation of role `tool` comes out with its text."""
-    from environments.chat_tokens import ObservationEncoder, TemplateError
-
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError("the model's tokenizer has no chat template, so an episode's turns cannot be rendered")
     encoder = ObservationEncoder(tokenizer, tokenizer.eos_token)
