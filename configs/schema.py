@@ -575,7 +575,12 @@ class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="Generation engine: transformers `generate` (CPU) or vLLM (GPU)."
     )
-    max_new_tokens: int = Field(8, ge=1, description="Longest completion in tokens.")
+    max_new_tokens: int = Field(
+        8,
+        ge=1,
+        description="Longest completion in tokens (single-turn; with `rl.env`, `rl.env.max_turn_tokens` bounds "
+        "each turn instead).",
+    )
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature (log-probs are of this tempered distribution)."
     )
