@@ -5,6 +5,7 @@ last boundary, the exported model)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger
@@ -22,6 +23,19 @@ def say(line: str) -> None:
     """Start-up progress: on the terminal of a CLI run, in the flow run's log in the UI."""
     print(line, flush=True)
     get_run_logger().info(line)
+
+
+def model_build_line(config: PPOConfig) -> str | None:
+    """The first run of a tiny profile builds its model inside the role actors (minutes
+    when it is pre-trained), while the terminal would otherwise say nothing."""
+    tiny, folder = config.model.tiny, Path(config.model.path)
+    if tiny is None or (folder / "config.json").is_file():
+        return None
+    taught = (
+        f", pre-trained on {tiny.pretrain_task} for {tiny.pretrain_steps} steps"
+        if tiny.pretrain_task != "none" and tiny.pretrain_steps > 0 else ""
+    )
+    return f"model: building the tiny model in {folder}{taught} (once: the folder is the cache); the roles start after"
 
 
 def run_summary(

@@ -26,7 +26,7 @@ from checkpoint.boundary import CommittedBoundary
 from contracts.artifact_keys import artifact_key
 from flows.auto_resume import crash_resumes
 from flows.failures import StageFailed
-from flows.run_report import progress_line, run_summary, say, stopped_summary
+from flows.run_report import model_build_line, progress_line, run_summary, say, stopped_summary
 from views.history import RunHistory
 from flows.iteration import first_step
 from flows.launch import Launch, handed_launch, take_launch
@@ -98,6 +98,8 @@ def ppo(
         return Completed(message=launch.finished_line())
     if not launch.by_command and launch.packer:
         say(f"packer: {launch.packer}")
+    if building := model_build_line(launch.config):
+        say(building)
     lock = _hold_run_lock(launch)
     # S-STOP-4: a stop is honoured from here to the end, start-up and export included.
     try:

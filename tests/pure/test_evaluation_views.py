@@ -8,7 +8,7 @@ from __future__ import annotations
 from configs.loading import load_config
 from views.curves import curve_points, draw_reward_curve
 from views.history import iteration_row, summary_markdown, table_rows
-from flows.run_report import held_out_rise, progress_line, reward_rise
+from flows.run_report import held_out_rise, model_build_line, progress_line, reward_rise
 from tests.conftest import TINY_PROFILE
 
 BEFORE = {"iteration": 0, "val/reward_mean": 0.1, "val/exact_match": 0.1, "time/evaluate_seconds": 0.02}
@@ -47,3 +47,12 @@ def test_summary_curve_progress_and_rise_read_the_evaluation_rows():
     assert held_out_rise(records) == {"first_val_reward": 0.1, "first_val_iteration": 0,
                                       "last_val_reward": 0.4, "last_val_iteration": 2}
     assert held_out_rise(records[1:]) == {}  # one evaluation: no rise to tell
+
+
+def test_a_run_that_must_build_its_tiny_model_says_so_and_a_built_one_does_not(tmp_path):
+    config = load_config("configs/ppo_tiny_tools_cpu.py", [f"model.path={tmp_path / 'tools'}"])
+    line = model_build_line(config)
+    assert line is not None and str(tmp_path / "tools") in line and "tool_lookup for 1000 steps" in line
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "config.json").write_text("{}")
+    assert model_build_line(config) is None
