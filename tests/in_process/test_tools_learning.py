@@ -1,5 +1,6 @@
-"""S-ENV item 7 end to end on CPU: configs/ppo_tiny_tools_cpu.py as shipped (its tiny model
-built and pre-trained here on training keys only), ten iterations of PPO over episodes:
+"""The tiny agent profile end to end on CPU (S-ENV-1, S-ENV-2):
+configs/ppo_tiny_tools_cpu.py as shipped (its tiny model built and pre-trained here on
+training keys only), ten iterations of PPO over episodes:
 greedy success on held-out keys and values rises by at least 0.3 from before training, and
 it rises because the policy calls the `get` tool (the value is nowhere else).
 
