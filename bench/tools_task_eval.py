@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from data.synthetic import KEY_QUESTION, key_lookup_split
+from environments.chat_tokens import opening_ids
 from environments.key_lookup import make_environment
 from environments.factory import episode_runner
 from environments.protocol import EnvRow
@@ -38,14 +39,10 @@ from environments.tool_calls import parse_tool_calls
 from bench.overrides import split_overrides
 
 TOOLS_PROFILE = "configs/ppo_tiny_tools_cpu.py"
+
+
 def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
-
-
-def render(tokenizer, messages: list[dict], tools, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False
-    )
 
 
 @dataclass(frozen=True)
@@ -92,8 +89,7 @@ def first_call_probability(model, tokenizer, rows: list[dict]) -> list[float]:
         return []
     reset_rows = [make_environment().reset(EnvRow(r["prompt"], r["reference"], {"key": r["key"]}, i), 0)
                   for i, r in enumerate(rows)]
-    prompts = [render(tokenizer, reset.messages, reset.tools, True) for reset in reset_rows]
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [opening_ids(tokenizer, reset.messages, reset.tools) for reset in reset_rows]
     width = max(map(len, ids))
     input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(i)) + i for i in ids])
     attention_mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(i) for i in ids])[:, None]).long()

@@ -19,6 +19,7 @@ import torch
 
 from data.packing import as_conversation
 from data.synthetic import LOOK_UP_REQUEST, addition_split, key_lookup_split, reverse_digits_split
+from environments.chat_tokens import render
 from environments.key_lookup import KeyLookup
 from environments.protocol import EnvRow
 
@@ -80,24 +81,21 @@ def episode_segments(tokenizer, reset, turns: list[tuple[dict, list[dict]]]) -> 
     after the turn's EOS when the new messages and a generation prompt are appended.
     `turns`: (assistant message, the messages its step returned)."""
 
-    def render(messages: list[dict], generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
-            messages, tools=reset.tools, add_generation_prompt=generation_prompt, tokenize=False
-        )
-
     history = list(reset.messages)
-    segments: Segments = [(render(history, True), False)]
+    opened = render(tokenizer, history, reset.tools, generation=True)
+    segments: Segments = [(opened, False)]
     for assistant, observation in turns:
-        opened, closed = render(history, True), render(history + [assistant], False)
+        closed = render(tokenizer, history + [assistant], reset.tools, generation=False)
         turn_end = closed.rindex(tokenizer.eos_token) + len(tokenizer.eos_token)
         history += [assistant, *observation]
-        following = render(history, True) if observation else closed
+        following = render(tokenizer, history, reset.tools, generation=True) if observation else closed
         # The episode loop's tokens are the concatenation: each rendering must extend the last.
         if not (closed.startswith(opened) and following.startswith(closed[:turn_end])):
             raise ValueError("the chat template renders an episode's history differently as it grows")
         segments.append((closed[len(opened) : turn_end - len(tokenizer.eos_token)], True))
         if observation:
             segments.append((following[turn_end:], False))
+        opened = following  # the next turn opens where this one's observation left off
     return segments
 
 
