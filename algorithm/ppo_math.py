@@ -38,110 +38,60 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
 
 
 def kl_penalised_rewards(
-    scores: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    kl_coef: float,
-    process_rewards: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token rewards: −kl_coef·(log π_old − log π_ref) on every token, plus the
-    sequence's terminal score on its last real token (Ziegler et al. 2019, eq. 2;
-    the per-token form used by TRL and torchtune's `get_rewards_ppo`).
-
-    Args:
-        scores: (b,) terminal reward per sequence.
-        logprobs, ref_logprobs: (b, r) log-probs of the sampled tokens under the
-            behaviour policy and the frozen reference.
-        mask: (b, r) response mask.
-        kl_coef: β of the penalty.
-        process_rewards: optional (b, r) per-token shaping term (S-REW-5).
-
-    Returns:
-        rewards (b, r) and the per-token KL estimate (b, r), both zero on padding.
-    """
-    kl = (logprobs - ref_logprobs) * mask
-    rewards = -kl_coef * kl
-    last_index = (mask.sum(dim=1).long() - 1).clamp(min=0)  # (b,)
-    has_tokens = mask.sum(dim=1) > 0
-    terminal = torch.zeros_like(rewards)
-    terminal[torch.arange(rewards.shape[0]), last_index] = scores.to(rewards.dtype) * has_tokens
-    rewards = rewards + terminal
-    if process_rewards is not None:
-        rewards = rewards + process_rewards * mask
-    return rewards * mask, kl
-
-
-def generalized_advantage_estimate(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    gamma: float,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE (Schulman et al. 2016, eq. 16): A_t = Σ_l (γλ)^l δ_{t+l},
-    δ_t = r_t + γ V_{t+1} − V_t, with V = 0 after the last real token.
-
-    Args:
-        rewards: (b, r) per-token rewards, zero on padding.
-        values: (b, r) critic values of the states before each response token.
-        mask: (b, r) response mask.
-
-    Returns:
-        advantages (b, r) and returns = advantages + values (b, r), zero on padding.
-    """
-    values = values * mask
-    length = rewards.shape[1]
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(length)):
-        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(running)
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running
-        running = running * mask[:, t]
-        advantages[:, t] = running
-    returns = (advantages + values) * mask
-    return advantages * mask, returns
-
-
-def kl_penalised_turn_rewards(
-    turn_rewards: torch.Tensor,
+    token_scores: torch.Tensor,
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
     action_mask: torch.Tensor,
     kl_coef: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The multi-turn counterpart of `kl_penalised_rewards` (S-ENV-2): the KL penalty on
-    sampled tokens only, and each turn's reward where the environment gave it (on the
-    turn's last sampled token) instead of one terminal score.
+    """Per-token rewards: −kl_coef·(log π_old − log π_ref) on every sampled token, plus
+    the scores each token earned (Ziegler et al. 2019, eq. 2, in the per-token form of
+    TRL and torchtune's `get_rewards_ppo`; verl's `apply_kl_penalty` over
+    `token_level_scores`). One function for every rollout (S-PATH-1): a single-turn
+    completion's terminal score sits on its last token, an episode's turn rewards on
+    each turn's last sampled token, shaping on every token.
 
     Args:
-        turn_rewards: (b, r) environment rewards, zero except on turn ends.
-        logprobs, ref_logprobs: (b, r) as in `kl_penalised_rewards`.
-        action_mask: (b, r) 1.0 on sampled tokens, 0.0 on observations and padding.
+        token_scores: (b, r) every reward term where it was earned, zero elsewhere.
+        logprobs, ref_logprobs: (b, r) log-probs of the sampled tokens under the
+            behaviour policy and the frozen reference.
+        action_mask: (b, r) 1.0 on sampled tokens; 0.0 on observations and padding.
+        kl_coef: β of the penalty.
 
     Returns:
         rewards (b, r) and the per-token KL estimate (b, r), both zero off the actions.
     """
     kl = (logprobs - ref_logprobs) * action_mask
-    rewards = (-kl_coef * kl + turn_rewards) * action_mask
+    rewards = (-kl_coef * kl + token_scores) * action_mask
     return rewards, kl
 
 
-def advantage_over_actions(
+def last_action_scores(scores: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """A per-sequence score (b,) placed on each row's last sampled token, (b, r): where a
+    completion's terminal reward is earned. A row with no sampled token gets nothing."""
+    positions = torch.arange(action_mask.shape[1], device=action_mask.device).expand_as(action_mask)
+    last_index = torch.where(action_mask > 0, positions, -1).max(dim=1).values  # (b,), -1 when empty
+    placed = torch.zeros_like(action_mask, dtype=scores.dtype if scores.is_floating_point() else torch.float32)
+    rows = torch.nonzero(last_index >= 0).squeeze(1)
+    placed[rows, last_index[rows]] = scores[rows].to(placed.dtype)
+    return placed
+
+
+def generalized_advantage_estimate(
     rewards: torch.Tensor,
     values: torch.Tensor,
     action_mask: torch.Tensor,
     gamma: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over the sampled tokens of a multi-turn episode (S-ENV-2). Observation
-    tokens are not time steps: the environment's answer is part of the transition
-    from a turn's last action to the next turn's first, so the recursion steps over
-    them, carrying the next action's value and the running advantage unchanged. This
-    is the choice of verl's `compute_gae_advantage_return` (masked positions carry
-    `nextvalues` and `lastgaelam`) and RAGEN's loss-masked GAE; with no observation in
-    a row it is `generalized_advantage_estimate` on that row.
+    """GAE (Schulman et al. 2016, eq. 16) over the sampled tokens: A_t = Σ_l (γλ)^l δ_{t+l},
+    δ_t = r_t + γ V_{t'} − V_t, where t' is the next sampled token and V = 0 after the
+    last. Observation tokens are not time steps: the environment's answer is part of
+    the transition from a turn's last action to the next turn's first, so the
+    recursion steps over them, carrying the next action's value and the running
+    advantage unchanged (verl's `compute_gae_advantage_return`, RAGEN's loss-masked
+    GAE). On a single-turn row, whose actions are a prefix, this is the textbook GAE
+    bit for bit (tests/pure/test_ppo_math.py).
 
     Args:
         rewards: (b, r) per-token rewards, zero off the actions.

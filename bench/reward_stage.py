@@ -37,7 +37,7 @@ def _trajectory(batch: int, seed: int = 0):
     prompts = [str(rng.randrange(10)) for _ in range(batch)]
     completions = [str(rng.randrange(10)) for _ in range(batch)]
     rows = PromptBatch(1, prompts, list(prompts), [{}] * batch, list(range(batch)))
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=1, policy_version=0, prompts=rows,
         prompt_ids=torch.ones(batch, 2, dtype=torch.long), prompt_mask=torch.ones(batch, 2, dtype=torch.long),
         response_ids=torch.ones(batch, 1, dtype=torch.long), response_mask=torch.ones(batch, 1),

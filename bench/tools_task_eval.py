@@ -75,8 +75,8 @@ def play(engine, tokenizer, config, rows: list[dict], *, greedy: bool, seed: int
         engine, env_rows, [seed] * len(rows), temperature=1.0, generation_seed=seed, greedy=greedy
     )
     return [
-        Played(row, float(rewards.sum()), episode["messages"], episode["cut"])
-        for row, rewards, episode in zip(rows, batch.turn_rewards, batch.episodes)
+        Played(row, float(rewards.sum()), transcript.messages, transcript.cut)
+        for row, rewards, transcript in zip(rows, batch.turn_rewards, batch.transcripts)
     ]
 
 

@@ -52,7 +52,7 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
     (what the policy gradient weighs it by), `return` the GAE return at its first
     response token (the value target of the whole completion); the shapes are
     (b,) for scores and (b, r) for advantages, returns and the response mask."""
-    trajectory.require("scores")
+    trajectory.require("sequence_scores")
     mask = targets.response_mask
     lengths = mask.sum(dim=1)
     advantages = (targets.advantages * mask).sum(dim=1) / lengths.clamp(min=1.0)  # (b,)
@@ -68,7 +68,7 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
             "prompt": prompt_text(batch.prompts[index]),
             "completion": trajectory.completions[index],
             "reference": batch.references[index],
-            "reward": float(trajectory.scores[index]),
+            "reward": float(trajectory.sequence_scores[index]),
             "correct": correct[index],
             "advantage": float(advantages[index]),
             "return": float(first_returns[index]),
@@ -76,12 +76,8 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
         }
         for index in range(len(trajectory.completions))
     ]
-    if trajectory.episodes is not None:  # S-ENV: the transcript, as plain role/content pairs
-        for row, episode in zip(rows, trajectory.episodes):
-            row.update(
-                messages=episode["messages"], turns=episode["turns"], tool_calls=episode["tool_calls"],
-                cut=episode["cut"],
-            )
+    for row, transcript in zip(rows, trajectory.transcripts):  # S-ENV: what an environment's episode said
+        row.update(transcript.row_fields())
     return rows
 
 

@@ -51,36 +51,59 @@ class PromptBatch:
 
 
 @dataclass(frozen=True)
+class Transcript:
+    """What an episode said and did, for the experience rows and the samples table:
+    plain values, so it travels through the object store and into JSON as it is."""
+
+    messages: list[dict[str, str]]  # role/content pairs, the opening included
+    turns: int
+    tool_calls: int
+    cut: bool      # ended by a token or turn limit rather than by the environment
+    failed: bool   # ended by an environment error (rl.env.on_error=end)
+
+    def row_fields(self) -> dict[str, Any]:
+        return {"messages": self.messages, "turns": self.turns, "tool_calls": self.tool_calls, "cut": self.cut}
+
+
+@dataclass(frozen=True)
 class Trajectory:
+    """Every rollout is an episode (S-PATH-1): the response holds the sampled turns and,
+    between them, the environment's observations; `action_mask` tells them apart. A
+    single-turn rollout is a one-turn episode whose action mask is its response mask
+    (`Trajectory.one_turn`). Every reward term writes into `token_scores` at the token
+    that earned it, so the trainers see one shape whatever produced the batch."""
+
     iteration: int
     policy_version: int               # version of the weights that sampled it (S-FLOW-6)
     prompts: PromptBatch
     prompt_ids: torch.Tensor          # (b, p) left-padded
     prompt_mask: torch.Tensor         # (b, p)
     response_ids: torch.Tensor        # (b, r) right-padded with pad ids
-    response_mask: torch.Tensor       # (b, r) 1.0 up to and including EOS
-    rollout_logprobs: torch.Tensor    # (b, r) sampling log-probs from the engine
-    completions: list[str]
+    response_mask: torch.Tensor       # (b, r) 1.0 on every real token: sampled turns and observations
+    rollout_logprobs: torch.Tensor    # (b, r) sampling log-probs from the engine (0 off the actions)
+    completions: list[str]            # each row's last assistant turn, decoded
+    action_mask: torch.Tensor         # (b, r) 1.0 on sampled tokens: what PPO trains on (policy, KL, values)
+    token_scores: torch.Tensor        # (b, r) every reward term where it was earned; the rollout writes the
+                                      # environment's, the reward role adds the rule's, the model's and shaping
     batch_id: str | None = None       # set by replay: names the whole batch (S-FLOW-5)
-    scores: torch.Tensor | None = None            # (b,) terminal reward (reward role)
-    process_rewards: torch.Tensor | None = None   # (b, r) shaping term (reward role)
-    correct: torch.Tensor | None = None           # (b,) 1.0 where the matcher accepted
+    sequence_scores: torch.Tensor | None = None   # (b,) the outcome per row, summed over turns, shaping left
+                                                  # out: what the reward metrics and rows show (reward role)
+    correct: torch.Tensor | None = None           # (b,) 1.0 where the matcher (or the environment) accepted
     ref_logprobs: torch.Tensor | None = None      # (b, r) frozen reference (reference role)
     values: torch.Tensor | None = None            # (b, r) critic predictions (critic role)
     extras: dict[str, Any] = field(default_factory=dict)
-    # Multi-turn episodes only (S-ENV-2); None keeps the single-turn path as it is.
-    action_mask: torch.Tensor | None = None       # (b, r) 1.0 on sampled tokens; observations are 0
-    turn_rewards: torch.Tensor | None = None      # (b, r) each turn's reward on its last sampled token
-    episodes: list[dict[str, Any]] | None = None  # per row: messages, turns, tool_calls, cut, failed
+    transcripts: tuple[Transcript, ...] = ()      # per row, for rollouts with an environment (S-ENV)
+
+    @staticmethod
+    def one_turn(**fields: Any) -> "Trajectory":
+        """A single-turn rollout: every response token was sampled, and no environment
+        rewarded any of them (the reward role scores the completion)."""
+        response_mask = fields["response_mask"]
+        return Trajectory(action_mask=response_mask, token_scores=torch.zeros_like(response_mask), **fields)
 
     @property
     def prompt_length(self) -> int:
         return self.prompt_ids.shape[1]
-
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        """The tokens PPO trains on (policy loss, KL, values): the sampled ones."""
-        return self.response_mask if self.action_mask is None else self.action_mask
 
     def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Full sequences (b, p + r) and their attention mask."""
@@ -117,7 +140,7 @@ class PPOTargets:
     input_ids: torch.Tensor       # (b, p + r)
     attention_mask: torch.Tensor  # (b, p + r)
     prompt_length: int
-    response_mask: torch.Tensor   # (b, r) float
+    response_mask: torch.Tensor   # (b, r) float: the trajectory's action mask, the tokens trained on
     old_logprobs: torch.Tensor    # (b, r)
     old_values: torch.Tensor      # (b, r)
     advantages: torch.Tensor      # (b, r)

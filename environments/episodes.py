@@ -22,6 +22,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from contracts.faults import RepeatsOnRerun
+from contracts.trajectory import Transcript
 from data.packing import PackedPrompts
 from environments.chat_tokens import ObservationEncoder, opening_ids
 from environments.preflight import template_renders_tool_messages
@@ -83,7 +84,7 @@ class EpisodeBatch:
     logprobs: torch.Tensor        # sampling log-probs on actions, 0 elsewhere
     turn_rewards: torch.Tensor    # each turn's reward on its last sampled token
     completions: list[str]        # each episode's last assistant turn
-    episodes: list[dict[str, Any]]  # transcript and counts per episode, plain values
+    transcripts: list[Transcript]  # what each episode said, its turns, calls and how it ended
     metrics: dict[str, float]
 
 
@@ -281,9 +282,8 @@ class EpisodeRunner:
         return EpisodeBatch(
             prompt_ids, prompt_mask, response_ids, response_mask, action_mask, logprobs, rewards,
             completions=[e.last_answer for e in episodes],
-            episodes=[
-                {"messages": e.messages, "turns": e.turns, "tool_calls": e.tool_calls, "cut": e.cut,
-                 "failed": e.failed}
+            transcripts=[
+                Transcript(messages=e.messages, turns=e.turns, tool_calls=e.tool_calls, cut=e.cut, failed=e.failed)
                 for e in episodes
             ],
             metrics=metrics,

@@ -53,8 +53,8 @@ class CriticRole(TrainerRole):
         input_ids, attention_mask = trajectory.sequences()
         values = response_values(
             self.model, input_ids, attention_mask, trajectory.prompt_length, trajectory.extras
-        ).cpu() * trajectory.loss_mask  # multi-turn: no value on observation tokens (S-ENV-2)
-        mean = float(values.sum() / trajectory.loss_mask.sum().clamp(min=1))
+        ).cpu() * trajectory.action_mask  # no value on observation tokens (S-ENV-2)
+        mean = float(values.sum() / trajectory.action_mask.sum().clamp(min=1))
         return dataclasses.replace(trajectory, values=values), {"critic/value_mean": mean}
 
     def _loss(self, targets: PPOTargets, index: torch.Tensor):

@@ -17,13 +17,11 @@ from typing import Any, Iterator
 import torch
 
 from algorithm.ppo_math import (
-    advantage_over_actions,
     behaviour_weights,
     clipped_policy_loss,
     explained_variance,
     generalized_advantage_estimate,
     kl_penalised_rewards,
-    kl_penalised_turn_rewards,
     masked_mean,
     whiten,
 )
@@ -112,13 +110,13 @@ class PolicyRole(TrainerRole):
             self.parked = False
 
     def prepare_batch(self, trajectory: Trajectory) -> tuple[PPOTargets, dict[str, float]]:
-        trajectory.require("batch_id", "scores", "ref_logprobs", "values")
+        trajectory.require("batch_id", "sequence_scores", "ref_logprobs", "values")
         self._refuse_stale(
             trajectory.policy_version, f"samples of iteration {trajectory.iteration}", self.rl.rollout.max_staleness
         )
         self._unpark()
         input_ids, attention_mask = trajectory.sequences()
-        mask = trajectory.loss_mask  # multi-turn: observations are context, never trained on (S-ENV-2)
+        mask = trajectory.action_mask  # observations are context, never trained on (S-ENV-2)
         self.model.eval()
         with torch.no_grad():
             # Recomputed rather than taken from the engine: vLLM's numerics differ from
@@ -129,17 +127,11 @@ class PolicyRole(TrainerRole):
                 trajectory.extras,
             ).cpu() * mask
         old_values = trajectory.values * mask
-        if trajectory.turn_rewards is None:
-            rewards, kl = kl_penalised_rewards(
-                trajectory.scores, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef,
-                trajectory.process_rewards,
-            )
-            advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
-        else:
-            rewards, kl = kl_penalised_turn_rewards(
-                trajectory.turn_rewards, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef
-            )
-            advantages, returns = advantage_over_actions(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
+        # One reward and one GAE for every rollout (S-PATH-1): a single-turn row is a one-turn episode.
+        rewards, kl = kl_penalised_rewards(
+            trajectory.token_scores, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef
+        )
+        advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
         if self.rl.whiten_advantages:
             advantages = whiten(advantages, mask)
         lag_metrics: dict[str, float] = {}

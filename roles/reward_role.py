@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from algorithm.reward_errors import LOGGED_ERRORS, describe_reward_error, failed
+from algorithm.ppo_math import last_action_scores
 from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resolve_terminal, terminal_score
 from configs.schema import PPOConfig
 from contracts.faults import REWARD_EVENTS
@@ -24,7 +25,9 @@ class RewardRole:
         """`placement`: where a loaded reward model computes (its own group, or beside
         the reference); None for a host role (rules only, or a served model)."""
         self.reward = config.rl.reward
-        self.matcher = resolve_terminal(
+        # With an environment, its step rewards are the rewards (docs/howto/environments.md):
+        # no rule judges the last turn.
+        self.matcher = None if config.rl.env is not None else resolve_terminal(
             self.reward.terminal, self.reward.terminal_callable, config.job.trusted_modules
         )
         self.errors_logged = 0
@@ -48,35 +51,34 @@ class RewardRole:
         return self.model_term.load(directory)
 
     def score(self, trajectory: Trajectory, training: bool = True) -> tuple[Trajectory, dict[str, float]]:
-        if trajectory.turn_rewards is not None:
-            return self._episode_scores(trajectory)
-        scored, metrics = self._rule_scores(trajectory)
-        if self.model_term is None:
-            return scored, metrics
-        model_scores, model_metrics = self.model_term.score(trajectory, training=training)
-        # The one rule (docs/rewards.md): the model's score alone, or plus the rule's reward.
-        rule_share = scored.scores if self.reward.model.combine == "sum" else torch.zeros_like(model_scores)
-        terminal = model_scores + rule_share
-        metrics.update(model_metrics)
-        metrics["train/reward_mean"] = metrics["reward/terminal_mean"] = float(terminal.mean())
-        return dataclasses.replace(scored, scores=terminal), metrics
+        """Every term lands in `token_scores` where it was earned (S-PATH-1): the
+        environment's turn rewards are there from the rollout; the rule's or the
+        model's outcome joins them on the last sampled token, shaping on every sampled
+        token. `sequence_scores` is the outcome per row (turns summed, shaping left
+        out), what the metrics and the experience rows show."""
+        outcome, correct, metrics = self._rule_scores(trajectory)
+        if self.model_term is not None:
+            model_scores, model_metrics = self.model_term.score(trajectory, training=training)
+            # The one rule (docs/rewards.md): the model's score alone, or plus the rule's reward.
+            outcome = model_scores + outcome if self.reward.model.combine == "sum" else model_scores
+            metrics.update(model_metrics)
+        process = process_reward(self.reward.process, trajectory.action_mask)
+        sequence_scores = trajectory.token_scores.sum(dim=1) + outcome
+        token_scores = trajectory.token_scores + last_action_scores(outcome, trajectory.action_mask) + process
+        if correct is None:  # no matcher: the environment's verdict, if there is one
+            correct = trajectory.correct
+        metrics["train/reward_mean"] = metrics["reward/terminal_mean"] = float(sequence_scores.mean())
+        metrics["reward/process_mean"] = float(process.sum(dim=1).mean())
+        if correct is not None:  # terminal "none" gives no verdict, so no fraction to report
+            metrics["reward/fraction_correct"] = float(correct.sum()) / len(correct)
+        scored = dataclasses.replace(
+            trajectory, token_scores=token_scores, sequence_scores=sequence_scores, correct=correct
+        )
+        return scored, metrics
 
-    def _episode_scores(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
-        """Multi-turn episodes (S-ENV-2): the environment rewarded each turn where it was
-        earned; the episode's score is their sum, shown and normalised like a terminal
-        reward but trained on turn by turn. An episode is correct when it earned more
-        than nothing (docs/howto/environments.md)."""
-        assert trajectory.turn_rewards is not None
-        totals = trajectory.turn_rewards.sum(dim=1)
-        correct = (totals > 0).float()
-        scored = dataclasses.replace(trajectory, scores=totals, correct=correct)
-        return scored, {
-            "train/reward_mean": float(totals.mean()),
-            "reward/terminal_mean": float(totals.mean()),
-            "reward/fraction_correct": float(correct.mean()),
-        }
-
-    def _rule_scores(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
+    def _rule_scores(self, trajectory: Trajectory) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """The terminal rule's reward on PPO's scale (b,), its verdicts (b,) (None
+        without a matcher), and its error metrics."""
         batch = trajectory.prompts
         scores, correct, errors, events = [], [], 0, []
         sources = batch.sources or [None] * len(batch.prompts)
@@ -100,27 +102,13 @@ class RewardRole:
             # The matcher's verdict, not a reward comparison: equal correct and incorrect
             # rewards must not make every sample "correct"; a partial score is not correct.
             correct.append(1.0 if score == 1.0 else 0.0)
-        score_tensor = torch.tensor(scores, dtype=torch.float32)
-        process = process_reward(self.reward.process, trajectory.response_mask)
-        scored = dataclasses.replace(
-            trajectory,
-            scores=score_tensor,
-            process_rewards=process,
-            correct=torch.tensor(correct, dtype=torch.float32) if self.matcher is not None else None,
-        )
-        process_per_sequence = process.sum(dim=1)
-        metrics = {
-            "train/reward_mean": float(score_tensor.mean()),
-            "reward/terminal_mean": float(score_tensor.mean()),
-            "reward/process_mean": float(process_per_sequence.mean()),
-        }
-        if self.matcher is not None:  # terminal "none" gives no verdict, so no fraction to report
-            metrics["reward/fraction_correct"] = float(sum(correct) / len(correct))
+        metrics: dict[str, float] = {}
         if self.reward.on_error == "zero":
             metrics["reward/errors"] = float(errors)
         if events:
             metrics[REWARD_EVENTS] = events  # logged by the reward task, not recorded
-        return scored, metrics
+        verdicts = torch.tensor(correct, dtype=torch.float32) if self.matcher is not None else None
+        return torch.tensor(scores, dtype=torch.float32), verdicts, metrics
 
     def _logged_error(self, description: str) -> list[list[str]]:
         """The first few errors of the run, as events for the stage's log."""

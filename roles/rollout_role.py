@@ -85,20 +85,12 @@ def merge_shards(parts: list[Trajectory], pad_token_id: int) -> Trajectory:
         response_mask=torch.cat([right(part.response_mask, 0.0) for part in parts]),
         rollout_logprobs=torch.cat([right(part.rollout_logprobs, 0.0) for part in parts]),
         completions=[c for part in parts for c in part.completions],
+        action_mask=torch.cat([right(part.action_mask, 0.0) for part in parts]),
+        token_scores=torch.cat([right(part.token_scores, 0.0) for part in parts]),
+        correct=None if parts[0].correct is None else torch.cat([part.correct for part in parts]),
         extras=extras,
-        **_merged_episodes(parts, right),
+        transcripts=tuple(transcript for part in parts for transcript in part.transcripts),
     )
-
-
-def _merged_episodes(parts: list[Trajectory], right) -> dict:
-    """A multi-turn batch's per-token masks and rewards, padded like the responses."""
-    if parts[0].action_mask is None:
-        return {}
-    return {
-        "action_mask": torch.cat([right(part.action_mask, 0.0) for part in parts]),
-        "turn_rewards": torch.cat([right(part.turn_rewards, 0.0) for part in parts]),
-        "episodes": [episode for part in parts for episode in part.episodes],
-    }
 
 
 SUMMED_EPISODE = ("env/errors", "env/tool_call_parse_errors")
@@ -126,8 +118,10 @@ class RolloutRole:
             model_path, config.data_packer.factory, config.data_packer.factory_kwargs, config.job.trusted_modules
         )
         self.engine = build_engine(config, placement, model_path, self.tokenizer)
-        # S-ENV: with an environment, each prompt row is the start of a multi-turn episode.
+        # S-ENV: with an environment, each prompt row is the start of a multi-turn episode;
+        # without one, of a one-turn episode. Chosen once, here (S-PATH-1).
         self.episodes = episode_runner(config, self.tokenizer) if config.rl.env is not None else None
+        self._sample_batch = self._one_turn if self.episodes is None else self._episodes
         # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
         self.sleep_between_rollouts = placement.parks
         self.policy_version = 0  # the weights from_pretrained loaded are version 0
@@ -200,9 +194,16 @@ class RolloutRole:
                 f"requires {required_version}"
             )
         started = time.perf_counter()
-        if self.episodes is not None:
-            trajectory, metrics = self._episodes(prompts, seed, greedy, first, stream)
-            return trajectory, time.perf_counter() - started, metrics
+        self.engine.wake_up()
+        trajectory, metrics = self._sample_batch(prompts, seed, greedy, first, stream)
+        if self.sleep_between_rollouts:
+            self.engine.sleep()
+        return trajectory, time.perf_counter() - started, metrics
+
+    def _one_turn(
+        self, prompts: PromptBatch, seed: int, greedy: bool, first: int, stream: int
+    ) -> tuple[Trajectory, dict[str, float]]:
+        """One completion per prompt (S-FLOW-7): a one-turn episode."""
         packed = self.packer.pack_prompts(prompts.prompts, prompts.sources)
         if packed.multimodal is not None and not self.engine.accepts_multimodal:
             raise NotImplementedError(
@@ -210,49 +211,38 @@ class RolloutRole:
                 f"{type(self.packer).__name__} yet; use rl.rollout.engine=hf for vision-language models"
             )
         rollout = self.config.rl.rollout
-        self.engine.wake_up()
         result = self.engine.generate(
             packed, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, seed=seed, greedy=greedy
         )
-        if self.sleep_between_rollouts:
-            self.engine.sleep()
         completions = self.packer.decode_completions(result.response_ids, result.response_mask)
-        trajectory = self._trajectory(
-            prompts, packed.input_ids, packed.attention_mask, result.response_ids, result.response_mask,
-            result.logprobs, completions,
+        trajectory = Trajectory.one_turn(
+            iteration=prompts.iteration, policy_version=self.policy_version, prompts=prompts,
+            prompt_ids=packed.input_ids, prompt_mask=packed.attention_mask, response_ids=result.response_ids,
+            response_mask=result.response_mask, rollout_logprobs=result.logprobs, completions=completions,
             # The packed pixels travel with the batch by reference, so reference,
             # critic and policy see exactly what the rollout showed the model.
             extras={MULTIMODAL_EXTRA: packed.multimodal} if packed.multimodal is not None else {},
         )
-        return trajectory, time.perf_counter() - started, {}
-
-    def _trajectory(
-        self, prompts: PromptBatch, prompt_ids, prompt_mask, response_ids, response_mask, logprobs, completions,
-        **fields,
-    ) -> Trajectory:
-        return Trajectory(
-            iteration=prompts.iteration, policy_version=self.policy_version, prompts=prompts, prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
-            rollout_logprobs=logprobs, completions=completions, **fields,
-        )
+        return trajectory, {}
 
     def _episodes(
         self, prompts: PromptBatch, seed: int, greedy: bool, first: int, stream: int
     ) -> tuple[Trajectory, dict[str, float]]:
         """Multi-turn episodes (S-ENV-2): the environment's messages are context, the
-        sampled turns are actions, and each turn's reward sits on its last token."""
+        sampled turns are actions, and each turn's reward sits on its last token. An
+        episode is correct when it earned more than nothing (docs/howto/environments.md)."""
         assert self.episodes is not None
         seeds = episode_seeds(self.config.job.seed, prompts.iteration, prompts.row_ids, first, stream)
-        self.engine.wake_up()
         batch = self.episodes.run(
             self.engine, episode_rows(prompts), seeds,
             temperature=self.config.rl.rollout.temperature, generation_seed=seed, greedy=greedy,
         )
-        if self.sleep_between_rollouts:
-            self.engine.sleep()
-        trajectory = self._trajectory(
-            prompts, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.logprobs,
-            batch.completions, action_mask=batch.action_mask, turn_rewards=batch.turn_rewards, episodes=batch.episodes,
+        trajectory = Trajectory(
+            iteration=prompts.iteration, policy_version=self.policy_version, prompts=prompts,
+            prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask, response_ids=batch.response_ids,
+            response_mask=batch.response_mask, rollout_logprobs=batch.logprobs, completions=batch.completions,
+            action_mask=batch.action_mask, token_scores=batch.turn_rewards,
+            correct=(batch.turn_rewards.sum(dim=1) > 0).float(), transcripts=tuple(batch.transcripts),
         )
         return trajectory, batch.metrics
 

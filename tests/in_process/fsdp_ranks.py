@@ -177,7 +177,7 @@ def scored_trajectory(vocab_size: int):
     prompts = PromptBatch(
         iteration=1, prompts=["p"] * 4, references=[None] * 4, metadata=[{}] * 4, row_ids=[0, 1, 2, 3]
     )
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=1, policy_version=0, prompts=prompts, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
         response_ids=response_ids, response_mask=response_mask, rollout_logprobs=torch.zeros(4, 4),
         completions=[""] * 4,

@@ -84,17 +84,17 @@ def test_a_shard_regenerated_on_another_engine_is_byte_identical_and_merges_like
     first, survivor = (RolloutRole(config, first_rank(config, "rollout")) for _ in range(2))
     lost, _ = first.generate(prompts, 0, shard=1, shards=2)
     again, summary = survivor.generate(prompts, 0, shard=1, shards=2)
-    for name in ("prompt_ids", "response_ids", "response_mask", "action_mask", "rollout_logprobs", "turn_rewards"):
+    for name in ("prompt_ids", "response_ids", "response_mask", "action_mask", "rollout_logprobs", "token_scores"):
         assert torch.equal(getattr(lost, name), getattr(again, name)), name
-    assert lost.episodes == again.episodes and summary["env/turns_mean"] >= 1.0
+    assert lost.transcripts == again.transcripts and summary["env/turns_mean"] >= 1.0
 
     kept, _ = first.generate(prompts, 0, shard=0, shards=2)
     merged = merge_shards([kept, again], first.tokenizer.pad_token_id)
-    assert merged.prompts.row_ids == [20, 21, 22, 23] and len(merged.episodes) == 4
+    assert merged.prompts.row_ids == [20, 21, 22, 23] and len(merged.transcripts) == 4
     for row, part in ((0, kept), (2, again)):
         n = part.response_ids.shape[1]
         assert torch.equal(merged.action_mask[row, :n], part.action_mask[0])
-        assert merged.action_mask[row, n:].sum() == 0 and merged.turn_rewards[row, n:].sum() == 0
+        assert merged.action_mask[row, n:].sum() == 0 and merged.token_scores[row, n:].sum() == 0
 
 
 @pytest.mark.slow

@@ -101,14 +101,14 @@ def three_turns(tokenizer, engine):
 
 def test_every_turn_continues_from_the_sampled_ids_and_observations_are_context(tokenizer, three_turns):
     batch, calls = three_turns
-    assert max(e["turns"] for e in batch.episodes) >= 2
-    for i, episode in enumerate(batch.episodes):
+    assert max(e.turns for e in batch.transcripts) >= 2
+    for i, episode in enumerate(batch.transcripts):
         n = int(batch.response_mask[i].sum())
         response, actions = batch.response_ids[i, :n].tolist(), batch.action_mask[i, :n].tolist()
         opening = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
         sampled: list[int] = []
-        for turn, (inputs, mask, ids, kept) in enumerate(calls[: episode["turns"]]):
-            row = [e for e, other in enumerate(batch.episodes) if other["turns"] > turn].index(i)
+        for turn, (inputs, mask, ids, kept) in enumerate(calls[: episode.turns]):
+            row = [e for e, other in enumerate(batch.transcripts) if other.turns > turn].index(i)
             context = inputs[row][mask[row].bool()].tolist()
             # Turn t starts from the opening and every token since, exactly as kept.
             assert context == opening + response[: len(context) - len(opening)]
@@ -127,7 +127,7 @@ def test_every_turn_continues_from_the_sampled_ids_and_observations_are_context(
 def test_the_turn_reward_sits_on_the_last_token_of_the_turn_that_earned_it(tokenizer, three_turns):
     batch, _ = three_turns
     rewarded = 0
-    for i in range(len(batch.episodes)):
+    for i in range(len(batch.transcripts)):
         n = int(batch.response_mask[i].sum())
         turns = [(start, end) for flag, start, end in _segments(batch.action_mask[i, :n].tolist()) if flag == 1.0]
         stepped_second = len(turns) >= 2 and batch.response_ids[i, turns[1][1] - 1] == tokenizer.eos_token_id
@@ -144,7 +144,7 @@ def test_the_same_seeds_give_the_same_episodes_byte_for_byte(tokenizer, engine):
     second = _run(tokenizer, engine, lambda: CountingEnv(turns=3), seed=11)
     for name in ("prompt_ids", "response_ids", "response_mask", "action_mask", "logprobs", "turn_rewards"):
         assert torch.equal(getattr(first, name), getattr(second, name)), name
-    assert first.episodes == second.episodes
+    assert first.transcripts == second.transcripts
 
 
 def test_a_raising_environment_fails_naming_itself_the_row_and_the_turn(tokenizer, engine):
@@ -161,7 +161,7 @@ def test_on_error_end_ends_the_episode_with_reward_zero_and_counts_it(tokenizer,
         n=4, on_error="end", max_turn_tokens=60, max_episode_tokens=200,
     )
     assert batch.metrics["env/errors"] == 1.0
-    assert batch.episodes[0]["failed"] and batch.turn_rewards[0].sum() == 0.0
+    assert batch.transcripts[0].failed and batch.turn_rewards[0].sum() == 0.0
 
 
 def test_a_hung_step_is_named_after_the_timeout(tokenizer, engine):

@@ -31,7 +31,7 @@ def _trajectory(completions: list[str]) -> Trajectory:
     prompts = PromptBatch(1, ["1 plus 1?"] * b, ["2"] * b, [{}] * b, [10 + i for i in range(b)],
                           [f"questions.jsonl row {10 + i}" for i in range(b)])
     ones = torch.ones(b, 2, dtype=torch.long)
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=1, policy_version=0, prompts=prompts, prompt_ids=ones, prompt_mask=ones,
         response_ids=ones, response_mask=torch.ones(b, 2), rollout_logprobs=torch.zeros(b, 2),
         completions=completions,
@@ -57,7 +57,7 @@ def test_on_error_zero_scores_it_incorrect_counts_and_logs_the_first_few(tmp_pat
     profile = write_user_project(tmp_path / "mine", user_models.plain, module="raising_reward_b", on_error="zero")
     role = RewardRole(load_config(profile))
     scored, summary = role.score(_trajectory(["2", "", "", "", "", "3"]))
-    assert scored.scores.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert scored.sequence_scores.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     # The reward task logs the first three with their rows (the UI shows a task's log,
     # never an actor's) and records the count; the events are no metric.
     with caplog.at_level(logging.WARNING, logger="ppo.stages"):

@@ -31,7 +31,7 @@ def _generated(prompts: list[str], completions: list[str], references: list[str]
             response_ids[row, 1] = EOS
     sources = [f"f.jsonl:{i + 1}" for i in range(b)]
     batch = PromptBatch(1, prompts, references, [{}] * b, list(range(10, 10 + b)), sources)
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=1, policy_version=0, prompts=batch,
         prompt_ids=torch.ones(b, 2, dtype=torch.long), prompt_mask=torch.ones(b, 2, dtype=torch.long),
         response_ids=response_ids, response_mask=response_mask, rollout_logprobs=torch.zeros(b, 2),
@@ -62,7 +62,7 @@ def test_the_score_is_the_models_logit_on_its_own_rendering(tiny_reward_model_di
     rendered = [f"<|im_start|>user\n3<|im_end|>\n<|im_start|>assistant\n{c}<|im_end|>\n" for c in ("3", "57", "")]
     assert role.model_term.scorer.render("3", "57") == rendered[1]  # the reward model's own chat template
     expected = [_direct_score(tiny_reward_model_dir, text) for text in rendered]
-    assert scored.scores.tolist() == pytest.approx(expected, abs=1e-5)
+    assert scored.sequence_scores.tolist() == pytest.approx(expected, abs=1e-5)
     assert metrics["reward/model_raw_mean"] == pytest.approx(sum(expected) / 3, abs=1e-5)
     assert metrics["train/reward_mean"] == pytest.approx(sum(expected) / 3, abs=1e-5)
 
@@ -70,14 +70,14 @@ def test_the_score_is_the_models_logit_on_its_own_rendering(tiny_reward_model_di
 def test_sum_adds_the_rules_reward_and_model_only_measures_it(tiny_reward_model_dir):
     trajectory = _generated(["3", "4"], ["3", "5"], ["3", "4"])
     alone, alone_metrics = _role(tiny_reward_model_dir, "rl.reward.terminal=exact_match").score(trajectory)
-    raw = alone.scores
+    raw = alone.sequence_scores
     assert alone_metrics["reward/fraction_correct"] == 0.5  # measured, never added
     summed, _ = _role(
         tiny_reward_model_dir, "rl.reward.terminal=exact_match", "rl.reward.model.combine=sum",
         "rl.reward.model.weight=2.0", "rl.reward.correct_reward=3.0",
     ).score(trajectory)
     # 2 x score + (3 for the copied digit, 0 for the wrong one)
-    assert summed.scores.tolist() == pytest.approx((2 * raw + torch.tensor([3.0, 0.0])).tolist(), abs=1e-5)
+    assert summed.sequence_scores.tolist() == pytest.approx((2 * raw + torch.tensor([3.0, 0.0])).tolist(), abs=1e-5)
 
 
 def test_shaping_counts_clips_and_penalises_and_evaluation_leaves_the_statistics(tiny_reward_model_dir,
@@ -93,7 +93,7 @@ def test_shaping_counts_clips_and_penalises_and_evaluation_leaves_the_statistics
     scored, metrics = role.score(trajectory)
     assert role.model_term.moments.count == 4
     # Normalised over these four, clipped to ±0.5, then 2.0 off the one without EOS.
-    assert scored.scores.max() <= 0.5 and scored.scores[1] <= -1.5
+    assert scored.sequence_scores.max() <= 0.5 and scored.sequence_scores[1] <= -1.5
     assert metrics["reward/model_penalized_fraction"] == 0.25
     assert 0.0 < metrics["reward/model_clipped_fraction"] <= 1.0
     assert abs(metrics["reward/model_normalized_mean"]) < 1e-6

@@ -15,7 +15,7 @@ from tests.conftest import TINY_PROFILE
 def _generated(completions: list[str], references: list[str]) -> Trajectory:
     b = len(completions)
     prompts = PromptBatch(1, ["2+2="] * b, references, [{}] * b, list(range(b)), [f"row {i}" for i in range(b)])
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=1,
         policy_version=0,
         prompts=prompts,
@@ -38,7 +38,7 @@ def test_equal_rewards_still_count_only_matched_completions_as_correct():
         ["rl.reward.terminal=arithmetic_exact_match", "rl.reward.correct_reward=0.5", "rl.reward.incorrect_reward=0.5"],
         ["4", "5"], ["4", "4"],
     )
-    assert scored.scores.tolist() == [0.5, 0.5]
+    assert scored.sequence_scores.tolist() == [0.5, 0.5]
     assert metrics["reward/fraction_correct"] == 0.5  # the float comparison said 1.0
     assert scored.correct.tolist() == [1.0, 0.0]
 

@@ -111,8 +111,8 @@ def test_the_reward_role_scores_through_the_server(served, tiny_reward_model_dir
     remote = RewardRole(remote_config)
     assert remote.model_term.scorer.model is None  # served: only the tokenizer is loaded here
     trajectory = _generated(["3", "4"], ["3", "57"], ["3", "4"])
-    assert remote.score(trajectory)[0].scores.tolist() == pytest.approx(
-        local.score(trajectory)[0].scores.tolist(), abs=1e-6)
+    assert remote.score(trajectory)[0].sequence_scores.tolist() == pytest.approx(
+        local.score(trajectory)[0].sequence_scores.tolist(), abs=1e-6)
 
 
 def test_a_tokenizer_that_adds_bos_scores_the_same_served_and_local(tiny_reward_model_dir, tmp_path, monkeypatch):
@@ -143,8 +143,8 @@ def test_a_tokenizer_that_adds_bos_scores_the_same_served_and_local(tiny_reward_
         remote = RewardRole(base.model_copy(update={"rl": base.rl.model_copy(update={
             "reward": base.rl.reward.model_copy(update={"model": settings})})}))
         trajectory = _generated(["3", "4"], ["3", "57"], ["3", "4"])
-        assert remote.score(trajectory)[0].scores.tolist() == pytest.approx(
-            RewardRole(base).score(trajectory)[0].scores.tolist(), abs=1e-6)
+        assert remote.score(trajectory)[0].sequence_scores.tolist() == pytest.approx(
+            RewardRole(base).score(trajectory)[0].sequence_scores.tolist(), abs=1e-6)
     finally:
         server.shutdown()
         server.server_close()

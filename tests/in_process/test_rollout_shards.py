@@ -54,7 +54,7 @@ def _generated(packer, prompts: PromptBatch, response_length: int) -> Trajectory
     response_ids = torch.arange(1, b * response_length + 1).reshape(b, response_length)
     mask = torch.ones(b, response_length)
     mask[0, -1] = 0.0  # a row that stopped early
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=prompts.iteration, policy_version=3, prompts=prompts, prompt_ids=packed.input_ids,
         prompt_mask=packed.attention_mask, response_ids=response_ids, response_mask=mask,
         rollout_logprobs=-mask, completions=[f"c{row}" for row in prompts.row_ids],

@@ -17,7 +17,7 @@ from views.history import faults_survived, summary_markdown
 def _batch(row_ids: list[int], mask: list[list[float]], logprobs: list[list[float]]) -> Trajectory:
     b = len(row_ids)
     prompts = PromptBatch(4, ["p"] * b, [None] * b, [{}] * b, row_ids)
-    return Trajectory(
+    return Trajectory.one_turn(
         iteration=4, policy_version=2, prompts=prompts, prompt_ids=torch.ones(b, 2, dtype=torch.long),
         prompt_mask=torch.ones(b, 2), response_ids=torch.ones(b, 2, dtype=torch.long),
         response_mask=torch.tensor(mask), rollout_logprobs=torch.tensor(logprobs), completions=["c"] * b,

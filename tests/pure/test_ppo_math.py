@@ -12,6 +12,7 @@ from algorithm.ppo_math import (
     clipped_value_loss,
     generalized_advantage_estimate,
     kl_penalised_rewards,
+    last_action_scores,
     token_entropy,
     whiten,
 )
@@ -45,10 +46,21 @@ def test_kl_penalty_and_terminal_score_land_on_the_right_tokens():
     logprobs = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
     ref_logprobs = torch.tensor([[-1.5, -1.0, -0.5], [-1.5, -1.0, -0.5]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    rewards, kl = kl_penalised_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
+    token_scores = last_action_scores(scores, mask)
+    # the score on each row's last sampled token: [[0, 0, 1], [0, 2, 0]]
+    torch.testing.assert_close(token_scores, torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]]))
+    rewards, kl = kl_penalised_rewards(token_scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
     # kl = [0.5, 0, −0.5]; −0.1·kl = [−0.05, 0, 0.05]; score on the last real token
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, 0.0, 1.05], [-0.05, 2.0, 0.0]]))
     torch.testing.assert_close(kl, torch.tensor([[0.5, 0.0, -0.5], [0.5, 0.0, 0.0]]))
+
+
+def test_a_terminal_score_lands_on_the_last_sampled_token_not_after_an_observation():
+    # actions, an observation, actions, then a trailing observation and padding
+    actions = torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    placed = last_action_scores(torch.tensor([3.0, 5.0]), actions)
+    # row 0's last action is token 3; row 1 sampled nothing, so it earns nothing
+    torch.testing.assert_close(placed, torch.tensor([[0.0, 0.0, 0.0, 3.0, 0.0, 0.0], [0.0] * 6]))
 
 
 def test_clipped_policy_loss_by_hand():
@@ -139,35 +151,67 @@ def test_whiten_uses_only_real_tokens():
     torch.testing.assert_close(whiten(values, mask, eps=0.0), torch.tensor([[-1.0, 0.0, 1.0, 0.0]]))
 
 
-def test_gae_over_actions_steps_over_observations_and_is_plain_gae_without_them():
-    """S-ENV-2: observation tokens are not time steps. A row of actions only gives plain
-    GAE exactly; a row with an observation gives, on its actions, the GAE of the same
-    actions laid end to end, and nothing on the observation."""
-    from algorithm.ppo_math import advantage_over_actions
+def _textbook_gae(rewards, values, mask, gamma, lam):
+    """GAE as the PPO papers write it for one completion (V = 0 after the last real
+    token), kept here as the reference the one GAE must equal on single-turn rows."""
+    values = values * mask
+    length = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(length)):
+        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam * running) * mask[:, t]
+        advantages[:, t] = running
+    return advantages * mask, (advantages + values) * mask
 
+
+def _textbook_kl_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
+    """The single-turn KL-penalised reward: the score on the last real token."""
+    kl = (logprobs - ref_logprobs) * mask
+    terminal = torch.zeros_like(kl)
+    terminal[torch.arange(kl.shape[0]), (mask.sum(dim=1).long() - 1).clamp(min=0)] = scores * (mask.sum(dim=1) > 0)
+    return (-kl_coef * kl + terminal) * mask, kl
+
+
+def test_one_path_reproduces_single_turn_ppo_bit_for_bit():
+    """S-PATH-1: a single-turn row is a one-turn episode. Over random batches with
+    prefix masks (empty rows included), the one KL reward over per-token scores and the
+    one GAE give exactly the textbook single-turn numbers, not merely close ones."""
+    generator = torch.Generator().manual_seed(0)
+    for case in range(200):
+        b, r = 1 + case % 5, 1 + case % 9
+        lengths = torch.randint(0, r + 1, (b,), generator=generator)
+        mask = (torch.arange(r) < lengths[:, None]).float()
+        scores = torch.randn(b, generator=generator)
+        logprobs, ref, values = (torch.randn(b, r, generator=generator) for _ in range(3))
+        gamma, lam = float(torch.rand(1, generator=generator)), float(torch.rand(1, generator=generator))
+        expected_rewards, expected_kl = _textbook_kl_rewards(scores, logprobs * mask, ref, mask, 0.05)
+        rewards, kl = kl_penalised_rewards(last_action_scores(scores, mask), logprobs * mask, ref, mask, 0.05)
+        assert torch.equal(rewards, expected_rewards) and torch.equal(kl, expected_kl), case
+        expected = _textbook_gae(rewards, values, mask, gamma, lam)
+        assert all(torch.equal(a, e) for a, e in zip(generalized_advantage_estimate(rewards, values, mask, gamma, lam),
+                                                     expected)), case
+
+
+def test_gae_steps_over_observations():
+    """S-ENV-2: observation tokens are not time steps: a row with an observation gives,
+    on its actions, the GAE of the same actions laid end to end, and nothing on the
+    observation."""
     torch.manual_seed(3)
-    rewards, values = torch.randn(2, 7), torch.randn(2, 7)
-    prefix = torch.tensor([[1.0] * 7, [1.0] * 4 + [0.0] * 3])
-    assert all(torch.equal(a, b) for a, b in zip(
-        advantage_over_actions(rewards * prefix, values, prefix, 0.9, 0.8),
-        generalized_advantage_estimate(rewards * prefix, values, prefix, 0.9, 0.8),
-    ))
+    rewards, values = torch.randn(1, 7), torch.randn(1, 7)
     actions = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])
     kept = actions[0].bool()
-    advantages, returns = advantage_over_actions(rewards[:1] * actions, values[:1], actions, 0.9, 0.8)
-    compact = generalized_advantage_estimate(
-        rewards[:1, kept], values[:1, kept], torch.ones(1, int(kept.sum())), 0.9, 0.8
-    )
+    advantages, returns = generalized_advantage_estimate(rewards * actions, values, actions, 0.9, 0.8)
+    compact = _textbook_gae(rewards[:, kept], values[:, kept], torch.ones(1, int(kept.sum())), 0.9, 0.8)
     assert torch.allclose(advantages[0, kept], compact[0][0]) and torch.allclose(returns[0, kept], compact[1][0])
     assert advantages[0, ~kept].abs().sum() == 0 and returns[0, ~kept].abs().sum() == 0
 
 
 def test_turn_rewards_and_the_kl_penalty_sit_on_the_sampled_tokens_only():
-    from algorithm.ppo_math import kl_penalised_turn_rewards
-
     actions = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
     turn_rewards = torch.tensor([[0.0, 0.5, 0.0, 0.0, 1.0, 0.0]])
     logprobs, ref = torch.full((1, 6), -1.0), torch.full((1, 6), -1.5)
-    rewards, kl = kl_penalised_turn_rewards(turn_rewards, logprobs, ref, actions, kl_coef=0.1)
+    rewards, kl = kl_penalised_rewards(turn_rewards, logprobs, ref, actions, kl_coef=0.1)
     assert torch.allclose(rewards, torch.tensor([[-0.05, 0.45, 0.0, 0.0, 0.95, 0.0]]))
     assert torch.equal(kl, 0.5 * actions)
