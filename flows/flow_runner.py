@@ -46,7 +46,7 @@ class FlowRunner:
         self, roles: RoleHandles | None = None, *, stage_timeout_s: float | None = None, samples_key: str | None = None
     ) -> None:
         self.stage_timeout_s = stage_timeout_s
-        self.samples_key = samples_key  # where prepare_batch's task shows a few samples
+        self.samples_key = samples_key  # where train_critic's task shows a few samples
         self.seconds: dict[str, float] = {}
         self.task_runs = 0  # stage task runs started in the current block
         self._unrecorded: tuple[Any, int] | None = None  # the last block's (flow run, task runs) to wait for

@@ -136,13 +136,16 @@ def ppo_iteration(
     record |= run.stage(stages.critic_predict, iteration, critic_summary, waits=[s for _, s in other_predictions])
     (_, prepare_summary), *other_prepared = queued.prepared
     agreed_batch, prepare_metrics = run.stage(
-        stages.prepare_batch, iteration, prepare_summary, queued.installs, queued.experience,
-        waits=[s for _, s in other_prepared],
+        stages.prepare_batch, iteration, prepare_summary, queued.installs, waits=[s for _, s in other_prepared],
     )
     record |= prepare_metrics
     # During warmup the park is waited for with the critic, the iteration's last task.
     trains = [] if actor is None else [(stages.train_policy, (actor.receipts, agreed_batch))]
-    trains.append((stages.train_critic, (critic_receipts, agreed_batch, parks if actor is None else [])))
+    # The experience file is written while the trainers update; the critic's stage waits
+    # for it, so it is on disk before any commit that vouches for this iteration.
+    trains.append(
+        (stages.train_critic, (critic_receipts, agreed_batch, parks if actor is None else [], queued.experience))
+    )
     for metrics in run.concurrent_stages(TRAIN, iteration, *trains):
         record |= metrics
     if ahead is not None:

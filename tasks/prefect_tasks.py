@@ -62,7 +62,7 @@ def _is_ref(value: Any) -> bool:
 
 
 samples_key: ContextVar[str | None] = ContextVar("samples_key", default=None)
-"""The artifact key under which the flow's prepare_batch task shows a few samples (S-OPS-3)."""
+"""The artifact key under which the flow's train_critic task shows a few samples (S-OPS-3)."""
 
 
 def stage_task(body: Callable[..., Any]) -> Task:

@@ -78,21 +78,16 @@ def critic_predict(iteration: int, summary: dict) -> dict[str, float]:
     return numeric_metrics(summary)
 
 
-def prepare_batch(
-    iteration: int, summary: dict, installs: Sequence[dict], experience: Any = None
-) -> tuple[str, dict[str, float]]:
-    """Done when the targets are frozen, every trainer rank holds them (the runner also
-    waits for every other policy rank's same forward) and the iteration's experience
-    file is written; a few of its samples are shown where `samples_view` says. Returns
-    the batch id all ranks agree on, which their receipts must quote."""
+def prepare_batch(iteration: int, summary: dict, installs: Sequence[dict]) -> tuple[str, dict[str, float]]:
+    """Done when the targets are frozen and every trainer rank holds them (the runner
+    also waits for every other policy rank's same forward). Returns the batch id all
+    ranks agree on, which their receipts must quote. The experience file is written
+    meanwhile, off this path: `train_critic` waits for it (S-OPS-3)."""
     batch_ids = {held["batch_id"] for held in installs}
     if len(batch_ids) != 1:  # S-FLOW-5
         raise RuntimeError(
             f"iteration {iteration}: trainer ranks hold different batches {sorted(batch_ids)}"
         )
-    show = samples_view.get()
-    if experience is not None and show is not None:
-        show(experience)
     return batch_ids.pop(), numeric_metrics(summary)
 
 
@@ -125,11 +120,16 @@ def train_policy(iteration: int, receipts: Sequence[TrainReceipt], batch_id: str
 
 
 def train_critic(
-    iteration: int, receipts: Sequence[TrainReceipt], batch_id: str, parks: Sequence[dict] = ()
+    iteration: int, receipts: Sequence[TrainReceipt], batch_id: str, parks: Sequence[dict] = (), experience: Any = None
 ) -> dict[str, float]:
     """During critic warmup the policy's only call is its park, so this, the
     iteration's last task, also waits for it: the next rollout must find the shared
-    GPU free (S-RUN-4)."""
+    GPU free (S-RUN-4). It also waits for the iteration's experience file, written by
+    the replay role while the trainers update, and shows a few of its samples where
+    `samples_view` says; the commit comes after it (S-OPS-3)."""
+    show = samples_view.get()
+    if experience is not None and show is not None:
+        show(experience)
     return {**_trained(iteration, receipts, batch_id), **park_metrics(parks)}
 
 
