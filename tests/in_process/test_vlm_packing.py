@@ -106,7 +106,7 @@ def test_reference_critic_and_policy_score_with_the_rollout_pixels(vlm_dir, tmp_
     trajectory, _ = ReferenceRole(config, first_rank(config, "reference")).score(trajectory)
     critic = CriticRole(config, first_rank(config, "critic"))
     trajectory, _ = critic.predict(trajectory)
-    trajectory = dataclasses.replace(trajectory, batch_id="vlm-batch", scores=torch.zeros(len(rows)))
+    trajectory = dataclasses.replace(trajectory, batch_id="vlm-batch", sequence_scores=torch.zeros(len(rows)))
     policy = PolicyRole(config, first_rank(config, "policy"))
     targets, metrics = policy.prepare_batch(trajectory)
     # The trainer's recomputation matches what the engine sampled with (measured
@@ -129,6 +129,7 @@ def test_reference_critic_and_policy_score_with_the_rollout_pixels(vlm_dir, tmp_
 
 
 def test_vlm_minibatches_train_policy_and_critic(vlm_dir, tmp_path):
+    from algorithm.ppo_math import last_action_scores
     from algorithm.update_plan import UpdatePlan
 
     rows = mixed_rows(tmp_path / "media")
@@ -138,7 +139,11 @@ def test_vlm_minibatches_train_policy_and_critic(vlm_dir, tmp_path):
     trajectory, _ = ReferenceRole(config, first_rank(config, "reference")).score(trajectory)
     critic = CriticRole(config, first_rank(config, "critic"))
     trajectory, _ = critic.predict(trajectory)
-    trajectory = dataclasses.replace(trajectory, batch_id="b", scores=torch.arange(len(rows)) % 2 * 1.0)
+    scores = torch.arange(len(rows)) % 2 * 1.0
+    trajectory = dataclasses.replace(
+        trajectory, batch_id="b", sequence_scores=scores,
+        token_scores=last_action_scores(scores, trajectory.action_mask),
+    )
     policy = PolicyRole(config, first_rank(config, "policy"))
     targets, _ = policy.prepare_batch(trajectory)
     critic.install_targets(targets)
