@@ -675,7 +675,30 @@ class RLConfig(Section):
     epochs: int = Field(2, ge=1, description="Passes over the batch per iteration (update plan).")
     minibatch_size: int = Field(16, ge=1, description="Samples per optimizer step (update plan).")
     micro_batch_size: int = Field(
-        16, ge=1, description="Samples per forward/backward; gradients accumulate up to a minibatch."
+        16,
+        ge=1,
+        description="Samples per forward/backward; gradients accumulate up to a minibatch, and the minibatch's "
+        "gradient does not depend on this cut (S-PATH-2). Ignored for cutting when rl.micro_batch_tokens is set.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Cut each minibatch into length-grouped micro-batches of at most this many real tokens (prompt "
+        "plus response of each row, shortest rows first), each trimmed to its own longest row; the minibatches "
+        "are unchanged. Must hold the longest response (rl.rollout.max_new_tokens, or rl.env.max_episode_tokens) "
+        "plus its prompt; a longer row is refused when the update meets it. null: rl.micro_batch_size samples "
+        "per micro-batch, untrimmed.",
+    )
+    loss_aggregation: Literal[
+        "token_mean", "sequence_mean_token_mean", "sequence_mean_token_sum", "sequence_mean_token_sum_norm"
+    ] = Field(
+        "token_mean",
+        description="How the per-token policy and value losses become a minibatch's loss, over all its micro-batches "
+        "and ranks: `token_mean` (every loss token of the minibatch weighs the same), `sequence_mean_token_mean` "
+        "(each sequence's token mean, averaged over sequences), `sequence_mean_token_sum` (each sequence's token "
+        "sum, averaged), `sequence_mean_token_sum_norm` (each sequence's token sum over a constant, the generation "
+        "budget rl.rollout.max_new_tokens or rl.env.max_episode_tokens, averaged: Dr. GRPO). Part of the update "
+        "plan's shape: a resume under another aggregation is refused (docs/reference/loss-aggregation.md).",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")

@@ -111,7 +111,7 @@ def ppo_iteration(
     (one step off); otherwise they are generated here, with the current weights."""
     rl = config.rl
     run.start_iteration()
-    plan = UpdatePlan(rl.epochs, rl.minibatch_size, rl.micro_batch_size, config.job.seed, iteration)
+    plan = UpdatePlan.from_config(rl, config.job.seed, iteration)
     policy_ranks, critic_ranks = roles.policy_ranks(), roles.critic_ranks()
 
     # Queue: generate, score, reference, values, targets, updates, weight sync, park.

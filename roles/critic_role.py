@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from algorithm.ppo_math import clipped_value_loss
+from algorithm.update_plan import MicroBatch
 from configs.schema import OptimizerConfig, PPOConfig
 from models.critic_source import require_critic_source
 from models.lora import add_adapters
@@ -57,15 +58,18 @@ class CriticRole(TrainerRole):
         mean = float(values.sum() / trajectory.action_mask.sum().clamp(min=1))
         return dataclasses.replace(trajectory, values=values), {"critic/value_mean": mean}
 
-    def _loss(self, targets: PPOTargets, index: torch.Tensor):
-        values = response_values(
-            self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length,
-            targets.extras, index,
+    def _loss(self, targets: PPOTargets, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped value loss per token (m, r') of one micro-batch; the runtime
+        aggregates it (S-PATH-2)."""
+        input_ids, attention_mask, prompt_length = micro.sequences(
+            targets.input_ids, targets.attention_mask, targets.prompt_length
         )
+        values = response_values(self.model, input_ids, attention_mask, prompt_length, targets.extras, micro.rows)
         output = clipped_value_loss(
-            values, targets.old_values[index], targets.returns[index], targets.response_mask[index], self.rl.value_clip
+            values, micro.response(targets.old_values), micro.response(targets.returns),
+            micro.response(targets.response_mask), self.rl.value_clip,
         )
-        return output.loss, {"loss": output.loss.detach(), "clip_fraction": output.clip_fraction}
+        return output.per_token, {"loss": output.loss.detach(), "clip_fraction": output.clip_fraction}
 
     def _train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return {

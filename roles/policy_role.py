@@ -25,6 +25,7 @@ from algorithm.ppo_math import (
     masked_mean,
     whiten,
 )
+from algorithm.update_plan import MicroBatch
 from checkpoint.role_files import saving
 from checkpoint.role_state import save_tokenizer
 from configs.schema import OptimizerConfig, PPOConfig
@@ -169,17 +170,22 @@ class PolicyRole(TrainerRole):
             "rollout/logprob_abs_diff": float(masked_mean((old_logprobs - trajectory.rollout_logprobs).abs(), mask)),
         }
 
-    def _loss(self, targets: PPOTargets, index: torch.Tensor):
+    def _loss(self, targets: PPOTargets, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped surrogate per token (m, r') of one micro-batch; the runtime
+        aggregates it (S-PATH-2). Diagnostics are token means over its rows."""
+        input_ids, attention_mask, prompt_length = micro.sequences(
+            targets.input_ids, targets.attention_mask, targets.prompt_length
+        )
         logprobs, entropy = response_logprobs(
-            self.model, targets.input_ids[index], targets.attention_mask[index], targets.prompt_length,
-            self.rl.rollout.temperature, targets.extras, index, with_entropy=True,
+            self.model, input_ids, attention_mask, prompt_length,
+            self.rl.rollout.temperature, targets.extras, micro.rows, with_entropy=True,
         )
         output = clipped_policy_loss(
-            logprobs, targets.old_logprobs[index], targets.advantages[index], targets.response_mask[index],
-            self.rl.clip_ratio, entropy,
-            None if targets.behaviour_weights is None else targets.behaviour_weights[index],
+            logprobs, micro.response(targets.old_logprobs), micro.response(targets.advantages),
+            micro.response(targets.response_mask), self.rl.clip_ratio, entropy,
+            None if targets.behaviour_weights is None else micro.response(targets.behaviour_weights),
         )
-        return output.loss, {
+        return output.per_token, {
             "loss": output.loss.detach(),
             "clip_fraction": output.clip_fraction,
             "approx_kl": output.approx_kl,
@@ -194,7 +200,10 @@ class PolicyRole(TrainerRole):
         self._unpark()
 
     def _train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        return {f"train/policy_{k}": v for k, v in metrics.items() if k != "lr"}
+        named = {f"train/policy_{k}": v for k, v in metrics.items() if k not in ("lr", "padding_fraction")}
+        # The critic's forwards run the very same micro-batches: the policy reports it once (S-PATH-3).
+        named["perf/padding_fraction"] = metrics["padding_fraction"]
+        return named
 
     def install_targets(self, targets: PPOTargets) -> dict[str, str]:
         """Ranks 1.. of a data-parallel policy (S-FLOW-5), refusing targets frozen under

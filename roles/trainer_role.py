@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from algorithm.update_plan import UpdatePlan
+from algorithm.update_plan import MicroBatch, UpdatePlan
 from checkpoint.role_files import saving, write_file
 from configs.schema import OptimizerConfig, PPOConfig
 from models.lora import ADAPTER_CONFIG_FILE, adapter_config_json, is_lora_model, trainable_parameters
@@ -47,7 +47,9 @@ class TrainerRole:
     def _learning_rate(self, optimizer: OptimizerConfig) -> float:
         raise NotImplementedError
 
-    def _loss(self, targets: PPOTargets, index: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, targets: PPOTargets, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The per-token loss (m, r') of one micro-batch and its diagnostics
+        (trainer/update_runtime.py `LossFn`)."""
         raise NotImplementedError
 
     def _train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from algorithm.update_plan import UpdatePlan
+from algorithm.loss_aggregation import loss_aggregation
+from algorithm.update_plan import SHAPE_NAMES, MicroBatch, PlanShape, UpdatePlan, held_shape
 from checkpoint.role_state import RoleSaveReport, load_trainable_role, save_model_only, save_trainable_role
 from configs.schema import OptimizerConfig
 from contracts.trajectory import PPOTargets
@@ -26,7 +27,9 @@ from trainer.data_parallel import SINGLE, DataParallel, join_group
 from trainer.pinned_park import PinnedHostCopies, move_state, optimizer_state_slots
 from trainer.sharding import clip_gradients, full_weights, is_sharded, local_part, set_gradient_sync, shard_model
 
-LossFn = Callable[[PPOTargets, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+LossFn = Callable[[PPOTargets, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""(targets, micro-batch) -> the per-token loss (m, r') over the micro-batch's response
+columns (`micro.response`), and diagnostics. The runtime reduces it (S-PATH-2)."""
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -122,7 +125,7 @@ class UpdateRuntime:
         self._build_optimizer()
         self.max_grad_norm = optimizer_config.max_grad_norm
         self.optimizer_step = 0
-        self.plan_shape: tuple[int, int, int] | None = None
+        self.plan_shape: PlanShape | None = None
         self.data_parallel: DataParallel = SINGLE
         self.last_grad_sync_seconds: float | None = None
         # Host <-> GPU moves (the colocated park) go through reused pinned buffers;
@@ -151,38 +154,52 @@ class UpdateRuntime:
             self._host_copies = PinnedHostCopies()  # the full-size buffers of a park before sharding
 
     def run_plan(self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn) -> dict[str, float]:
-        if self.plan_shape is not None and tuple(self.plan_shape) != plan.shape:
+        """Every optimizer step of `plan` over `targets`. Each minibatch's loss is
+        `rl.loss_aggregation` of its per-token losses: the normaliser is taken from the
+        whole minibatch before the first backward, and each micro-batch adds its share,
+        so the gradient does not depend on micro-batches, ranks or token-budget
+        cutting (S-PATH-2). Diagnostics are means over micro-batches, as before."""
+        if self.plan_shape is not None and self.plan_shape != plan.shape:
             raise ValueError(
-                f"{self.role}: update plan shape {plan.shape} (epochs, minibatch, micro-batch) differs from "
-                f"{tuple(self.plan_shape)} this role was trained and checkpointed with"
+                f"{self.role}: update plan {plan.shape} {SHAPE_NAMES} differs from "
+                f"{self.plan_shape} this role was trained and checkpointed with"
             )
         dp = self.data_parallel
+        aggregation = loss_aggregation(plan.loss_aggregation)
         # Cut first: a batch the plan cannot cut is refused before the role records
         # anything, so a failed update leaves it as it was (S-FLOW-6).
-        schedule = plan.minibatches(targets.num_samples, dp.rank, dp.world)
+        schedule = plan.steps(
+            targets.num_samples, dp.rank, dp.world, targets.attention_mask, targets.prompt_length,
+            keep_prompt=bool(getattr(targets, "extras", None)),
+        )
         self.plan_shape = plan.shape
-        targets = targets_on(targets, self.device)
+        host_targets, targets = targets, targets_on(targets, self.device)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
+        slots = {"padding": 0, "all": 0}
         sharded = is_sharded(self.model)
         sync_seconds = 0.0
         for minibatch in schedule:
             self.optimizer.zero_grad(set_to_none=True)
-            micro_batches = list(minibatch)
-            for position, micro in enumerate(micro_batches):
-                last = position == len(micro_batches) - 1
+            normaliser = aggregation.normaliser(targets.response_mask[minibatch.rows], plan.generation_budget)
+            for position, micro in enumerate(minibatch.micro_batches):
+                last = position == len(minibatch.micro_batches) - 1
                 set_gradient_sync(self.model, last)  # one reduce-scatter per optimizer step
-                loss, diagnostics = loss_fn(targets, micro)
-                # Weighted by the whole minibatch (all ranks' shards), so the sum over
-                # ranks FSDP2 reduces is the one-rank gradient.
+                per_token, diagnostics = loss_fn(targets, micro)
+                share = aggregation.share(per_token, micro.response(targets.response_mask), normaliser)
                 backward_started = time.perf_counter()
-                (loss * (len(micro) / plan.minibatch_size)).backward()
+                share.backward()
                 if sharded and last:
                     sync_seconds += time.perf_counter() - backward_started
                 for name, value in diagnostics.items():
                     sums[name] += float(value)
                     counts[name] += 1
+                _, attention, _ = micro.sequences(
+                    host_targets.input_ids, host_targets.attention_mask, host_targets.prompt_length
+                )
+                slots["all"] += attention.numel()
+                slots["padding"] += attention.numel() - int(attention.sum())
             if sharded:
                 grad_norm = clip_gradients(list(self.model.parameters()), self.max_grad_norm)
             else:
@@ -192,9 +209,13 @@ class UpdateRuntime:
             self.optimizer_step += 1
             sums["grad_norm"] += float(grad_norm)
             counts["grad_norm"] += 1
+        sums["padding_slots"], sums["slots"] = float(slots["padding"]), float(slots["all"])
         if dp.active:
             dp.all_reduce_sums(sums, counts, self.device)
+        # Over every rank's micro-batches: the padded share of the slots the forwards processed.
+        padding_fraction = sums.pop("padding_slots") / max(sums.pop("slots"), 1.0)
         metrics = {name: sums[name] / counts[name] for name in sums}
+        metrics["padding_fraction"] = padding_fraction
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         # Seconds this rank spent in the backward passes that reduce-scatter the
         # gradients (waiting for the slowest rank included), for the perf/ metrics.
@@ -271,5 +292,5 @@ class UpdateRuntime:
         load = load_sharded_role if is_sharded_layout(directory) else load_trainable_role
         state = load(directory, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.optimizer_step = int(state["optimizer_step"])
-        self.plan_shape = tuple(state["plan_shape"]) if state.get("plan_shape") else None
+        self.plan_shape = held_shape(state["plan_shape"]) if state.get("plan_shape") else None
         return state
