@@ -19,6 +19,7 @@ import torch
 from configs.schema import RewardModelConfig
 from contracts.faults import RepeatsOnRerun
 from data.packing import as_conversation
+from models.cut_forward import cut_lengths_by_tokens
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,11 +76,15 @@ class RewardModelScorer:
     """Renders, tokenizes and scores in batches of `batch_size`; refuses a text longer
     than `max_length` tokens, naming its row, instead of truncating it."""
 
-    def __init__(self, path: str, dtype: str, batch_size: int, max_length: int, *, load_model: bool = True):
+    def __init__(
+        self, path: str, dtype: str, batch_size: int, max_length: int, *, load_model: bool = True,
+        micro_batch_tokens: int | None = None,
+    ):
         from transformers import AutoTokenizer
 
         self.path = path
         self.batch_size = batch_size
+        self.micro_batch_tokens = micro_batch_tokens  # S-PATH-3: length-grouped forwards instead
         self.max_length = max_length
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "right"  # positions count from the first token, as in training
@@ -122,13 +127,15 @@ class RewardModelScorer:
 
     @torch.no_grad()
     def score_ids(self, encoded: Sequence[list[int]]) -> torch.Tensor:
-        """Raw scores (b,) float32 on the host, `batch_size` texts per forward."""
+        """Raw scores (b,) float32 on the host: `batch_size` texts per forward, or texts of
+        similar length up to `micro_batch_tokens` per forward; each forward is as wide
+        as its longest text."""
         assert self.model is not None
         device = next(self.model.parameters()).device
-        scores = []
+        scores = torch.zeros(len(encoded))
         pad = self.tokenizer.pad_token_id
-        for start in range(0, len(encoded), self.batch_size):
-            chunk = encoded[start:start + self.batch_size]
+        for positions in cut_lengths_by_tokens([len(ids) for ids in encoded], self.micro_batch_tokens, self.batch_size):
+            chunk = [encoded[position] for position in positions]
             width = max(len(ids) for ids in chunk)
             input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -136,5 +143,5 @@ class RewardModelScorer:
                 input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
                 attention_mask[row, :len(ids)] = 1
             logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
-            scores.append(logits[:, 0].float().cpu())
-        return torch.cat(scores) if scores else torch.zeros(0)
+            scores[positions] = logits[:, 0].float().cpu()
+        return scores

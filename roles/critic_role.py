@@ -15,6 +15,7 @@ from algorithm.update_plan import MicroBatch
 from configs.schema import OptimizerConfig, PPOConfig
 from models.critic_source import require_critic_source
 from models.lora import add_adapters
+from models.cut_forward import forward_by_tokens
 from models.model_io import ensure_model, load_value_model, response_values
 from models.reward_model import ensure_reward_model
 from roles.trainer_role import TrainerRole
@@ -52,9 +53,13 @@ class CriticRole(TrainerRole):
     def predict(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         self.model.eval()
         input_ids, attention_mask = trajectory.sequences()
-        values = response_values(
-            self.model, input_ids, attention_mask, trajectory.prompt_length, trajectory.extras
-        ).cpu() * trajectory.action_mask  # no value on observation tokens (S-ENV-2)
+        values = forward_by_tokens(
+            lambda ids, mask, prompt_length, rows: response_values(
+                self.model, ids, mask, prompt_length, trajectory.extras, rows
+            ),
+            input_ids, attention_mask, trajectory.prompt_length, self.rl.micro_batch_tokens,
+            keep_prompt=bool(trajectory.extras),
+        ) * trajectory.action_mask  # no value on observation tokens (S-ENV-2)
         mean = float(values.sum() / trajectory.action_mask.sum().clamp(min=1))
         return dataclasses.replace(trajectory, values=values), {"critic/value_mean": mean}
 

@@ -29,6 +29,7 @@ from algorithm.update_plan import MicroBatch
 from checkpoint.role_files import saving
 from checkpoint.role_state import save_tokenizer
 from configs.schema import OptimizerConfig, PPOConfig
+from models.cut_forward import forward_by_tokens
 from models.lora import add_adapters
 from models.model_io import (
     ensure_model,
@@ -123,10 +124,13 @@ class PolicyRole(TrainerRole):
             # Recomputed rather than taken from the engine: vLLM's numerics differ from
             # the trainer's, and the ratio must start at exactly 1. The targets are
             # frozen on the host: the critic receives the same object (S-FLOW-3).
-            old_logprobs = response_logprobs(
-                self.model, input_ids, attention_mask, trajectory.prompt_length, self.rl.rollout.temperature,
-                trajectory.extras,
-            ).cpu() * mask
+            old_logprobs = forward_by_tokens(
+                lambda ids, attention, prompt_length, rows: response_logprobs(
+                    self.model, ids, attention, prompt_length, self.rl.rollout.temperature, trajectory.extras, rows
+                ),
+                input_ids, attention_mask, trajectory.prompt_length, self.rl.micro_batch_tokens,
+                keep_prompt=bool(trajectory.extras),
+            ) * mask
         old_values = trajectory.values * mask
         # One reward and one GAE for every rollout (S-PATH-1): a single-turn row is a one-turn episode.
         rewards, kl = kl_penalised_rewards(

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from configs.schema import PPOConfig
+from models.cut_forward import forward_by_tokens
 from models.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
 from placement.mesh import role_mesh
 from placement.plan import plan_placement
@@ -65,9 +66,13 @@ class ReferenceRole:
     @torch.no_grad()
     def score(self, trajectory: Trajectory) -> tuple[Trajectory, dict[str, float]]:
         input_ids, attention_mask = trajectory.sequences()
-        ref_logprobs = response_logprobs(
-            self.model, input_ids, attention_mask, trajectory.prompt_length, self.temperature, trajectory.extras
-        ).cpu() * trajectory.response_mask  # on the host: the trajectory goes back to the object store
+        ref_logprobs = forward_by_tokens(
+            lambda ids, mask, prompt_length, rows: response_logprobs(
+                self.model, ids, mask, prompt_length, self.temperature, trajectory.extras, rows
+            ),
+            input_ids, attention_mask, trajectory.prompt_length, self.config.rl.micro_batch_tokens,
+            keep_prompt=bool(trajectory.extras),
+        ) * trajectory.response_mask  # on the host: the trajectory goes back to the object store
         if is_sharded(self.model):
             # FSDP2 leaves the root's own weights (embeddings, final norm) gathered after
             # a forward, expecting a backward; a frozen model never has one.

@@ -29,7 +29,7 @@ class RewardModelTerm:
         folder = ensure_reward_model(settings)
         self.scorer = (
             RewardModelScorer(folder, settings.dtype, settings.batch_size, settings.max_length,
-                              load_model=settings.url is None)
+                              load_model=settings.url is None, micro_batch_tokens=config.rl.micro_batch_tokens)
             if folder is not None else None
         )
         if self.scorer is not None and self.scorer.model is not None and device != "cpu":
