@@ -65,6 +65,9 @@ CONFIG = PPOConfig(
         epochs=2,
         minibatch_size=32,
         micro_batch_size=32,
+        # Most episodes end after one turn, a few run three: cut by tokens, each micro-batch
+        # is as wide as its own longest episode, not the batch's (docs/performance.md, "Padding").
+        micro_batch_tokens=1024,
         kl_coef=0.01,
         save_every=10,
         data=DataConfig(
