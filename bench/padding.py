@@ -3,8 +3,8 @@
 
 For each profile, two runs of the same iterations in this process (`flows.in_process`:
 the role bodies, no Prefect or Ray), stepped in turn so a swing in the machine's load
-hits both alike: the profile as it is (`before`: `rl.micro_batch_tokens` as the profile
-sets it, today null for most) and with a token budget (`after`). It prints, per run, the
+hits both alike: with count-based micro-batches (`before`: `rl.micro_batch_tokens=null`,
+the default and what every profile ran before) and with a token budget (`after`). It prints, per run, the
 median over iterations 2.. of `perf/padding_fraction` (the padded share of the token
 slots the trainers' forwards processed), of the train stage and of the whole
 iteration, the after/before ratios, and the load average beside each timing.
@@ -51,15 +51,15 @@ def _load() -> float:
 
 
 def measure(profile: str, iterations: int, budget: int | None, overrides: list[str]) -> tuple[Figures, Figures]:
-    """The profile as it is and with `budget` (None: the profile's own setting for
-    `before`, and `after` sets nothing either), stepped alternately."""
+    """The profile with count-based micro-batches (`before`, today's default) and with
+    `budget`, stepped alternately."""
     from configs.loading import load_config
     from flows.in_process import run_in_process
     from flows.in_process_roles import build_roles
 
     root = tempfile.mkdtemp(prefix="padding-")
     common = [f"rl.max_steps={iterations}", "rl.save_every=0", f"job.output_root={root}", *overrides]
-    before = load_config(profile, [*common, "job.name=before"])
+    before = load_config(profile, [*common, "job.name=before", "rl.micro_batch_tokens=null"])
     after = load_config(profile, [*common, "job.name=after", f"rl.micro_batch_tokens={budget}"])
     runs = [(before, build_roles(before), Figures([], [], [], [])), (after, build_roles(after), Figures([], [], [], []))]
     versions = [0, 0]
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=1024, help="rl.micro_batch_tokens of the `after` runs")
     args = parser.parse_args(own)
-    print(f"rl.micro_batch_tokens={args.tokens} against each profile as shipped; medians over iterations "
+    print(f"rl.micro_batch_tokens={args.tokens} against null (count-based micro-batches); medians over iterations "
           f"2..{args.iterations}, in process; load average (1 min) at the start: {_load():.2f}", flush=True)
     for profile in args.profiles:
         before, after = measure(profile, args.iterations, args.tokens, overrides)
