@@ -61,7 +61,7 @@ def measure(profile: str, iterations: int, budget: int | None, overrides: list[s
     common = [f"rl.max_steps={iterations}", "rl.save_every=0", f"job.output_root={root}", *overrides]
     before = load_config(profile, [*common, "job.name=before", "rl.micro_batch_tokens=null"])
     after = load_config(profile, [*common, "job.name=after", f"rl.micro_batch_tokens={budget}"])
-    runs = [(before, build_roles(before), Figures([], [], [], [])), (after, build_roles(after), Figures([], [], [], []))]
+    runs = [(config, build_roles(config), Figures([], [], [], [])) for config in (before, after)]
     versions = [0, 0]
     for iteration in range(1, iterations + 1):
         for index, (config, roles, figures) in enumerate(runs):

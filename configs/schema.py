@@ -212,6 +212,13 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype for all roles."
     )
+    attention: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] | None = Field(
+        None,
+        description="transformers' attention implementation for the policy, critic and reference (null: "
+        "transformers' default, SDPA). With a flash-attention kernel (GPU, the flash-attn package) and "
+        "rl.micro_batch_tokens, each micro-batch runs as one packed row without padding "
+        "(docs/performance.md, \"Padding\").",
+    )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,
         description="LoRA adapters on the policy and the critic (rank 0, the default: full fine-tuning).",

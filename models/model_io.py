@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from transformers.modeling_outputs import TokenClassifierOutput
 from algorithm.ppo_math import token_entropy
 from data.packing import MULTIMODAL_EXTRA, MultimodalInputs, load_chat_tokenizer
+from models.packed_rows import pack_rows
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -106,6 +107,13 @@ class BackboneValueModel(torch.nn.Module):
         return TokenClassifierOutput(logits=self.score(hidden))
 
 
+def use_attention(model: torch.nn.Module, attention: str | None) -> torch.nn.Module:
+    """`model.attention` (configs/schema.py) on a loaded model; None keeps transformers' choice."""
+    if attention is not None:
+        model.set_attn_implementation(attention)
+    return model
+
+
 def load_value_model(path: str, dtype: str, seed: int) -> torch.nn.Module:
     """The critic: the policy's backbone with a scalar head per token.
 
@@ -183,6 +191,7 @@ def response_logprobs(
     rows: Sequence[int] | torch.Tensor | None = None,
     *,
     with_entropy: bool = False,
+    pack: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (b, r) of the response tokens under `model` at `temperature`.
 
@@ -196,15 +205,17 @@ def response_logprobs(
         with_entropy: also return the per-token entropy (b, r, no grad) of the same
             distribution, so the loss's diagnostics cost no second forward and never
             reach the gradient.
+        pack: run the b rows as one packed row (`takes_packed_rows`). Either way the
+            padding columns hold numbers that mean nothing: callers mask them.
 
     Returns log-probs (and the entropy) on the model's device: callers that hand them
     to another role bring them to the host.
     """
     input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
-    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
+    logits = _response_outputs(model, input_ids, attention_mask, prompt_length, extras, rows, pack)
     multimodal = _multimodal(extras)
     excluded = () if multimodal is None else multimodal.never_generate
-    log_probs = log_distribution(logits[:, prompt_length - 1 : -1], temperature, excluded)  # (b, r, V)
+    log_probs = log_distribution(logits, temperature, excluded)  # (b, r, V)
     logprobs = _sampled(log_probs, input_ids[:, prompt_length:])
     if not with_entropy:
         return logprobs
@@ -245,10 +256,31 @@ def response_values(
     prompt_length: int,
     extras: Mapping[str, Any] | None = None,
     rows: Sequence[int] | torch.Tensor | None = None,
+    *,
+    pack: bool = False,
 ) -> torch.Tensor:
     """Critic values (b, r): V of the state *before* each response token, read at the
     position that predicts it (the same alignment as the log-probs). `extras` and
     `rows` as for `response_logprobs`; on the model's device like them."""
     input_ids, attention_mask = _on_model_device(model, input_ids, attention_mask)
-    logits = _model_output(model, input_ids, attention_mask, extras, rows).logits
-    return logits[:, prompt_length - 1 : -1, 0].float()
+    return _response_outputs(model, input_ids, attention_mask, prompt_length, extras, rows, pack)[..., 0].float()
+
+
+def _response_outputs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    extras: Mapping[str, Any] | None,
+    rows: Sequence[int] | torch.Tensor | None,
+    pack: bool,
+) -> torch.Tensor:
+    """The model's outputs (b, r, ·) at the positions that predict each response column.
+    `pack`: run the rows as one packed row, no padding (models/packed_rows.py, S-PATH-3);
+    multimodal rows are never packed (their m-RoPE positions are laid out per row)."""
+    if pack and _multimodal(extras) is None:
+        packed = pack_rows(input_ids, attention_mask, prompt_length)
+        # use_cache=False: with a cache transformers reads no sequence boundaries from the positions.
+        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        return packed.response(output.logits)
+    return _model_output(model, input_ids, attention_mask, extras, rows).logits[:, prompt_length - 1 : -1]

@@ -16,7 +16,7 @@ from configs.schema import OptimizerConfig, PPOConfig
 from models.critic_source import require_critic_source
 from models.lora import add_adapters
 from models.cut_forward import forward_by_tokens
-from models.model_io import ensure_model, load_value_model, response_values
+from models.model_io import ensure_model, load_value_model, response_values, use_attention
 from models.reward_model import ensure_reward_model
 from roles.trainer_role import TrainerRole
 from contracts.trajectory import PPOTargets, Trajectory
@@ -40,7 +40,9 @@ class CriticRole(TrainerRole):
     role = "critic"
 
     def _load_model(self, config: PPOConfig) -> torch.nn.Module:
-        model = load_value_model(critic_start(config), config.model.dtype, seed=config.job.seed)
+        model = use_attention(
+            load_value_model(critic_start(config), config.model.dtype, seed=config.job.seed), config.model.attention
+        )
         if not config.model.lora.enabled:
             return model
         # The value head is new: it trains whole beside the adapters (S-LORA-1).
@@ -55,7 +57,7 @@ class CriticRole(TrainerRole):
         input_ids, attention_mask = trajectory.sequences()
         values = forward_by_tokens(
             lambda ids, mask, prompt_length, rows: response_values(
-                self.model, ids, mask, prompt_length, trajectory.extras, rows
+                self.model, ids, mask, prompt_length, trajectory.extras, rows, pack=self.packs_rows
             ),
             input_ids, attention_mask, trajectory.prompt_length, self.rl.micro_batch_tokens,
             keep_prompt=bool(trajectory.extras),

@@ -38,6 +38,7 @@ from models.model_io import (
     load_image_processor,
     load_tokenizer,
     response_logprobs,
+    use_attention,
 )
 from placement.role_placement import RolePlacement
 from roles.trainer_role import TrainerRole
@@ -67,7 +68,7 @@ class PolicyRole(TrainerRole):
         self.tokenizer = load_tokenizer(model_path)
         # A VLM's boundary also carries its image processor, so it exports complete.
         self.image_processor = load_image_processor(model_path) if is_vision_language(model_path) else None
-        model = load_causal_lm(model_path, config.model.dtype)
+        model = use_attention(load_causal_lm(model_path, config.model.dtype), config.model.attention)
         if not config.model.lora.enabled:
             return model
         return add_adapters(model, config.model.lora, seed=config.job.seed, task_type="CAUSAL_LM")  # S-LORA-1
@@ -126,7 +127,8 @@ class PolicyRole(TrainerRole):
             # frozen on the host: the critic receives the same object (S-FLOW-3).
             old_logprobs = forward_by_tokens(
                 lambda ids, attention, prompt_length, rows: response_logprobs(
-                    self.model, ids, attention, prompt_length, self.rl.rollout.temperature, trajectory.extras, rows
+                    self.model, ids, attention, prompt_length, self.rl.rollout.temperature, trajectory.extras, rows,
+                    pack=self.packs_rows,
                 ),
                 input_ids, attention_mask, trajectory.prompt_length, self.rl.micro_batch_tokens,
                 keep_prompt=bool(trajectory.extras),

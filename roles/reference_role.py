@@ -17,7 +17,8 @@ import torch
 
 from configs.schema import PPOConfig
 from models.cut_forward import forward_by_tokens
-from models.model_io import ensure_model, load_causal_lm, model_device, response_logprobs
+from models.packed_rows import takes_packed_rows
+from models.model_io import ensure_model, load_causal_lm, model_device, response_logprobs, use_attention
 from placement.mesh import role_mesh
 from placement.plan import plan_placement
 from placement.role_placement import RolePlacement
@@ -34,12 +35,16 @@ class ReferenceRole:
         self.temperature = config.rl.rollout.temperature
         self.rank = placement.rank
         self.device = placement.on_visible_device().device
-        self.model = load_causal_lm(ensure_model(config.model), config.model.dtype).eval()
+        model = load_causal_lm(ensure_model(config.model), config.model.dtype)
+        self.model = use_attention(model, config.model.attention)
+        self.model.eval()
         if self.device != "cpu":
             self.model.to(self.device)
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
         self.data_parallel: DataParallel = SINGLE
+        # S-PATH-3: packed rows where the attention kernel takes them (models/packed_rows.py).
+        self.packs_rows = config.rl.micro_batch_tokens is not None and takes_packed_rows(self.model)
 
     def ready(self) -> dict[str, Any]:
         return {
@@ -68,7 +73,7 @@ class ReferenceRole:
         input_ids, attention_mask = trajectory.sequences()
         ref_logprobs = forward_by_tokens(
             lambda ids, mask, prompt_length, rows: response_logprobs(
-                self.model, ids, mask, prompt_length, self.temperature, trajectory.extras, rows
+                self.model, ids, mask, prompt_length, self.temperature, trajectory.extras, rows, pack=self.packs_rows
             ),
             input_ids, attention_mask, trajectory.prompt_length, self.config.rl.micro_batch_tokens,
             keep_prompt=bool(trajectory.extras),

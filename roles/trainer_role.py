@@ -15,6 +15,7 @@ import torch
 from algorithm.update_plan import MicroBatch, UpdatePlan
 from checkpoint.role_files import saving, write_file
 from configs.schema import OptimizerConfig, PPOConfig
+from models.packed_rows import takes_packed_rows
 from models.lora import ADAPTER_CONFIG_FILE, adapter_config_json, is_lora_model, trainable_parameters
 from placement.mesh import role_mesh
 from placement.plan import plan_placement
@@ -40,6 +41,9 @@ class TrainerRole:
             self.role, model, config.rl.optimizer, self._learning_rate(config.rl.optimizer), self.placement.device
         )
         self.targets: PPOTargets | None = None
+        # S-PATH-3: token-budget micro-batches run packed, without padding, where the
+        # attention kernel takes packed rows (flash-attention's varlen on a GPU).
+        self.packs_rows = config.rl.micro_batch_tokens is not None and takes_packed_rows(model)
 
     def _load_model(self, config: PPOConfig) -> torch.nn.Module:
         raise NotImplementedError
