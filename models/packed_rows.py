@@ -21,11 +21,11 @@ import torch
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
-def takes_packed_rows(model: torch.nn.Module) -> bool:
-    """Whether `model`'s attention kernel computes packed rows without the cost of a
-    dense mask over all of them (flash-attention's varlen kernels)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) in VARLEN_ATTENTION
+def takes_packed_rows(attention: str | None) -> bool:
+    """Whether the attention implementation a model was given (`model.attention`)
+    computes packed rows without the cost of a dense mask over all of them:
+    flash-attention's varlen kernels. None (transformers' default, SDPA) does not."""
+    return attention in VARLEN_ATTENTION
 
 
 @dataclass(frozen=True)

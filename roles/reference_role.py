@@ -44,7 +44,7 @@ class ReferenceRole:
             parameter.requires_grad_(False)
         self.data_parallel: DataParallel = SINGLE
         # S-PATH-3: packed rows where the attention kernel takes them (models/packed_rows.py).
-        self.packs_rows = config.rl.micro_batch_tokens is not None and takes_packed_rows(self.model)
+        self.packs_rows = config.rl.micro_batch_tokens is not None and takes_packed_rows(config.model.attention)
 
     def ready(self) -> dict[str, Any]:
         return {

@@ -43,7 +43,7 @@ class TrainerRole:
         self.targets: PPOTargets | None = None
         # S-PATH-3: token-budget micro-batches run packed, without padding, where the
         # attention kernel takes packed rows (flash-attention's varlen on a GPU).
-        self.packs_rows = config.rl.micro_batch_tokens is not None and takes_packed_rows(model)
+        self.packs_rows = config.rl.micro_batch_tokens is not None and takes_packed_rows(config.model.attention)
 
     def _load_model(self, config: PPOConfig) -> torch.nn.Module:
         raise NotImplementedError

@@ -45,7 +45,7 @@ def test_packed_rows_score_as_padded_rows(tiny_model_dir, attention):
     policy.set_attn_implementation(attention)
     critic = load_value_model(tiny_model_dir, "float32", seed=0)
     critic.set_attn_implementation(attention)
-    assert not takes_packed_rows(policy)  # neither kernel is flash-attention's varlen one
+    assert not takes_packed_rows(attention) and takes_packed_rows("flash_attention_2")
     with torch.no_grad():
         padded = response_logprobs(policy, input_ids, attention_mask, p) * response_mask
         packed = response_logprobs(policy, input_ids, attention_mask, p, pack=True) * response_mask
