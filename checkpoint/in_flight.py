@@ -18,13 +18,14 @@ import torch
 
 from checkpoint.role_files import RoleCheckpointError, read_bytes, torch_load, write_file
 from contracts.scored_batch import ScoredBatch
-from contracts.trajectory import PromptBatch, Trajectory
+from algorithm.ppo_math import last_action_scores
+from contracts.trajectory import PromptBatch, Trajectory, Transcript
 from data.packing import MultimodalInputs
 
 IN_FLIGHT_DIR = "in_flight"  # inside the boundary
 BATCH_FILE = "batch.pt"
 SUMMARY_FILE = "summaries.json"
-_CLASSES = {cls.__name__: cls for cls in (Trajectory, PromptBatch, MultimodalInputs)}
+_CLASSES = {cls.__name__: cls for cls in (Trajectory, PromptBatch, MultimodalInputs, Transcript)}
 _TAG = "__dataclass__"
 
 
@@ -45,11 +46,37 @@ def _rebuilt(value: Any) -> Any:
     if isinstance(value, dict):
         fields = {key: _rebuilt(item) for key, item in value.items() if key != _TAG}
         if _TAG in value:
+            if value[_TAG] == Trajectory.__name__ and "scores" in fields:
+                fields = _one_path_fields(fields)
             return _CLASSES[value[_TAG]](**fields)
         return fields
     if isinstance(value, (list, tuple)):
         return type(value)(_rebuilt(item) for item in value)
     return value
+
+
+def _one_path_fields(old: dict[str, Any]) -> dict[str, Any]:
+    """A trajectory saved before every rollout became an episode (S-PATH-1): a terminal
+    score (b,) and a shaping term, or an episode's turn rewards and transcript dicts,
+    become the per-token scores and action mask the trainers read today, exactly as the
+    reward role would have laid them out."""
+    fields = dict(old)
+    scores, process = fields.pop("scores"), fields.pop("process_rewards", None)
+    turn_rewards, episodes = fields.pop("turn_rewards", None), fields.pop("episodes", None)
+    action_mask = fields.pop("action_mask", None)
+    if action_mask is None:
+        action_mask = fields["response_mask"]
+    if turn_rewards is not None:
+        token_scores = turn_rewards
+    else:
+        token_scores = last_action_scores(scores, action_mask)
+        if process is not None:
+            token_scores = token_scores + process
+    fields.update(
+        action_mask=action_mask, token_scores=token_scores, sequence_scores=scores,
+        transcripts=tuple(Transcript(**episode) for episode in episodes or ()),
+    )
+    return fields
 
 
 def save_in_flight(directory: str, batch: ScoredBatch[Any]) -> dict[str, Any]:
