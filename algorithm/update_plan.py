@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from algorithm.token_budget import RowTooLong, cut_by_tokens, trimmed_columns
+from algorithm.token_budget import RowTooLong, cut_by_tokens, split_to, trimmed_columns
 
 PlanShape = tuple[Any, ...]  # (epochs, minibatch size, micro-batch size, loss aggregation)
 
@@ -135,10 +135,16 @@ class UpdatePlan:
                 f"{int(lengths[longest])} tokens (prompt and response); raise rl.micro_batch_tokens to at least that"
             )
         cut = []
+        size = self.minibatch_size // ranks
         for step in schedule:
-            shard = torch.cat([micro.rows for micro in step.micro_batches])
+            shards = [step.rows[other * size : (other + 1) * size] for other in range(ranks)]
+            budget = self.micro_batch_tokens
+            groups = [cut_by_tokens([lengths[row] for row in each.tolist()], budget) for each in shards]
+            # Every rank runs as many micro-batches as the rank that needs the most (a
+            # sharded forward is a collective); each rank computes them all, no message.
+            shard, mine = shards[rank], split_to(groups[rank], max(len(each) for each in groups))
             micro_batches = []
-            for positions in cut_by_tokens([lengths[row] for row in shard.tolist()], self.micro_batch_tokens):
+            for positions in mine:
                 rows = shard[positions]
                 first, response_length = trimmed_columns(attention_mask[rows], prompt_length, keep_prompt)
                 micro_batches.append(MicroBatch(rows, first, response_length))
@@ -160,7 +166,8 @@ class UpdatePlan:
             for start in range(0, num_samples, self.minibatch_size):
                 whole = order[start : start + self.minibatch_size]
                 mine = whole[rank * shard : (rank + 1) * shard]
-                schedule.append(Minibatch(whole, [MicroBatch(rows) for rows in torch.split(mine, self.micro_batch_size)]))
+                micro_batches = [MicroBatch(rows) for rows in torch.split(mine, self.micro_batch_size)]
+                schedule.append(Minibatch(whole, micro_batches))
         return schedule
 
     def _epoch_seed(self, epoch: int) -> int:
