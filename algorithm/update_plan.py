@@ -86,7 +86,7 @@ class UpdatePlan:
         return cls(
             rl.epochs, rl.minibatch_size, rl.micro_batch_size, seed, outer_iteration,
             micro_batch_tokens=rl.micro_batch_tokens, loss_aggregation=rl.loss_aggregation,
-            generation_budget=generation_budget(rl),
+            generation_budget=rl.generation_budget,
         )
 
     @property
@@ -180,9 +180,3 @@ def held_shape(saved: Sequence[Any]) -> PlanShape:
     saved = tuple(saved)
     return saved + (LEGACY_AGGREGATION,) if len(saved) == 3 else saved
 
-
-def generation_budget(rl: Any) -> int:
-    """The constant of `sequence_mean_token_sum_norm` (Dr. GRPO): the most tokens one
-    sample can generate, as configured, so it depends on neither padding nor cutting:
-    `rl.env.max_episode_tokens` with an environment, else `rl.rollout.max_new_tokens`."""
-    return rl.env.max_episode_tokens if rl.env is not None else rl.rollout.max_new_tokens
