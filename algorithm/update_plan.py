@@ -23,9 +23,10 @@ PlanShape = tuple[Any, ...]  # (epochs, minibatch size, micro-batch size, loss a
 SHAPE_NAMES = "(epochs, minibatch, micro-batch, loss aggregation)"
 
 LEGACY_AGGREGATION = "token_mean"
-"""What a 3-element shape (a boundary written before `rl.loss_aggregation`) trained
-with: every profile then had one micro-batch per minibatch, where the old loss was
-the token mean of the whole minibatch."""
+"""How a 3-element shape (a boundary written before `rl.loss_aggregation`) reads. With
+one micro-batch per minibatch (every CPU profile) the old loss was exactly this; with
+several (the public GPU profile) it averaged the micro-batches' token means, of which
+this is the cut-independent form."""
 
 
 @dataclass(frozen=True)
