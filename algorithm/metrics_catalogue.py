@@ -142,7 +142,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("train/explained_variance", "1 − Var(R − V)/Var(R) of the critic's predictions: 1 is perfect, "
            "≤ 0 no better than a constant", "ratio", EVERY_ITERATION, "roles/policy_role.py"),
     # the policy's update
-    Metric("train/policy_loss", "PPO-clip surrogate loss, mean over micro-batches", "loss", ACTOR_UPDATES,
+    Metric("train/policy_loss", "PPO-clip surrogate loss, the token mean of each micro-batch averaged over "
+           "micro-batches (a diagnostic: the gradient's loss is rl.loss_aggregation over the whole minibatch; the "
+           "two agree with token_mean and one micro-batch per minibatch)", "loss", ACTOR_UPDATES,
            "roles/policy_role.py"),
     Metric("train/policy_clip_fraction", "fraction of response tokens where the ratio was clipped",
            "fraction in [0, 1]", ACTOR_UPDATES, "roles/policy_role.py"),
@@ -163,8 +165,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("perf/policy_grad_sync_seconds", "rank 0's time in the policy's backward passes that reduce-scatter "
            "gradients over the FSDP2 ranks (the last micro-batch of each minibatch, compute included)", "seconds",
            (DATA_PARALLEL, ACTOR_UPDATES), "roles/policy_role.py"),
+    Metric("perf/padding_fraction", "padding slots over all token slots of the policy's training forwards "
+           "(every micro-batch of every rank): what rl.micro_batch_tokens' length grouping and trimming save "
+           "(S-PATH-3); the critic runs the same micro-batches", "fraction in [0, 1]", ACTOR_UPDATES,
+           "trainer/update_runtime.py"),
     # the critic's update
-    Metric("train/value_loss", "clipped value loss, mean over micro-batches", "loss", EVERY_ITERATION,
+    Metric("train/value_loss", "clipped value loss, the token mean of each micro-batch averaged over "
+           "micro-batches (a diagnostic, like train/policy_loss)", "loss", EVERY_ITERATION,
            "roles/critic_role.py"),
     Metric("train/value_clip_fraction", "fraction of response tokens where the clipped value error was larger",
            "fraction in [0, 1]", EVERY_ITERATION, "roles/critic_role.py"),

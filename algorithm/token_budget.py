@@ -50,6 +50,27 @@ def cut_by_tokens(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
+    """`groups` split until there are `count` of them: the group with the most rows
+    (the first such) is halved, again and again. Each part stays within the budget its
+    group kept. Data-parallel ranks run the same number of forwards (a sharded model
+    gathers its weights in each), so every rank cuts into the most any rank needs.
+
+    >>> split_to([[1, 3, 0], [2]], 3)
+    [[1], [3, 0], [2]]
+    """
+    rows = sum(len(group) for group in groups)
+    if not len(groups) <= count <= rows:
+        raise ValueError(f"cannot split {len(groups)} groups of {rows} rows into {count}")
+    groups = [list(group) for group in groups]
+    while len(groups) < count:
+        widest = max(range(len(groups)), key=lambda index: (len(groups[index]), -index))
+        group = groups[widest]
+        half = len(group) // 2
+        groups[widest : widest + 1] = [group[:half], group[half:]]
+    return groups
+
+
 def trimmed_columns(attention_mask: torch.Tensor, prompt_length: int, keep_prompt: bool = False) -> tuple[int, int]:
     """The columns a micro-batch needs: `(first, response_length)`.
 

@@ -16,16 +16,17 @@ from typing import Any, Sequence
 
 import torch
 
-from algorithm.token_budget import RowTooLong, cut_by_tokens, trimmed_columns
+from algorithm.token_budget import RowTooLong, cut_by_tokens, split_to, trimmed_columns
 
 PlanShape = tuple[Any, ...]  # (epochs, minibatch size, micro-batch size, loss aggregation)
 
 SHAPE_NAMES = "(epochs, minibatch, micro-batch, loss aggregation)"
 
 LEGACY_AGGREGATION = "token_mean"
-"""What a 3-element shape (a boundary written before `rl.loss_aggregation`) trained
-with: every profile then had one micro-batch per minibatch, where the old loss was
-the token mean of the whole minibatch."""
+"""How a 3-element shape (a boundary written before `rl.loss_aggregation`) reads. With
+one micro-batch per minibatch (every CPU profile) the old loss was exactly this; with
+several (the public GPU profile) it averaged the micro-batches' token means, of which
+this is the cut-independent form."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class UpdatePlan:
         return cls(
             rl.epochs, rl.minibatch_size, rl.micro_batch_size, seed, outer_iteration,
             micro_batch_tokens=rl.micro_batch_tokens, loss_aggregation=rl.loss_aggregation,
-            generation_budget=generation_budget(rl),
+            generation_budget=rl.generation_budget,
         )
 
     @property
@@ -135,10 +136,16 @@ class UpdatePlan:
                 f"{int(lengths[longest])} tokens (prompt and response); raise rl.micro_batch_tokens to at least that"
             )
         cut = []
+        size = self.minibatch_size // ranks
         for step in schedule:
-            shard = torch.cat([micro.rows for micro in step.micro_batches])
+            shards = [step.rows[other * size : (other + 1) * size] for other in range(ranks)]
+            budget = self.micro_batch_tokens
+            groups = [cut_by_tokens([lengths[row] for row in each.tolist()], budget) for each in shards]
+            # Every rank runs as many micro-batches as the rank that needs the most (a
+            # sharded forward is a collective); each rank computes them all, no message.
+            shard, mine = shards[rank], split_to(groups[rank], max(len(each) for each in groups))
             micro_batches = []
-            for positions in cut_by_tokens([lengths[row] for row in shard.tolist()], self.micro_batch_tokens):
+            for positions in mine:
                 rows = shard[positions]
                 first, response_length = trimmed_columns(attention_mask[rows], prompt_length, keep_prompt)
                 micro_batches.append(MicroBatch(rows, first, response_length))
@@ -160,7 +167,8 @@ class UpdatePlan:
             for start in range(0, num_samples, self.minibatch_size):
                 whole = order[start : start + self.minibatch_size]
                 mine = whole[rank * shard : (rank + 1) * shard]
-                schedule.append(Minibatch(whole, [MicroBatch(rows) for rows in torch.split(mine, self.micro_batch_size)]))
+                micro_batches = [MicroBatch(rows) for rows in torch.split(mine, self.micro_batch_size)]
+                schedule.append(Minibatch(whole, micro_batches))
         return schedule
 
     def _epoch_seed(self, epoch: int) -> int:
@@ -173,9 +181,3 @@ def held_shape(saved: Sequence[Any]) -> PlanShape:
     saved = tuple(saved)
     return saved + (LEGACY_AGGREGATION,) if len(saved) == 3 else saved
 
-
-def generation_budget(rl: Any) -> int:
-    """The constant of `sequence_mean_token_sum_norm` (Dr. GRPO): the most tokens one
-    sample can generate, as configured, so it depends on neither padding nor cutting:
-    `rl.env.max_episode_tokens` with an environment, else `rl.rollout.max_new_tokens`."""
-    return rl.env.max_episode_tokens if rl.env is not None else rl.rollout.max_new_tokens

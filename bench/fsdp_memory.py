@@ -53,7 +53,7 @@ def rank_body(rank: int, world: int, address: str, model_dir: str, out: str) -> 
 
     from algorithm.update_plan import UpdatePlan
     from configs.schema import OptimizerConfig
-    from models.model_io import load_causal_lm
+    from models.model_io import load_causal_lm, response_logprobs
     from trainer.update_runtime import UpdateRuntime
 
     torch.set_num_threads(1)
@@ -62,11 +62,15 @@ def rank_body(rank: int, world: int, address: str, model_dir: str, out: str) -> 
         update.join_data_parallel(address, rank, world)
     ids = torch.randint(0, update.model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
 
-    def loss_fn(targets, index):
-        loss = update.model(input_ids=targets.input_ids[index], labels=targets.input_ids[index]).loss
-        return loss, {"loss": loss.detach()}
+    def loss_fn(targets, micro):  # next-token cross-entropy per token (m, r), the runtime's LossFn
+        rows = micro.rows
+        return -response_logprobs(update.model, targets.input_ids[rows], targets.attention_mask[rows], 1), {}
 
-    update.run_plan(UpdatePlan(1, 4, 4 // world, 0, 1), SimpleNamespace(num_samples=4, input_ids=ids), loss_fn)
+    targets = SimpleNamespace(
+        num_samples=4, input_ids=ids, attention_mask=torch.ones_like(ids), prompt_length=1,
+        response_mask=torch.ones(4, ids.shape[1] - 1), extras={},
+    )
+    update.run_plan(UpdatePlan(1, 4, 4 // world, 0, 1), targets, loss_fn)
     parameters = list(update.model.parameters())
     state = [v for s in update.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     row = {

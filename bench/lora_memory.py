@@ -61,13 +61,16 @@ def measure(role: str, model_dir: str, rank: int) -> dict[str, float]:
     runtime = UpdateRuntime(role, model, OptimizerConfig(), lr=1e-4)
     ids = torch.randint(0, 40, (8, 32), generator=torch.Generator().manual_seed(1))
 
-    def loss_fn(targets, index):
-        logits = runtime.model(input_ids=targets.input_ids[index]).logits
-        loss = logits.float().pow(2).mean()  # any scalar: one step, so every AdamW moment exists
-        return loss, {"loss": loss.detach()}
+    def loss_fn(targets, micro):
+        logits = runtime.model(input_ids=targets.input_ids[micro.rows]).logits
+        return logits.float().pow(2).mean(dim=-1), {}  # any per-token loss: one step, so every AdamW moment exists
 
     plan = UpdatePlan(epochs=1, minibatch_size=8, micro_batch_size=8, seed=0, outer_iteration=1)
-    runtime.run_plan(plan, SimpleNamespace(num_samples=8, input_ids=ids), loss_fn)
+    targets = SimpleNamespace(
+        num_samples=8, input_ids=ids, attention_mask=torch.ones_like(ids), prompt_length=0,
+        response_mask=torch.ones(8, ids.shape[1]), extras={},
+    )
+    runtime.run_plan(plan, targets, loss_fn)
     optimizer_bytes = sum(
         value.numel() * value.element_size()
         for state in runtime.optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)

@@ -766,6 +766,13 @@ class RLConfig(Section):
         None, description="A multi-turn environment with tools (S-ENV); null: one completion per prompt."
     )
 
+    @property
+    def generation_budget(self) -> int:
+        """The most tokens one sample's response can hold, as configured: the constant C
+        of `sequence_mean_token_sum_norm` (it depends on neither padding nor cutting) and
+        the response part of the longest row `micro_batch_tokens` must hold."""
+        return self.env.max_episode_tokens if self.env is not None else self.rollout.max_new_tokens
+
     @model_validator(mode="after")
     def _plan_shape(self) -> "RLConfig":
         if self.minibatch_size > self.batch_size:

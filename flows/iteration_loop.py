@@ -25,6 +25,7 @@ from flows.iteration import (
     save_on_cadence,
 )
 from flows.stopping import StopRequest, Stopped
+from algorithm.update_plan import SHAPE_NAMES, UpdatePlan, held_shape
 from algorithm.warmup import expected_policy_version
 from contracts.experience import remove_experience_after
 from rundir.resume import (
@@ -180,13 +181,13 @@ def restore_roles(run: Runner, roles: Roles, point: ResumePoint, config: PPOConf
                 raise ResumeError(
                     f"{boundary}: {role} restored at optimizer step {steps}, the marker recorded {recorded.get(role)}"
                 )
-    configured_shape = [config.rl.epochs, config.rl.minibatch_size, config.rl.micro_batch_size]
+    configured_shape = UpdatePlan.from_config(config.rl, config.job.seed, point.iteration + 1).shape
     for role, state in (("policy", policy_state), ("critic", critic_state)):
         saved_shape = state.get("plan_shape")
-        if saved_shape is not None and list(saved_shape) != configured_shape:
+        if saved_shape is not None and held_shape(saved_shape) != configured_shape:  # S-FLOW-4, S-PATH-2
             raise ResumeError(
-                f"{boundary}: {role} was trained with update plan (epochs, minibatch, micro-batch) = "
-                f"{tuple(saved_shape)}, this run is configured with {tuple(configured_shape)}"
+                f"{boundary}: {role} was trained with update plan {SHAPE_NAMES} = "
+                f"{held_shape(saved_shape)}, this run is configured with {configured_shape}"
             )
     policy_version = int(policy_state["policy_version"])
     expected = expected_policy_version(point.iteration, config.rl.critic_warmup_iterations)

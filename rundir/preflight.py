@@ -48,6 +48,16 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
             f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
             "whole minibatches",
         ))
+    if rl.micro_batch_tokens is not None:  # S-PATH-3
+        response_budget = rl.generation_budget
+        longest = "rl.env.max_episode_tokens" if rl.env is not None else "rl.rollout.max_new_tokens"
+        if rl.micro_batch_tokens <= response_budget:
+            problems.append(Problem(
+                "rl.micro_batch_tokens",
+                f"is {rl.micro_batch_tokens}, but one row can hold {response_budget} response tokens "
+                f"({longest}) plus its prompt: a micro-batch must hold the longest row; set it above "
+                f"{response_budget} plus the longest prompt (a longer row is refused when the update meets it)",
+            ))
     engine_timeout, stage_timeout = rl.rollout.engine_timeout_seconds, rl.stage_timeout_seconds
     if engine_timeout is not None and stage_timeout is not None and engine_timeout >= stage_timeout:  # S-ELASTIC-1
         problems.append(Problem(

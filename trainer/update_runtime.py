@@ -170,7 +170,7 @@ class UpdateRuntime:
         # anything, so a failed update leaves it as it was (S-FLOW-6).
         schedule = plan.steps(
             targets.num_samples, dp.rank, dp.world, targets.attention_mask, targets.prompt_length,
-            keep_prompt=bool(getattr(targets, "extras", None)),
+            keep_prompt=bool(targets.extras),  # multimodal token types are aligned with the whole prompt
         )
         self.plan_shape = plan.shape
         host_targets, targets = targets, targets_on(targets, self.device)

@@ -31,17 +31,25 @@ def small_qwen3(seed: int = 0, layers: int = 2) -> torch.nn.Module:
 
 
 def batch() -> SimpleNamespace:
-    """(SAMPLES, SEQUENCE) token ids, the same on every rank."""
+    """(SAMPLES, SEQUENCE) token ids, the same on every rank, as targets of the update
+    runtime: a one-token "prompt" and every later token a trained response token."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 48, (SAMPLES, SEQUENCE), generator=generator)
-    return SimpleNamespace(num_samples=SAMPLES, input_ids=ids)
+    return SimpleNamespace(
+        num_samples=SAMPLES, input_ids=ids, attention_mask=torch.ones_like(ids), prompt_length=1,
+        response_mask=torch.ones(SAMPLES, SEQUENCE - 1), extras={},
+    )
 
 
 def language_model_loss(model: torch.nn.Module) -> Callable:
-    def loss_fn(targets: SimpleNamespace, index: torch.Tensor):
-        ids = targets.input_ids[index]
-        loss = model(input_ids=ids, labels=ids).loss
-        return loss, {"loss": loss.detach()}
+    """Next-token cross-entropy per response token (m, r'), for `UpdateRuntime.run_plan`."""
+    from algorithm.ppo_math import masked_mean
+    from models.model_io import response_logprobs
+
+    def loss_fn(targets: SimpleNamespace, micro):
+        ids, mask, prompt_length = micro.sequences(targets.input_ids, targets.attention_mask, targets.prompt_length)
+        per_token = -response_logprobs(model, ids, mask, prompt_length)
+        return per_token, {"loss": masked_mean(per_token, micro.response(targets.response_mask)).detach()}
 
     return loss_fn
 
@@ -213,3 +221,110 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
     from trainer.sharding import local_part as part
 
     return part(tensor)
+
+
+# --- S-PATH-2: one minibatch's gradient, however it is cut -------------------------
+
+PROMPT_LENGTHS = [5, 2, 3, 4, 1, 5, 2, 3]  # real prompt tokens per row, left-padded to 5
+RESPONSE_LENGTHS = [6, 1, 4, 2, 6, 3, 5, 2]  # real response tokens per row, right-padded to 6
+GENERATION_BUDGET = 6
+
+
+def ragged_targets(model: torch.nn.Module):
+    """PPO targets (float64) over 8 rows of different prompt and response lengths, the
+    same on every rank: row 0 holds an observation token (attended, never trained),
+    old log-probs are the model's own moved by noise so that some ratios clip."""
+    from contracts.trajectory import PPOTargets
+    from models.model_io import response_logprobs
+
+    generator = torch.Generator().manual_seed(5)
+    rows, p, r = len(PROMPT_LENGTHS), max(PROMPT_LENGTHS), max(RESPONSE_LENGTHS)
+    attention = torch.zeros(rows, p + r, dtype=torch.long)
+    for row, (prompt, response) in enumerate(zip(PROMPT_LENGTHS, RESPONSE_LENGTHS)):
+        attention[row, p - prompt : p + response] = 1
+    input_ids = torch.randint(1, 48, (rows, p + r), generator=generator) * attention
+    loss_mask = attention[:, p:].double()
+    loss_mask[0, 2] = 0.0  # an observation inside row 0's episode
+    with torch.no_grad():
+        current = response_logprobs(model, input_ids, attention, p)
+    noise = 0.3 * torch.randn(rows, r, generator=generator, dtype=torch.float64)
+    return PPOTargets(
+        batch_id="ragged", iteration=1, policy_version=0, input_ids=input_ids, attention_mask=attention,
+        prompt_length=p, response_mask=loss_mask, old_logprobs=(current + noise) * loss_mask,
+        old_values=torch.randn(rows, r, generator=generator, dtype=torch.float64) * loss_mask,
+        advantages=torch.randn(rows, r, generator=generator, dtype=torch.float64) * loss_mask,
+        returns=torch.randn(rows, r, generator=generator, dtype=torch.float64) * loss_mask,
+    )
+
+
+def role_loss(role: str, model: torch.nn.Module) -> Callable:
+    """The policy's or the critic's own `_loss`, on a stand-in for the role."""
+    from roles.critic_role import CriticRole
+    from roles.policy_role import PolicyRole
+
+    rl = SimpleNamespace(rollout=SimpleNamespace(temperature=1.0), clip_ratio=0.2, value_clip=0.2)
+    body = SimpleNamespace(model=model, rl=rl)
+    loss = PolicyRole._loss if role == "policy" else CriticRole._loss
+    return lambda targets, micro: loss(body, targets, micro)
+
+
+def small_value_model(seed: int = 0) -> torch.nn.Module:
+    from transformers import Qwen3ForTokenClassification
+
+    config = small_qwen3(seed).config
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # as models/model_io.py load_value_model: no random head in train mode
+    torch.manual_seed(seed)
+    return Qwen3ForTokenClassification(config)
+
+
+def minibatch_gradient(update, targets, loss_fn, mode: str, micro_batch_size: int = 8,
+                       micro_batch_tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """The gradient of the one minibatch of `targets` (8 rows), gathered whole on every
+    rank. The runtime is built with lr 0 and no clipping, so the weights never move."""
+    from algorithm.update_plan import UpdatePlan
+    from trainer.sharding import local_part
+
+    plan = UpdatePlan(
+        1, 8, micro_batch_size, seed=3, outer_iteration=1, micro_batch_tokens=micro_batch_tokens,
+        loss_aggregation=mode, generation_budget=GENERATION_BUDGET,
+    )
+    update.plan_shape = None  # one runtime measures several plans; a run could not
+    update.run_plan(plan, targets, loss_fn)
+    gradients = {}
+    for name, parameter in update.model.named_parameters():
+        grad = parameter.grad
+        gradients[name] = grad.full_tensor() if local_part(grad) is not grad else grad.clone()
+    return gradients
+
+
+CUTS = {"micro1": (1, None), "micro2": (2, None), "micro4": (4, None), "whole": (8, None),
+        "tokens11": (8, 11), "tokens16": (8, 16), "tokens25": (8, 25)}
+
+
+def gradient_runtime(rank: int, world: int, address: str):
+    from configs.schema import OptimizerConfig
+    from trainer.update_runtime import UpdateRuntime
+
+    torch.set_num_threads(1)
+    model = small_qwen3(seed=0).double()
+    update = UpdateRuntime("policy", model, OptimizerConfig(max_grad_norm=1e9), lr=0.0)
+    if world > 1:
+        update.join_data_parallel(address, rank, world)
+    return update
+
+
+def gradient_ranks(rank: int, world: int, address: str, out: str, options: dict[str, Any]) -> None:
+    """The spawned body: the policy loss's minibatch gradient for every mode and cut in
+    `options["cases"]` ([mode, cut name]), rank 0 writing `<mode>-<cut>.safetensors`."""
+    from safetensors.torch import save_file
+
+    targets = ragged_targets(small_qwen3(seed=0).double())  # before sharding: the same on every rank
+    update = gradient_runtime(rank, world, address)
+    loss_fn = role_loss("policy", update.model)
+    for mode, cut in options["cases"]:
+        gradients = minibatch_gradient(update, targets, loss_fn, mode, *CUTS[cut])
+        if rank == 0:
+            save_file({k: v.contiguous() for k, v in gradients.items()}, str(Path(out) / f"{mode}-{cut}.safetensors"))
+    if world > 1:
+        torch.distributed.destroy_process_group()

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from algorithm.ppo_math import masked_mean
+from algorithm.update_plan import MicroBatch
 from checkpoint.in_flight import load_in_flight
 from configs.loading import load_config
 from flows.in_process import run_in_process
@@ -65,8 +67,8 @@ def _assert_the_decoupled_correction_is_applied(policy) -> None:
     real = targets.response_mask.bool()
     assert targets.behaviour_weights is not None
     assert not torch.allclose(targets.behaviour_weights[real], torch.ones(int(real.sum())))
-    everything = torch.arange(targets.input_ids.shape[0])
+    everything = MicroBatch(torch.arange(targets.input_ids.shape[0]))
     with torch.no_grad():
-        weighted, _ = policy._loss(targets, everything)
+        weighted, _ = policy._loss(targets, everything)  # per-token losses (b, r)
         plain, _ = policy._loss(dataclasses.replace(targets, behaviour_weights=None), everything)
-    assert not torch.isclose(weighted, plain)
+    assert not torch.isclose(masked_mean(weighted, targets.response_mask), masked_mean(plain, targets.response_mask))

@@ -62,6 +62,20 @@ def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(tiny_mo
     assert run_dir_snapshot(run_dir) == before
 
 
+def test_resume_under_another_loss_aggregation_is_refused_but_a_token_budget_may_change(tiny_model_dir, tmp_path):
+    """S-PATH-2: the aggregation is the objective, part of the plan's shape (S-FLOW-4);
+    rl.micro_batch_tokens only changes how a minibatch is computed."""
+    run_dir = _run(tmp_path, tiny_model_dir, "objective", "rl.max_steps=2")
+    before = run_dir_snapshot(run_dir)
+    with pytest.raises(ResumeError, match=r"loss aggregation\) = \(1, 8, 8, 'token_mean'\), this run is configured "
+                       r"with \(1, 8, 8, 'sequence_mean_token_sum'\)"):
+        _run(tmp_path, tiny_model_dir, "objective", "rl.max_steps=4", "rl.loss_aggregation=sequence_mean_token_sum")
+    assert run_dir_snapshot(run_dir) == before
+    _run(tmp_path, tiny_model_dir, "objective", "rl.max_steps=3", "rl.micro_batch_tokens=64")
+    assert [r["iteration"] for r in metric_records(run_dir)] == [1, 2, 3]
+    assert 0.0 <= metric_records(run_dir)[-1]["perf/padding_fraction"] < 1.0
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused"])
 def test_saving_during_warmup_never_changes_the_actor(tiny_model_dir, tmp_path, optimizer):
     """S-CW-7: saves at warmup iterations 1 and 2 vs none: the actor after its first

@@ -155,6 +155,13 @@ def test_vlm_minibatches_train_policy_and_critic(vlm_dir, tmp_path):
     # The vision tower is trained too: its gradients came through the pixels.
     after = policy.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    # S-PATH-3 on pixels: token-budget micro-batches keep the whole prompt (the token types
+    # are aligned with it) and trim only the response columns.
+    longest = int(targets.attention_mask.sum(dim=1).max())
+    by_tokens = dataclasses.replace(plan, outer_iteration=2, micro_batch_tokens=longest)
+    policy_receipt = policy.train_batch(by_tokens, "b")
+    assert critic.train_batch(by_tokens, "b").optimizer_step == policy_receipt.optimizer_step == 4
+    assert 0.0 <= policy_receipt.metrics["perf/padding_fraction"] < 1.0
 
 
 def test_an_engine_without_multimodal_support_refuses_naming_the_key(vlm_dir, tmp_path):

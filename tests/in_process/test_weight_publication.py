@@ -38,15 +38,16 @@ def _targets(policy):
     from types import SimpleNamespace
 
     ids = torch.randint(0, policy.model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
-    return SimpleNamespace(num_samples=2, input_ids=ids)
+    return SimpleNamespace(
+        num_samples=2, input_ids=ids, attention_mask=torch.ones_like(ids), prompt_length=1,
+        response_mask=torch.ones(2, 5), extras={},
+    )
 
 
 def _loss(policy):
-    def loss_fn(targets, index):
-        loss = policy.model(input_ids=targets.input_ids[index], labels=targets.input_ids[index]).loss
-        return loss, {"loss": loss.detach()}
+    from tests.in_process.fsdp_ranks import language_model_loss
 
-    return loss_fn
+    return language_model_loss(policy.model)
 
 
 def _weights_differ(policy, rollout) -> bool:

@@ -47,6 +47,18 @@ def test_a_minibatch_that_does_not_divide_the_batch_is_refused_at_config():
     assert _keys(problems) == ["rl.minibatch_size"] and "does not divide rl.batch_size 12" in problems[0].message
 
 
+def test_a_token_budget_below_the_longest_response_is_refused_naming_both_numbers():
+    """S-PATH-3: the tiny profile generates up to rl.rollout.max_new_tokens tokens; a
+    micro-batch must hold one such response and its prompt."""
+    budget = load_config(TINY_PROFILE, []).rl.rollout.max_new_tokens
+    problems = config_problems(load_config(TINY_PROFILE, [f"rl.micro_batch_tokens={budget}"]))
+    assert _keys(problems) == ["rl.micro_batch_tokens"]
+    assert f"is {budget}, but one row can hold {budget} response tokens (rl.rollout.max_new_tokens)" in (
+        problems[0].message
+    )
+    assert config_problems(load_config(TINY_PROFILE, [f"rl.micro_batch_tokens={budget + 1}"])) == []
+
+
 def test_the_local_backend_does_nothing_and_is_refused():
     problems = config_problems(load_config(TINY_PROFILE, ["grid.backend=local"]))
     assert _keys(problems) == ["grid.backend"] and "its own Ray actor group" in problems[0].message
