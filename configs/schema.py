@@ -685,7 +685,7 @@ class RLConfig(Section):
         16,
         ge=1,
         description="Samples per forward/backward; gradients accumulate up to a minibatch, and the minibatch's "
-        "gradient does not depend on this cut (S-PATH-2). Ignored for cutting when rl.micro_batch_tokens is set.",
+        "gradient does not depend on this cut. Ignored for cutting when rl.micro_batch_tokens is set.",
     )
     micro_batch_tokens: int | None = Field(
         None,

@@ -71,7 +71,9 @@ class CriticRole(TrainerRole):
         input_ids, attention_mask, prompt_length = micro.sequences(
             targets.input_ids, targets.attention_mask, targets.prompt_length
         )
-        values = response_values(self.model, input_ids, attention_mask, prompt_length, targets.extras, micro.rows)
+        values = response_values(
+            self.model, input_ids, attention_mask, prompt_length, targets.extras, micro.rows, pack=self.packs_rows
+        )
         output = clipped_value_loss(
             values, micro.response(targets.old_values), micro.response(targets.returns),
             micro.response(targets.response_mask), self.rl.value_clip,

@@ -184,7 +184,7 @@ class PolicyRole(TrainerRole):
         )
         logprobs, entropy = response_logprobs(
             self.model, input_ids, attention_mask, prompt_length,
-            self.rl.rollout.temperature, targets.extras, micro.rows, with_entropy=True,
+            self.rl.rollout.temperature, targets.extras, micro.rows, with_entropy=True, pack=self.packs_rows,
         )
         output = clipped_policy_loss(
             logprobs, micro.response(targets.old_logprobs), micro.response(targets.advantages),

@@ -107,7 +107,7 @@ class TrainerRole:
             raise ValueError(f"{self.role} was asked to train on batch {batch_id} but holds targets for {held}")
         self._admit(self.targets, batch_id)
         started = time.perf_counter()
-        metrics = self.runtime.run_plan(plan, self.targets, self._loss)
+        metrics = self.runtime.run_plan(plan, self.targets, self._loss, packed=self.packs_rows)
         named = self._train_metrics(metrics)
         named[f"optim/{self.role}_lr"] = metrics["lr"]
         named[f"optim/{self.role}_optimizer_step"] = float(self.runtime.optimizer_step)

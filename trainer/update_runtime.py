@@ -153,12 +153,16 @@ class UpdateRuntime:
             self._build_optimizer()
             self._host_copies = PinnedHostCopies()  # the full-size buffers of a park before sharding
 
-    def run_plan(self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn) -> dict[str, float]:
+    def run_plan(
+        self, plan: UpdatePlan, targets: PPOTargets, loss_fn: LossFn, packed: bool = False
+    ) -> dict[str, float]:
         """Every optimizer step of `plan` over `targets`. Each minibatch's loss is
         `rl.loss_aggregation` of its per-token losses: the normaliser is taken from the
         whole minibatch before the first backward, and each micro-batch adds its share,
         so the gradient does not depend on micro-batches, ranks or token-budget
-        cutting (S-PATH-2). Diagnostics are means over micro-batches, as before."""
+        cutting (S-PATH-2). Diagnostics are means over micro-batches, as before.
+        `packed`: `loss_fn` runs each micro-batch as one packed row (models/packed_rows.py),
+        so its forward holds no padding slot."""
         if self.plan_shape is not None and self.plan_shape != plan.shape:
             raise ValueError(
                 f"{self.role}: update plan {plan.shape} {SHAPE_NAMES} differs from "
@@ -198,8 +202,9 @@ class UpdateRuntime:
                 _, attention, _ = micro.sequences(
                     host_targets.input_ids, host_targets.attention_mask, host_targets.prompt_length
                 )
-                slots["all"] += attention.numel()
-                slots["padding"] += attention.numel() - int(attention.sum())
+                real = int(attention.sum())
+                slots["all"] += real if packed else attention.numel()
+                slots["padding"] += 0 if packed else attention.numel() - real
             if sharded:
                 grad_norm = clip_gradients(list(self.model.parameters()), self.max_grad_norm)
             else:

@@ -257,13 +257,14 @@ def ragged_targets(model: torch.nn.Module):
     )
 
 
-def role_loss(role: str, model: torch.nn.Module) -> Callable:
-    """The policy's or the critic's own `_loss`, on a stand-in for the role."""
+def role_loss(role: str, model: torch.nn.Module, packs_rows: bool = False) -> Callable:
+    """The policy's or the critic's own `_loss`, on a stand-in for the role; `packs_rows`
+    as a role whose attention kernel takes packed rows sets it."""
     from roles.critic_role import CriticRole
     from roles.policy_role import PolicyRole
 
     rl = SimpleNamespace(rollout=SimpleNamespace(temperature=1.0), clip_ratio=0.2, value_clip=0.2)
-    body = SimpleNamespace(model=model, rl=rl)
+    body = SimpleNamespace(model=model, rl=rl, packs_rows=packs_rows)
     loss = PolicyRole._loss if role == "policy" else CriticRole._loss
     return lambda targets, micro: loss(body, targets, micro)
 

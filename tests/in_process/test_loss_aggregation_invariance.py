@@ -57,6 +57,26 @@ def test_policy_gradient_does_not_depend_on_the_cut(policy, one_rank_gradients, 
         _assert_same(got, one_rank_gradients[mode], f"{mode}, {cut}")
 
 
+@pytest.mark.parametrize("role", ["policy", "critic"])
+def test_packed_micro_batches_give_the_padded_gradient(policy, one_rank_gradients, role):
+    """Token-budget micro-batches run as packed rows (one row of real tokens, positions
+    restarting per row: models/packed_rows.py) give the whole minibatch's gradient too,
+    with the CPU's SDPA, which honours the row boundaries through a block mask."""
+    from configs.schema import OptimizerConfig
+    from trainer.update_runtime import UpdateRuntime
+
+    if role == "policy":
+        update, targets, _ = policy
+        whole = one_rank_gradients["token_mean"]
+    else:
+        update = UpdateRuntime("critic", small_value_model().double(), OptimizerConfig(max_grad_norm=1e9), lr=0.0)
+        targets = ragged_targets(small_qwen3(seed=0).double())
+        whole = minibatch_gradient(update, targets, role_loss("critic", update.model), "token_mean")
+    packed = role_loss(role, update.model, packs_rows=True)
+    for cut in ("tokens11", "tokens25"):
+        _assert_same(minibatch_gradient(update, targets, packed, "token_mean", *CUTS[cut]), whole, f"packed, {cut}")
+
+
 def test_the_aggregations_are_different_objectives(one_rank_gradients):
     """Otherwise the test above could pass with one formula under four names."""
     norms = {mode: float(one_rank_gradients[mode]["model.norm.weight"].norm()) for mode in MODES}
