@@ -167,8 +167,8 @@ METRICS: tuple[Metric, ...] = (
            (DATA_PARALLEL, ACTOR_UPDATES), "roles/policy_role.py"),
     Metric("perf/padding_fraction", "padding slots over all token slots of the policy's training forwards "
            "(every micro-batch of every rank): what rl.micro_batch_tokens' length grouping and trimming save "
-           "(0 where micro-batches run packed); the critic runs the same micro-batches", "fraction in [0, 1]", ACTOR_UPDATES,
-           "trainer/update_runtime.py"),
+           "(0 where micro-batches run packed); the critic runs the same micro-batches", "fraction in [0, 1]",
+           ACTOR_UPDATES, "trainer/update_runtime.py"),
     # the critic's update
     Metric("train/value_loss", "clipped value loss, the token mean of each micro-batch averaged over "
            "micro-batches (a diagnostic, like train/policy_loss)", "loss", EVERY_ITERATION,
