@@ -9,6 +9,7 @@ response tokens (up to and including EOS) and 0.0 on padding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -37,14 +38,48 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
     return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
+def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio**2
+
+
+def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    # With r = π_ref/π = exp(−log_ratio): (r − 1) − log r.
+    return torch.exp(-log_ratio) - 1.0 + log_ratio
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+"""Per-token estimators of KL(π || π_ref) from one sampled token, as functions of
+log π − log π_ref (Schulman, "Approximating KL Divergence", 2020): `k1` = log(π/π_ref),
+unbiased, can be negative; `k2` = ½(log r)², biased, >= 0; `k3` = (r − 1) − log r with
+r = π_ref/π, unbiased, >= 0, low variance. configs/schema.py's Literal lists the same
+names (tested)."""
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token KL(π || π_ref) estimate (b, r) from the sampled tokens' log-probs (b, r)
+    under π and π_ref; differentiable in `logprobs` (verl's `kl_penalty` and OpenRLHF's
+    `compute_approx_kl` compute the same three). `k1` is `logprobs − ref_logprobs`
+    exactly, the penalty before `rl.kl_estimator` existed."""
+    try:
+        estimate = KL_ESTIMATORS[estimator]
+    except KeyError:
+        raise ValueError(f"unknown KL estimator {estimator!r}; known: {', '.join(KL_ESTIMATORS)}") from None
+    return estimate(logprobs - ref_logprobs)
+
+
 def kl_penalised_rewards(
     token_scores: torch.Tensor,
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
     action_mask: torch.Tensor,
     kl_coef: float,
+    estimator: str = "k1",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token rewards: −kl_coef·(log π_old − log π_ref) on every sampled token, plus
+    """Per-token rewards: −kl_coef·KL_est(π_old || π_ref) on every sampled token, plus
     the scores each token earned (Ziegler et al. 2019, eq. 2, in the per-token form of
     TRL and torchtune's `get_rewards_ppo`; verl's `apply_kl_penalty` over
     `token_level_scores`). One function for every rollout (S-PATH-1): a single-turn
@@ -56,14 +91,26 @@ def kl_penalised_rewards(
         logprobs, ref_logprobs: (b, r) log-probs of the sampled tokens under the
             behaviour policy and the frozen reference.
         action_mask: (b, r) 1.0 on sampled tokens; 0.0 on observations and padding.
-        kl_coef: β of the penalty.
+        kl_coef: β of the penalty (0 with the KL in the loss instead: `rl.kl_in=loss`).
+        estimator: a `KL_ESTIMATORS` name; `k1` is log π_old − log π_ref.
 
     Returns:
         rewards (b, r) and the per-token KL estimate (b, r), both zero off the actions.
     """
-    kl = (logprobs - ref_logprobs) * action_mask
+    kl = kl_estimate(logprobs, ref_logprobs, estimator) * action_mask
     rewards = (-kl_coef * kl + token_scores) * action_mask
     return rewards, kl
+
+
+def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: float, n_steps: int) -> float:
+    """The next coefficient of the adaptive KL controller (Ziegler et al. 2019, section
+    2.2; `AdaptiveKLController` of their lm-human-preferences, verl's `AdaptiveKLController`,
+    OpenRLHF's `--kl_target`): e = clip(KL/target − 1, −0.2, 0.2),
+    β ← β·(1 + e·n_steps/horizon). `kl` is the batch's mean per-sequence KL estimate,
+    `n_steps` its number of samples. Plain Python floats, so a resume that reads the
+    saved β back continues exactly."""
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return kl_coef * (1.0 + error * n_steps / horizon)
 
 
 def last_action_scores(scores: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -117,8 +164,48 @@ def generalized_advantage_estimate(
     return advantages, returns
 
 
+_ENTROPY_CHUNK_ELEMENTS = 1 << 24  # 64 MiB of float32 temporaries at a time
+
+
+def _row_chunks(rows: int, vocabulary: int) -> list[slice]:
+    step = max(1, _ENTROPY_CHUNK_ELEMENTS // max(vocabulary, 1))
+    return [slice(start, start + step) for start in range(0, rows, step)]
+
+
+class _EntropyOfLogProbs(torch.autograd.Function):
+    """H = −Σ_v exp(lp_v)·lp_v with dH/dlp_v = −exp(lp_v)·(lp_v + 1), computed over
+    row chunks. It keeps only the log-probs for its backward, which log_softmax has
+    already saved (the same storage), so the entropy term adds no full-vocabulary
+    tensor to a micro-batch's graph; the naive `−(lp.exp() * lp).sum(-1)` would keep
+    the probabilities as a second one (tests/pure/test_ppo_options.py measures it)."""
+
+    @staticmethod
+    def forward(ctx, log_probs: torch.Tensor) -> torch.Tensor:
+        flat = log_probs.reshape(-1, log_probs.shape[-1])
+        entropy = torch.empty(flat.shape[0], dtype=log_probs.dtype, device=log_probs.device)
+        for rows in _row_chunks(*flat.shape):
+            probs = flat[rows].exp()
+            # A token of probability 0 contributes 0 (the limit of p·log p), not 0·(−inf) = NaN.
+            entropy[rows] = -(probs * flat[rows].masked_fill(probs == 0, 0.0)).sum(dim=-1)
+        ctx.save_for_backward(log_probs)
+        return entropy.reshape(log_probs.shape[:-1])
+
+    @staticmethod
+    def backward(ctx, grad_entropy: torch.Tensor) -> torch.Tensor:
+        (log_probs,) = ctx.saved_tensors
+        flat = log_probs.reshape(-1, log_probs.shape[-1])
+        grad_flat = grad_entropy.reshape(-1, 1)
+        grad = torch.empty_like(flat)
+        for rows in _row_chunks(*flat.shape):
+            probs = flat[rows].exp()
+            grad[rows] = torch.where(probs > 0, -grad_flat[rows] * probs * (flat[rows] + 1.0), 0.0)
+        return grad.reshape(log_probs.shape)
+
+
 def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
-    """Entropy H = −Σ_v π(v)·log π(v) of each position's next-token distribution.
+    """Entropy H = −Σ_v π(v)·log π(v) of each position's next-token distribution,
+    differentiable in `log_probs` (the `rl.entropy_coef` bonus) and computed without
+    keeping a second (b, r, V) tensor (`_EntropyOfLogProbs`).
 
     Args:
         log_probs: (b, r, V) normalised log-probs over the vocabulary (V tokens), at
@@ -127,9 +214,7 @@ def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
     Returns:
         (b, r) entropy in nats; a uniform distribution over V tokens gives log V.
     """
-    probs = log_probs.exp()
-    # A token of probability 0 contributes 0 (the limit of p·log p), not 0·(−inf) = NaN.
-    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(dim=-1)
+    return _EntropyOfLogProbs.apply(log_probs)
 
 
 @dataclass(frozen=True)
@@ -140,6 +225,11 @@ class PolicyLossOutput:
     approx_kl: torch.Tensor
     ratio_mean: torch.Tensor
     entropy: torch.Tensor | None = None  # mean per-token entropy over the mask, when given
+    # Only with the option that defines them (S-OPT-1), so default runs report what they did:
+    clip_fraction_low: torch.Tensor | None = None  # A < 0 and ratio below 1 − clip_ratio: the lower clip cut it
+    clip_fraction_high: torch.Tensor | None = None  # A > 0 and ratio above 1 + clip_ratio_high
+    dual_clip_fraction: torch.Tensor | None = None  # A < 0 and the loss capped at −dual_clip·A
+    kl_loss: torch.Tensor | None = None  # mean per-token KL(π_θ || π_ref) estimate of the loss's KL term
 
 
 def clipped_policy_loss(
@@ -150,8 +240,22 @@ def clipped_policy_loss(
     clip_ratio: float,
     entropy: torch.Tensor | None = None,
     behaviour_weights: torch.Tensor | None = None,
+    *,
+    clip_ratio_high: float | None = None,
+    dual_clip: float | None = None,
+    entropy_coef: float = 0.0,
+    kl_to_reference: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> PolicyLossOutput:
-    """PPO-clip surrogate (Schulman et al. 2017, eq. 7), negated for minimisation.
+    """PPO-clip surrogate (Schulman et al. 2017, eq. 7), negated for minimisation, with
+    the options peers' users set (docs/reference/ppo-options.md), each off by default:
+
+    - clip-higher (DAPO, Yu et al. 2025, eq. 10): the ratio is clipped to
+      [1 − clip_ratio, 1 + clip_ratio_high];
+    - dual clip (Ye et al. 2020, eq. 5): for A < 0 the per-token loss is capped at
+      −dual_clip·A, so a very large ratio on a bad token cannot dominate;
+    - an entropy bonus: −entropy_coef·H per token;
+    - the KL in the loss (`rl.kl_in=loss`): +kl_coef·KL_est(π_θ || π_ref) per token.
 
     Args:
         logprobs: (b, r) log π_θ of the sampled tokens (with grad).
@@ -159,11 +263,15 @@ def clipped_policy_loss(
             the proximal policy π_prox, the policy before this iteration's update.
         advantages: (b, r) frozen advantages.
         mask: (b, r) response mask.
-        entropy: optional (b, r) per-token entropy of π_θ (`token_entropy`, no grad):
-            reported as a diagnostic only, never part of the loss.
+        entropy: optional (b, r) per-token entropy of π_θ (`token_entropy`): reported
+            as a diagnostic, and part of the loss only with `entropy_coef` > 0 (then
+            it must carry its gradient).
         behaviour_weights: optional (b, r) π_prox/π_behav per token, frozen
             (`behaviour_weights`): the decoupled objective of a sample generated by an
-            older policy (S-ASYNC-2). None is the synchronous loss exactly.
+            older policy (S-ASYNC-2); it weighs the surrogate only. None is the
+            synchronous loss exactly.
+        kl_to_reference: optional (b, r) per-token KL estimate of π_θ to π_ref with
+            grad (`kl_estimate(logprobs, ref_logprobs, estimator)`).
 
     Returns the per-token loss (b, r), which `rl.loss_aggregation` turns into the
     minibatch's loss (algorithm/loss_aggregation.py), its token mean over these rows,
@@ -171,19 +279,38 @@ def clipped_policy_loss(
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
+    upper = clip_ratio if clip_ratio_high is None else clip_ratio_high
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + upper)
     per_token = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        capped = torch.minimum(per_token, -dual_clip * advantages)
+        per_token = torch.where(advantages < 0, capped, per_token)
     if behaviour_weights is not None:
         per_token = per_token * behaviour_weights
+    if kl_to_reference is not None:
+        per_token = per_token + kl_coef * kl_to_reference
+    if entropy_coef:
+        per_token = per_token - entropy_coef * entropy
     loss = masked_mean(per_token, mask)
     with torch.no_grad():
-        clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+        cut = clipped > unclipped
+        clip_fraction = masked_mean(cut.float(), mask)
         # k3 estimator of KL(old || new) (Schulman's "Approximating KL" note): >= 0, low variance.
         approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
         ratio_mean = masked_mean(ratio, mask)
         entropy_mean = None if entropy is None else masked_mean(entropy, mask)
-    return PolicyLossOutput(per_token, loss, clip_fraction, approx_kl, ratio_mean, entropy_mean)
+        options: dict[str, torch.Tensor] = {}
+        if clip_ratio_high is not None:
+            options["clip_fraction_low"] = masked_mean((cut & (advantages < 0)).float(), mask)
+            options["clip_fraction_high"] = masked_mean((cut & (advantages > 0)).float(), mask)
+        if dual_clip is not None:
+            options["dual_clip_fraction"] = masked_mean(
+                ((advantages < 0) & (torch.maximum(unclipped, clipped) > -dual_clip * advantages)).float(), mask
+            )
+        if kl_to_reference is not None:
+            options["kl_loss"] = masked_mean(kl_to_reference, mask)
+    return PolicyLossOutput(per_token, loss, clip_fraction, approx_kl, ratio_mean, entropy_mean, **options)
 
 
 def behaviour_weights(

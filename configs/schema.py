@@ -710,8 +710,59 @@ class RLConfig(Section):
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO policy ratio clip epsilon.")
+    clip_ratio_high: float | None = Field(
+        None,
+        gt=0,
+        description="Upper clip of the policy ratio, 1 + clip_ratio_high, when it differs from the lower one "
+        "(clip-higher, DAPO; verl `clip_ratio_high`, OpenRLHF `--eps_clip_low_high`); not below rl.clip_ratio. "
+        "null: rl.clip_ratio on both sides (docs/reference/ppo-options.md).",
+    )
+    dual_clip: float | None = Field(
+        None,
+        description="Dual clip (Ye et al. 2020; verl `clip_ratio_c`, OpenRLHF `--dual_clip`): on tokens with a "
+        "negative advantage A the policy loss is capped at -dual_clip * A; must be above 1. null: no cap.",
+    )
     value_clip: float = Field(0.2, gt=0, description="Value prediction clip around the old values.")
-    kl_coef: float = Field(0.02, ge=0, description="Per-token KL penalty to the frozen reference, added to the reward.")
+    kl_coef: float = Field(
+        0.02,
+        ge=0,
+        description="Coefficient of the per-token KL to the frozen reference (in the reward or the loss: rl.kl_in); "
+        "the starting value of the adaptive controller when rl.kl_target is set.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k1",
+        description="Per-token estimator of KL(policy || reference) from the sampled tokens, with d = log pi - log "
+        "pi_ref: `k1` = d, `k2` = d^2 / 2, `k3` = exp(-d) - 1 + d (Schulman's low-variance estimator; verl "
+        "`low_var_kl`). Used for the reward penalty and for the loss term alike.",
+    )
+    kl_in: Literal["reward", "loss"] = Field(
+        "reward",
+        description="Where the KL to the reference acts: `reward` (a per-token penalty in the rewards before the "
+        "advantages) or `loss` (no penalty in the rewards; rl.kl_coef times the estimator of KL(policy || "
+        "reference) is added to each token's policy loss, with gradient: verl `use_kl_loss`, OpenRLHF "
+        "`--use_kl_loss`).",
+    )
+    kl_target: float | None = Field(
+        None,
+        gt=0,
+        description="Adaptive KL coefficient (Ziegler et al. 2019): after each iteration the coefficient is "
+        "multiplied by 1 + clip(KL / kl_target - 1, -0.2, 0.2) * batch samples / rl.kl_horizon, KL being the batch's "
+        "mean per-sequence estimate; reported as train/kl_coef and restored exactly on resume. null: rl.kl_coef "
+        "stays fixed.",
+    )
+    kl_horizon: float | None = Field(
+        None,
+        gt=0,
+        description="Horizon of the adaptive KL controller, in samples (verl `kl_ctrl.horizon`, OpenRLHF "
+        "`--kl_horizon`); required with rl.kl_target.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Entropy bonus: entropy_coef times the entropy of the sampling distribution (at "
+        "rl.rollout.temperature) is subtracted from each token's policy loss (verl `entropy_coeff`, OpenRLHF "
+        "`--entropy_loss_coef`). 0: no bonus.",
+    )
     whiten_advantages: bool = Field(
         True, description="Normalise advantages to zero mean, unit variance over the batch."
     )
@@ -781,6 +832,28 @@ class RLConfig(Section):
             raise ValueError(
                 f"rl.minibatch_size ({self.minibatch_size}) must be a multiple of "
                 f"rl.micro_batch_size ({self.micro_batch_size})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ppo_options(self) -> "RLConfig":
+        """Option values that contradict each other or their definition (S-OPT-1), by key."""
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(
+                f"rl.dual_clip is {self.dual_clip:g}: the dual clip caps a negative-advantage token's loss at "
+                "-dual_clip * A, which must lie beyond the PPO clip's 1 + rl.clip_ratio, so it needs a value above 1 "
+                "(3 is verl's); null turns it off"
+            )
+        if self.clip_ratio_high is not None and self.clip_ratio_high < self.clip_ratio:
+            raise ValueError(
+                f"rl.clip_ratio_high ({self.clip_ratio_high:g}) is below rl.clip_ratio ({self.clip_ratio:g}): "
+                "clip-higher widens the upper clip only; set it to at least rl.clip_ratio, or null for a symmetric clip"
+            )
+        if self.kl_target is not None and self.kl_horizon is None:
+            raise ValueError(
+                f"rl.kl_target is {self.kl_target:g} but rl.kl_horizon is not set: the adaptive controller needs its "
+                "horizon in samples (10000 in Ziegler et al. and verl); set rl.kl_horizon, or rl.kl_target=null for a "
+                "fixed rl.kl_coef"
             )
         return self
 

@@ -147,6 +147,8 @@ class PPOTargets:
     returns: torch.Tensor         # (b, r)
     extras: dict[str, Any] = field(default_factory=dict)  # the trajectory's extras (multimodal inputs, S-RUN-6)
     behaviour_weights: torch.Tensor | None = None  # (b, r) pi_prox/pi_behav, one step off only (S-ASYNC-2)
+    ref_logprobs: torch.Tensor | None = None  # (b, r) log pi_ref, with the KL in the loss only (S-OPT-1)
+    kl_coef: float | None = None  # the loss's KL coefficient these targets were frozen with (rl.kl_in=loss)
 
     @property
     def num_samples(self) -> int:

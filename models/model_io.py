@@ -191,6 +191,7 @@ def response_logprobs(
     rows: Sequence[int] | torch.Tensor | None = None,
     *,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     pack: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (b, r) of the response tokens under `model` at `temperature`.
@@ -202,9 +203,10 @@ def response_logprobs(
             rows' pixels and grids to the forward and masks the tokens the engine
             never samples (S-RUN-6). None or empty for text.
         rows: which rows of the trajectory these b rows are (None: all, in order).
-        with_entropy: also return the per-token entropy (b, r, no grad) of the same
-            distribution, so the loss's diagnostics cost no second forward and never
-            reach the gradient.
+        with_entropy: also return the per-token entropy (b, r) of the same
+            distribution, so the loss's diagnostics cost no second forward; without
+            gradient unless `entropy_grad` (the `rl.entropy_coef` bonus). Either way it
+            keeps no second (b, r, V) tensor (`token_entropy`).
         pack: run the b rows as one packed row (`takes_packed_rows`). Either way the
             padding columns hold numbers that mean nothing: callers mask them.
 
@@ -219,6 +221,8 @@ def response_logprobs(
     logprobs = _sampled(log_probs, input_ids[:, prompt_length:])
     if not with_entropy:
         return logprobs
+    if entropy_grad:
+        return logprobs, token_entropy(log_probs)
     with torch.no_grad():
         return logprobs, token_entropy(log_probs.detach())
 

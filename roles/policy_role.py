@@ -17,10 +17,12 @@ from typing import Any, Iterator
 import torch
 
 from algorithm.ppo_math import (
+    adaptive_kl_coef,
     behaviour_weights,
     clipped_policy_loss,
     explained_variance,
     generalized_advantage_estimate,
+    kl_estimate,
     kl_penalised_rewards,
     masked_mean,
     whiten,
@@ -57,6 +59,9 @@ class PolicyRole(TrainerRole):
     def __init__(self, config: PPOConfig, placement: RolePlacement):
         super().__init__(config, placement)
         self.policy_version = 0
+        # The KL coefficient the next batch is penalised with: fixed, or the adaptive
+        # controller's state, saved with the role so a resume continues it (S-OPT-1).
+        self.kl_coef = config.rl.kl_coef
         self.parks = self.placement.parks
         self.parked = False
         if self.parks:
@@ -135,9 +140,12 @@ class PolicyRole(TrainerRole):
             ) * mask
         old_values = trajectory.values * mask
         # One reward and one GAE for every rollout (S-PATH-1): a single-turn row is a one-turn episode.
+        kl_coef = self.kl_coef
         rewards, kl = kl_penalised_rewards(
-            trajectory.token_scores, old_logprobs, trajectory.ref_logprobs, mask, self.rl.kl_coef
+            trajectory.token_scores, old_logprobs, trajectory.ref_logprobs, mask,
+            kl_coef if self.rl.kl_in == "reward" else 0.0, self.rl.kl_estimator,
         )
+        kl_metrics = self._adapt_kl_coef(kl, input_ids.shape[0])
         advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
         if self.rl.whiten_advantages:
             advantages = whiten(advantages, mask)
@@ -166,9 +174,12 @@ class PolicyRole(TrainerRole):
             returns=returns,
             extras=trajectory.extras,  # the packed pixels, for the policy's and the critic's minibatches
             behaviour_weights=weights,
+            ref_logprobs=trajectory.ref_logprobs if self.rl.kl_in == "loss" else None,
+            kl_coef=kl_coef if self.rl.kl_in == "loss" else None,
         )
         return self.targets, {
             **lag_metrics,
+            **kl_metrics,
             "train/kl": float((kl.sum(dim=1)).mean()),
             "train/advantage_mean": float(masked_mean(advantages, mask)),
             "train/return_mean": float(masked_mean(returns, mask)),
@@ -176,28 +187,51 @@ class PolicyRole(TrainerRole):
             "rollout/logprob_abs_diff": float(masked_mean((old_logprobs - trajectory.rollout_logprobs).abs(), mask)),
         }
 
+    def _adapt_kl_coef(self, kl: torch.Tensor, samples: int) -> dict[str, float]:
+        """With `rl.kl_target`, the controller's step after this batch (Ziegler et al.
+        2019) and the coefficient this batch was penalised with, `train/kl_coef`.
+        It steps during critic warmup too: every iteration's batch is penalised, and the
+        step is a pure function of that batch, so warmup and resume stay deterministic."""
+        if self.rl.kl_target is None:
+            return {}
+        used = self.kl_coef
+        mean_sequence_kl = float(kl.sum(dim=1).mean())
+        self.kl_coef = adaptive_kl_coef(used, mean_sequence_kl, self.rl.kl_target, self.rl.kl_horizon, samples)
+        return {"train/kl_coef": used}
+
     def _loss(self, targets: PPOTargets, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped surrogate per token (m, r') of one micro-batch; the runtime
         aggregates it (S-PATH-2). Diagnostics are token means over its rows."""
         input_ids, attention_mask, prompt_length = micro.sequences(
             targets.input_ids, targets.attention_mask, targets.prompt_length
         )
+        rl = self.rl
         logprobs, entropy = response_logprobs(
             self.model, input_ids, attention_mask, prompt_length,
-            self.rl.rollout.temperature, targets.extras, micro.rows, with_entropy=True, pack=self.packs_rows,
+            rl.rollout.temperature, targets.extras, micro.rows, with_entropy=True, pack=self.packs_rows,
+            entropy_grad=rl.entropy_coef > 0,
         )
+        kl_to_reference = None
+        if targets.ref_logprobs is not None:  # rl.kl_in=loss: KL(π_θ || π_ref) per token, with gradient
+            kl_to_reference = kl_estimate(logprobs, micro.response(targets.ref_logprobs), rl.kl_estimator)
         output = clipped_policy_loss(
             logprobs, micro.response(targets.old_logprobs), micro.response(targets.advantages),
-            micro.response(targets.response_mask), self.rl.clip_ratio, entropy,
+            micro.response(targets.response_mask), rl.clip_ratio, entropy,
             None if targets.behaviour_weights is None else micro.response(targets.behaviour_weights),
+            clip_ratio_high=rl.clip_ratio_high, dual_clip=rl.dual_clip, entropy_coef=rl.entropy_coef,
+            kl_to_reference=kl_to_reference, kl_coef=targets.kl_coef or 0.0,
         )
-        return output.per_token, {
+        diagnostics = {
             "loss": output.loss.detach(),
             "clip_fraction": output.clip_fraction,
             "approx_kl": output.approx_kl,
             "ratio_mean": output.ratio_mean,
             "entropy": output.entropy,
         }
+        for name in ("clip_fraction_low", "clip_fraction_high", "dual_clip_fraction", "kl_loss"):
+            if (value := getattr(output, name)) is not None:  # only with the option on (S-OPT-1)
+                diagnostics[name] = value
+        return output.per_token, diagnostics
 
     def _admit(self, targets: PPOTargets, batch_id: str) -> None:
         # At the train step too: targets frozen under one version must not train weights
@@ -265,7 +299,10 @@ class PolicyRole(TrainerRole):
         )
 
     def _saved_state(self) -> dict[str, Any]:
-        return {"policy_version": self.policy_version}
+        state: dict[str, Any] = {"policy_version": self.policy_version}
+        if self.rl.kl_target is not None:  # saved with the controller only: a fixed coefficient is the config's
+            state["kl_coef"] = self.kl_coef
+        return state
 
     def save(self, directory: str, plan: str = "full") -> dict[str, Any]:
         report = super().save(directory, plan)
@@ -279,6 +316,9 @@ class PolicyRole(TrainerRole):
     def load(self, directory: str) -> dict[str, Any]:
         state = super().load(directory)
         self.policy_version = int(state["policy_version"])
+        # A boundary written without the controller starts it from rl.kl_coef.
+        adaptive = self.rl.kl_target is not None
+        self.kl_coef = float(state.get("kl_coef", self.rl.kl_coef)) if adaptive else self.rl.kl_coef
         return state
 
     def export_boundary(self, boundary: str, out: str) -> dict[str, str]:
