@@ -39,11 +39,15 @@ RM_NORMALIZE = "every iteration with rl.reward.model.normalize"
 RM_CLIP = "every iteration with rl.reward.model.clip set"
 RM_EOS_PENALTY = "every iteration with rl.reward.model.missing_eos_penalty set"
 ENVIRONMENT = "every iteration with a multi-turn environment (rl.env)"
+ADAPTIVE_KL = "every iteration with the adaptive KL coefficient (rl.kl_target set)"
+CLIP_HIGHER = "with an upper clip of its own (rl.clip_ratio_high set)"
+DUAL_CLIP = "with the dual clip (rl.dual_clip set)"
+KL_IN_LOSS = "with the KL in the policy loss (rl.kl_in=loss)"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
     EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO, REWARD_MODEL, RM_NORMALIZE,
-    RM_CLIP, RM_EOS_PENALTY, ENVIRONMENT,
+    RM_CLIP, RM_EOS_PENALTY, ENVIRONMENT, ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS,
 )
 
 
@@ -133,8 +137,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("train/behaviour_weight_truncated_fraction", "fraction of response tokens whose importance weight "
            "pi_prox/pi_behav exceeded rl.rollout.behaviour_weight_cap and was truncated to it", "fraction",
            ONE_STEP_OFF, "roles/policy_role.py"),
-    Metric("train/kl", "mean per-sequence sum of log π_old − log π_ref over response tokens (the KL penalty's "
-           "estimate)", "nats", EVERY_ITERATION, "roles/policy_role.py"),
+    Metric("train/kl", "mean per-sequence sum over response tokens of the rl.kl_estimator estimate of "
+           "KL(π_old ‖ π_ref) (k1, the default: log π_old − log π_ref); the KL penalty's estimate, and what the "
+           "adaptive coefficient follows", "nats", EVERY_ITERATION, "roles/policy_role.py"),
+    Metric("train/kl_coef", "the KL coefficient this iteration's batch was penalised with (in the reward, or in "
+           "the loss with rl.kl_in=loss); the adaptive controller then steps it for the next iteration, critic "
+           "warmup included", "coefficient", ADAPTIVE_KL, "roles/policy_role.py"),
     Metric("train/advantage_mean", "mean advantage over response tokens (after whitening when enabled)",
            "reward", EVERY_ITERATION, "roles/policy_role.py"),
     Metric("train/return_mean", "mean GAE return over response tokens", "reward", EVERY_ITERATION,
@@ -142,18 +150,32 @@ METRICS: tuple[Metric, ...] = (
     Metric("train/explained_variance", "1 − Var(R − V)/Var(R) of the critic's predictions: 1 is perfect, "
            "≤ 0 no better than a constant", "ratio", EVERY_ITERATION, "roles/policy_role.py"),
     # the policy's update
-    Metric("train/policy_loss", "PPO-clip surrogate loss, the token mean of each micro-batch averaged over "
+    Metric("train/policy_loss", "PPO-clip surrogate loss (with the KL term and entropy bonus when configured), "
+           "the token mean of each micro-batch averaged over "
            "micro-batches (a diagnostic: the gradient's loss is rl.loss_aggregation over the whole minibatch; the "
            "two agree with token_mean and one micro-batch per minibatch)", "loss", ACTOR_UPDATES,
            "roles/policy_role.py"),
     Metric("train/policy_clip_fraction", "fraction of response tokens where the ratio was clipped",
            "fraction in [0, 1]", ACTOR_UPDATES, "roles/policy_role.py"),
+    Metric("train/policy_clip_fraction_low", "fraction of response tokens with a negative advantage whose ratio "
+           "was clipped at 1 − rl.clip_ratio (the lower clip's share of train/policy_clip_fraction)",
+           "fraction in [0, 1]", (ACTOR_UPDATES, CLIP_HIGHER), "roles/policy_role.py"),
+    Metric("train/policy_clip_fraction_high", "fraction of response tokens with a positive advantage whose ratio "
+           "was clipped at 1 + rl.clip_ratio_high (the upper clip's share of train/policy_clip_fraction)",
+           "fraction in [0, 1]", (ACTOR_UPDATES, CLIP_HIGHER), "roles/policy_role.py"),
+    Metric("train/policy_dual_clip_fraction", "fraction of response tokens with a negative advantage A whose loss "
+           "was capped at −rl.dual_clip·A", "fraction in [0, 1]", (ACTOR_UPDATES, DUAL_CLIP),
+           "roles/policy_role.py"),
+    Metric("train/policy_kl_loss", "mean per-token rl.kl_estimator estimate of KL(π_θ ‖ π_ref) over response "
+           "tokens during the update: the loss's KL term before rl.kl_coef", "nats", (ACTOR_UPDATES, KL_IN_LOSS),
+           "roles/policy_role.py"),
     Metric("train/policy_approx_kl", "k3 estimate of KL(π_old ‖ π_θ) over response tokens during the update",
            "nats", ACTOR_UPDATES, "roles/policy_role.py"),
     Metric("train/policy_ratio_mean", "mean π_θ/π_old over response tokens during the update", "ratio",
            ACTOR_UPDATES, "roles/policy_role.py"),
     Metric("train/policy_entropy", "mean per-token entropy of π_θ over response tokens, at the rollout "
-           "temperature, from the loss's own forward", "nats", ACTOR_UPDATES, "roles/policy_role.py"),
+           "temperature, from the loss's own forward (the bonus's entropy with rl.entropy_coef)", "nats",
+           ACTOR_UPDATES, "roles/policy_role.py"),
     Metric("train/policy_grad_norm", "policy gradient norm before clipping, mean over optimizer steps", "norm",
            ACTOR_UPDATES, "trainer/update_runtime.py"),
     Metric("optim/policy_lr", "the policy's learning rate after this update", "learning rate", ACTOR_UPDATES,

@@ -257,13 +257,15 @@ def ragged_targets(model: torch.nn.Module):
     )
 
 
-def role_loss(role: str, model: torch.nn.Module, packs_rows: bool = False) -> Callable:
+def role_loss(role: str, model: torch.nn.Module, packs_rows: bool = False, **options: Any) -> Callable:
     """The policy's or the critic's own `_loss`, on a stand-in for the role; `packs_rows`
-    as a role whose attention kernel takes packed rows sets it."""
+    as a role whose attention kernel takes packed rows sets it; `options` set the PPO
+    options of `rl` (S-OPT-1), each off otherwise."""
     from roles.critic_role import CriticRole
     from roles.policy_role import PolicyRole
 
-    rl = SimpleNamespace(rollout=SimpleNamespace(temperature=1.0), clip_ratio=0.2, value_clip=0.2)
+    off = {"clip_ratio_high": None, "dual_clip": None, "entropy_coef": 0.0, "kl_estimator": "k1"}
+    rl = SimpleNamespace(rollout=SimpleNamespace(temperature=1.0), clip_ratio=0.2, value_clip=0.2, **off | options)
     body = SimpleNamespace(model=model, rl=rl, packs_rows=packs_rows)
     loss = PolicyRole._loss if role == "policy" else CriticRole._loss
     return lambda targets, micro: loss(body, targets, micro)

@@ -146,3 +146,23 @@ def test_two_ranks_give_the_one_rank_gradient(one_rank_gradients, tmp_path):
     for mode, cut in cases:
         got = load_file(tmp_path / f"{mode}-{cut}.safetensors")
         _assert_same(got, one_rank_gradients[mode], f"two ranks, {mode}, {cut}")
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "sequence_mean_token_mean"])
+def test_the_ppo_options_terms_do_not_depend_on_the_cut_either(policy, one_rank_gradients, mode):
+    """S-OPT-1 over S-PATH-2: clip-higher, the dual clip, the KL in the loss (k3) and the
+    entropy bonus are per-token terms of the one per-token loss, so they aggregate as it
+    does; and they change the objective (else this could pass with them ignored)."""
+    import dataclasses
+
+    update, targets, _ = policy
+    generator = torch.Generator().manual_seed(11)
+    reference = targets.old_logprobs + 0.2 * torch.randn(targets.old_logprobs.shape, generator=generator,
+                                                         dtype=torch.float64) * targets.response_mask
+    with_reference = dataclasses.replace(targets, ref_logprobs=reference, kl_coef=0.1)
+    loss_fn = role_loss("policy", update.model, clip_ratio_high=0.28, dual_clip=1.5, entropy_coef=0.01,
+                        kl_estimator="k3")
+    whole = minibatch_gradient(update, with_reference, loss_fn, mode)
+    assert not torch.allclose(whole["model.norm.weight"], one_rank_gradients[mode]["model.norm.weight"])
+    for cut in ("micro1", "micro4", "tokens11", "tokens25"):
+        _assert_same(minibatch_gradient(update, with_reference, loss_fn, mode, *CUTS[cut]), whole, f"{mode}, {cut}")
