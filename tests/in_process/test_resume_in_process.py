@@ -54,6 +54,24 @@ def test_stop_and_rerun_in_process_is_bitwise_the_uninterrupted_run(tiny_model_d
     assert got == [without_timings(r) for r in metric_records(straight)]
 
 
+@pytest.mark.parametrize("warmup, stop_after", [(0, 2), (2, 1)])
+def test_the_adaptive_kl_coefficient_resumes_exactly(tiny_model_dir, tmp_path, warmup, stop_after):
+    """S-OPT-1: the controller's coefficient is the policy role's saved state, so a resume
+    continues it bit for bit; it steps during critic warmup too (every batch is penalised)."""
+    common = (f"rl.critic_warmup_iterations={warmup}", "rl.kl_target=0.001", "rl.kl_horizon=50",
+              "rl.kl_estimator=k3")
+    straight = _run(tmp_path, tiny_model_dir, "straight", "rl.max_steps=4", *common)
+    _run(tmp_path, tiny_model_dir, "resumed", f"rl.max_steps={stop_after}", *common)
+    resumed = _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=4", *common)
+    assert _digests(resumed, 4) == _digests(straight, 4)
+    got = [without_timings(r) for r in metric_records(resumed)]
+    assert got == [without_timings(r) for r in metric_records(straight)]
+    coefficients = [r["train/kl_coef"] for r in got]
+    assert len(set(coefficients)) == 4, coefficients  # it moved every iteration, warmup included
+    saved = json.loads((boundary(resumed, 4) / "policy" / "trainer_state.json").read_text())
+    assert saved["kl_coef"] != coefficients[-1]  # the step after iteration 4, for iteration 5
+
+
 def test_resume_under_a_different_warmup_fails_closed_and_writes_nothing(tiny_model_dir, tmp_path):
     run_dir = _run(tmp_path, tiny_model_dir, "mismatch", "rl.max_steps=2", "rl.critic_warmup_iterations=2")
     before = run_dir_snapshot(run_dir)
