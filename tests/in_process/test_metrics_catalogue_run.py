@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from algorithm.metrics_catalogue import (
     ACTOR_UPDATES,
+    ADAPTIVE_KL,
+    CLIP_HIGHER,
     DATA_PARALLEL,
+    DUAL_CLIP,
     EVERY_ITERATION,
+    KL_IN_LOSS,
     METRICS,
     POLICY_PARKS,
     SEVERAL_ENGINES,
@@ -37,3 +41,20 @@ def test_records_of_a_real_run_match_the_catalogue(tiny_overrides):
     # One rank, no park on CPU, one engine: keys reserved for those set-ups stay out.
     reserved = {m.key for m in METRICS if {DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES} & set(m.conditions)}
     assert reserved & (warmup.keys() | actor.keys()) == set()
+    # The PPO options' keys appear only with their option on (S-OPT-1).
+    option_conditions = {ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS}
+    options = {m.key for m in METRICS if option_conditions & set(m.conditions)}
+    assert options & (warmup.keys() | actor.keys()) == set()
+
+
+def test_the_ppo_options_keys_appear_with_their_options(tiny_overrides):
+    config = load_config(TINY_PROFILE, tiny_overrides + [
+        "rl.max_steps=2", "rl.critic_warmup_iterations=1", "rl.clip_ratio_high=0.28", "rl.dual_clip=3",
+        "rl.kl_in=loss", "rl.kl_estimator=k3", "rl.kl_target=0.01", "rl.kl_horizon=1000", "rl.entropy_coef=0.001",
+    ])
+    (warmup, actor), _ = run_in_process(config)
+    assert uncatalogued([warmup, actor]) == []
+    assert keys_when(ADAPTIVE_KL) - warmup.keys() == set() and keys_when(ADAPTIVE_KL) - actor.keys() == set()
+    for condition in (CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS):
+        assert keys_when(ACTOR_UPDATES, condition) - actor.keys() == set(), condition
+        assert keys_when(ACTOR_UPDATES, condition) & warmup.keys() == set(), condition
