@@ -841,8 +841,8 @@ class RLConfig(Section):
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(
                 f"rl.dual_clip is {self.dual_clip:g}: the dual clip caps a negative-advantage token's loss at "
-                "-dual_clip * A, which must lie beyond the PPO clip's 1 + rl.clip_ratio, so it needs a value above 1 "
-                "(3 is verl's); null turns it off"
+                "-dual_clip * A, a bound on the policy ratio that needs a value above 1 (verl's default is 3); null "
+                "turns it off"
             )
         if self.clip_ratio_high is not None and self.clip_ratio_high < self.clip_ratio:
             raise ValueError(
