@@ -150,11 +150,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("train/explained_variance", "1 − Var(R − V)/Var(R) of the critic's predictions: 1 is perfect, "
            "≤ 0 no better than a constant", "ratio", EVERY_ITERATION, "roles/policy_role.py"),
     # the policy's update
-    Metric("train/policy_loss", "PPO-clip surrogate loss (with the KL term and entropy bonus when configured), "
-           "the token mean of each micro-batch averaged over "
-           "micro-batches (a diagnostic: the gradient's loss is rl.loss_aggregation over the whole minibatch; the "
-           "two agree with token_mean and one micro-batch per minibatch)", "loss", ACTOR_UPDATES,
-           "roles/policy_role.py"),
+    Metric("train/policy_loss", "PPO-clip surrogate loss (with the KL term and entropy bonus when configured) "
+           "as the gradient sees it: each minibatch's loss under rl.loss_aggregation, averaged over minibatches; "
+           "the same however the minibatch is cut", "loss", ACTOR_UPDATES, "trainer/update_runtime.py"),
     Metric("train/policy_clip_fraction", "fraction of response tokens where the ratio was clipped",
            "fraction in [0, 1]", ACTOR_UPDATES, "roles/policy_role.py"),
     Metric("train/policy_clip_fraction_low", "fraction of response tokens with a negative advantage whose ratio "
@@ -192,9 +190,9 @@ METRICS: tuple[Metric, ...] = (
            "(0 where micro-batches run packed); the critic runs the same micro-batches", "fraction in [0, 1]",
            ACTOR_UPDATES, "trainer/update_runtime.py"),
     # the critic's update
-    Metric("train/value_loss", "clipped value loss, the token mean of each micro-batch averaged over "
-           "micro-batches (a diagnostic, like train/policy_loss)", "loss", EVERY_ITERATION,
-           "roles/critic_role.py"),
+    Metric("train/value_loss", "clipped value loss as the gradient sees it: each minibatch's loss under "
+           "rl.loss_aggregation, averaged over minibatches (like train/policy_loss)", "loss", EVERY_ITERATION,
+           "trainer/update_runtime.py"),
     Metric("train/value_clip_fraction", "fraction of response tokens where the clipped value error was larger",
            "fraction in [0, 1]", EVERY_ITERATION, "roles/critic_role.py"),
     Metric("train/critic_grad_norm", "critic gradient norm before clipping, mean over optimizer steps", "norm",

@@ -104,6 +104,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _minibatch_diagnostics(per_micro: list[tuple[dict[str, torch.Tensor], float]]) -> dict[str, float]:
+    """One minibatch's diagnostics (clip fraction, approx KL, ...) from its micro-batches'
+    token means, weighted by their loss tokens: this rank's token mean over the
+    minibatch, the same however it was cut. The loss itself is not here: `run_plan`
+    reports the aggregated objective."""
+    if len(per_micro) == 1:  # exactly the micro-batch's own figures, as before token budgets
+        return {name: float(value) for name, value in per_micro[0][0].items() if name != "loss"}
+    tokens = sum(count for _, count in per_micro) or 1.0
+    names = [name for name in per_micro[0][0] if name != "loss"]
+    return {name: sum(float(diagnostics[name]) * count for diagnostics, count in per_micro) / tokens
+            for name in names}
+
+
 class UpdateRuntime:
     def __init__(
         self,
@@ -160,7 +173,8 @@ class UpdateRuntime:
         `rl.loss_aggregation` of its per-token losses: the normaliser is taken from the
         whole minibatch before the first backward, and each micro-batch adds its share,
         so the gradient does not depend on micro-batches, ranks or token-budget
-        cutting (S-PATH-2). Diagnostics are means over micro-batches, as before.
+        cutting (S-PATH-2); so does the reported loss (the objective itself) and the
+        diagnostics (token-weighted within a minibatch, `_minibatch_diagnostics`).
         `packed`: `loss_fn` runs each micro-batch as one packed row (models/packed_rows.py),
         so its forward holds no padding slot."""
         if self.plan_shape is not None and self.plan_shape != plan.shape:
@@ -187,24 +201,33 @@ class UpdateRuntime:
         for minibatch in schedule:
             self.optimizer.zero_grad(set_to_none=True)
             normaliser = aggregation.normaliser(targets.response_mask[minibatch.rows], plan.generation_budget)
+            minibatch_loss = 0.0
+            per_micro: list[tuple[dict[str, torch.Tensor], float]] = []
             for position, micro in enumerate(minibatch.micro_batches):
                 last = position == len(minibatch.micro_batches) - 1
                 set_gradient_sync(self.model, last)  # one reduce-scatter per optimizer step
                 per_token, diagnostics = loss_fn(targets, micro)
-                share = aggregation.share(per_token, micro.response(targets.response_mask), normaliser)
+                mask = micro.response(targets.response_mask)
+                share = aggregation.share(per_token, mask, normaliser)
                 backward_started = time.perf_counter()
                 share.backward()
                 if sharded and last:
                     sync_seconds += time.perf_counter() - backward_started
-                for name, value in diagnostics.items():
-                    sums[name] += float(value)
-                    counts[name] += 1
+                minibatch_loss += float(share)
+                per_micro.append((diagnostics, float(mask.sum())))
                 _, attention, _ = micro.sequences(
                     host_targets.input_ids, host_targets.attention_mask, host_targets.prompt_length
                 )
                 real = int(attention.sum())
                 slots["all"] += real if packed else attention.numel()
                 slots["padding"] += 0 if packed else attention.numel() - real
+            # The reported loss is the objective itself, this rank's shares summed (every
+            # rank's add up to the minibatch's loss); counted once per minibatch, on rank 0.
+            sums["loss"] += minibatch_loss
+            counts["loss"] += 1 if dp.rank == 0 else 0
+            for name, value in _minibatch_diagnostics(per_micro).items():
+                sums[name] += value
+                counts[name] += 1
             if sharded:
                 grad_norm = clip_gradients(list(self.model.parameters()), self.max_grad_norm)
             else:

@@ -166,3 +166,22 @@ def test_the_ppo_options_terms_do_not_depend_on_the_cut_either(policy, one_rank_
     assert not torch.allclose(whole["model.norm.weight"], one_rank_gradients[mode]["model.norm.weight"])
     for cut in ("micro1", "micro4", "tokens11", "tokens25"):
         _assert_same(minibatch_gradient(update, with_reference, loss_fn, mode, *CUTS[cut]), whole, f"{mode}, {cut}")
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "sequence_mean_token_mean"])
+def test_the_reported_loss_and_diagnostics_do_not_depend_on_the_cut(policy, mode):
+    """The metrics a user reads mean the same however the minibatch is cut: the loss is
+    the aggregated objective, the diagnostics token means over the minibatch."""
+    from algorithm.update_plan import UpdatePlan
+    from tests.in_process.fsdp_ranks import GENERATION_BUDGET
+
+    update, targets, loss_fn = policy
+    reported = {}
+    for cut, (micro_batch_size, tokens) in CUTS.items():
+        update.plan_shape = None
+        plan = UpdatePlan(1, 8, micro_batch_size, seed=3, outer_iteration=1, micro_batch_tokens=tokens,
+                          loss_aggregation=mode, generation_budget=GENERATION_BUDGET)
+        reported[cut] = update.run_plan(plan, targets, loss_fn)
+    for cut, metrics in reported.items():
+        for name in ("loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy"):
+            assert metrics[name] == pytest.approx(reported["whole"][name], rel=1e-6, abs=1e-12), (cut, name)
