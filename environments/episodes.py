@@ -155,17 +155,17 @@ class EpisodeRunner:
     def _check_opening_fits(self, episode: _Episode) -> None:
         """S-BYO-5: the pre-flight cannot call the environment (user code), so the opening
         (with the tools' schemas) is measured here, the first time it exists."""
-        budget = self.limits.max_episode_tokens
-        if self.positions is None or len(episode.context) + budget <= self.positions:
+        budget, opening = self.limits.max_episode_tokens, len(episode.context)
+        if self.positions is None or opening + budget <= self.positions:
             return
         where = episode.row.source or f"row {episode.row.row_id}"
         raise OpeningTooLong(
             f"the opening of the episode of row {episode.row.row_id} ({where}), from environment "
-            f"{self.limits.factory_name} (rl.env.factory), is {len(episode.context)} tokens (its messages and tools' "
-            f"schemas through the chat template); with rl.env.max_episode_tokens={budget} that is "
-            f"{len(episode.context) + budget} positions, beyond the model's context of {self.positions} "
-            f"(config.json): lower rl.env.max_episode_tokens to at most {max(self.positions - len(episode.context), 0)} "
-            f"(and rl.env.max_turn_tokens={self.limits.max_turn_tokens} with it), or shorten the opening or its tools"
+            f"{self.limits.factory_name} (rl.env.factory), is {opening} tokens (its messages and tools' schemas "
+            f"through the chat template); with rl.env.max_episode_tokens={budget} that is {opening + budget} "
+            f"positions, beyond the model's context of {self.positions} (config.json): lower "
+            f"rl.env.max_episode_tokens to at most {max(self.positions - opening, 0)} (and rl.env.max_turn_tokens="
+            f"{self.limits.max_turn_tokens} with it), or shorten the opening or its tools"
         )
 
     # --- environment calls ---------------------------------------------------------
