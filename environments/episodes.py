@@ -265,7 +265,7 @@ class EpisodeRunner:
                 self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
                 if self.tool_format.reads_special_tokens else text
             )
-            episode.messages.append({"role": "assistant", "content": text})
+            episode.messages.append({"role": "assistant", "content": episode.last_written})
             if not ended:  # the turn ran into a token limit: nothing to step on
                 episode.done = episode.cut = True
 
