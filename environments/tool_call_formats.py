@@ -30,7 +30,7 @@ class ToolCallFormat:
     (the call's marker is one in the family's tokenizer), not the plain text.
     `answers_carry_call_ids`: a tool answer must name the call it answers
     (`tool_call_id`), as the family's template requires. `written_as` and `family`: the
-    docs table's words."""
+    docs table's words (markdown)."""
 
     name: str
     parse: Parser
@@ -100,8 +100,8 @@ def role_hint() -> str:
 @tool_call_format(
     "qwen3",
     tool_role="tool",
-    family="Qwen2.5, Qwen3 and Hermes-style templates (NousResearch Hermes 2/3, many fine-tunes)",
-    written_as='<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one block per call',
+    family="Qwen2.5, Qwen3 and Hermes-style templates (Hermes 2 Pro, Hermes 3)",
+    written_as='`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call',
 )
 def parse_qwen3(text: str) -> ParsedTurn:
     """Qwen3's (and Hermes') `<tool_call>` blocks (environments/tool_calls.py,
@@ -118,7 +118,7 @@ PYTHON_TAG = "<|python_tag|>"
     "llama3_json",
     tool_role="ipython",
     family="Llama 3.1, 3.2 and 3.3 instruct models (JSON tool calling)",
-    written_as='{"name": ..., "parameters": {...}} as the whole turn, optionally after <|python_tag|>',
+    written_as='`{"name": ..., "parameters": {...}}` as the whole turn, optionally after `<|python_tag|>`',
 )
 def parse_llama3_json(text: str) -> ParsedTurn:
     """Llama 3.1's JSON tool calls: the assistant's turn is a bare JSON object
@@ -175,7 +175,7 @@ MISTRAL_CALL_ID = re.compile(r"^[A-Za-z0-9]{9}$")
     "mistral",
     tool_role="tool",
     family="Mistral 7B Instruct v0.3, Mixtral 8x22B, Mistral Nemo and other v3-tokenizer models",
-    written_as='[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}], the id optional',
+    written_as='`[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]`, the id optional',
     reads_special_tokens=True,
     answers_carry_call_ids=True,
 )
@@ -242,7 +242,8 @@ def formats_table() -> str:
         "| --- | --- | --- | --- |",
     ]
     for entry in FORMATS.values():
-        lines.append(f"| `{entry.name}` | {entry.family} | `{entry.written_as}` | `{entry.tool_role}` |")
+        written = entry.written_as.replace("|", "\\|")  # a pipe inside a cell, even in code, ends the cell
+        lines.append(f"| `{entry.name}` | {entry.family} | {written} | `{entry.tool_role}` |")
     return "\n".join(lines) + "\n"
 
 
