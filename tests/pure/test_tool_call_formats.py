@@ -468,3 +468,13 @@ def test_a_call_with_an_id_answers_naming_it():
     )
     assert [m["tool_call_id"] for m in rendered] == ["a1b2c3d4e", "000000002"]
     assert json.dumps(rendered)  # plain data, as templates take it
+
+
+def test_only_the_assistants_turn_must_end_with_eos():
+    from environments.chat_tokens import ObservationEncoder
+
+    mistral = FAMILIES["mistral"]()
+    assert ObservationEncoder(mistral, mistral.eos_token).anchor_turns == 1  # no EOS after [INST] ... [/INST]
+    mistral.chat_template = MISTRAL_TEMPLATE.replace("{{- message.content + eos_token }}", "{{- message.content }}")
+    with pytest.raises(TemplateError, match="does not close the assistant's turn with its EOS token '</s>'"):
+        ObservationEncoder(mistral, mistral.eos_token)
