@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from configs.callables import DOTTED_NAME, CallablePath
+from environments.tool_call_formats import DEFAULT_FORMAT, FORMATS, format_named
 
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -665,6 +666,20 @@ class EnvConfig(Section):
     max_concurrency: int = Field(
         64, ge=1, description="Environment steps (and the tool calls inside them) run at once, across episodes."
     )
+    tool_call_format: str = Field(
+        DEFAULT_FORMAT,
+        description="How the model writes tool calls and in which role its chat template takes a tool's answer, "
+        f"one of: {', '.join(f'`{name}`' for name in FORMATS)} (`qwen3`: `<tool_call>` blocks, Qwen and "
+        "Hermes-style templates; `llama3_json`: a bare JSON object with `parameters`, answers in role `ipython`, "
+        "Llama 3.1-3.3; `mistral`: `[TOOL_CALLS]` and a JSON list, Mistral's v3 tokenizers). "
+        "docs/howto/environments.md, \"Your model family's tool calls\".",
+    )
+
+    @field_validator("tool_call_format")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        format_named(name)  # S-BYO-5: an unknown name is refused listing the known ones
+        return name
 
     @model_validator(mode="after")
     def _turn_fits_episode(self) -> "EnvConfig":

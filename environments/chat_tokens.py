@@ -44,19 +44,20 @@ def opening_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
 class ObservationEncoder:
     """The tokens an observation appends after an assistant turn that ended with the
     end-of-turn token `eos_token`: what the template writes after the fixed anchor
-    conversation's closing `eos_token` once the messages follow it. Counted by EOS
-    rather than compared as text, since a template may render a past assistant turn
-    unlike a last one (Qwen3 drops the empty think block)."""
+    conversation's closing `eos_token` (the assistant's) once the messages follow it.
+    Counted by EOS rather than compared as text, since a template may render a past
+    assistant turn unlike a last one (Qwen3 drops the empty think block)."""
 
     def __init__(self, tokenizer, eos_token: str):
         self.tokenizer = tokenizer
         self.eos_token = eos_token
         anchor = render(tokenizer, _ANCHOR, None, generation=False)
         self.anchor_turns = anchor.count(eos_token)
-        if self.anchor_turns < 2:
+        # Only the assistant's turn must end with EOS: Mistral's templates close no user turn with it.
+        if self.anchor_turns < 1 or not anchor.rstrip().endswith(eos_token):
             raise TemplateError(
-                f"the model's chat template does not close each turn with its EOS token {eos_token!r}; episodes "
-                "continue from the sampled tokens, so an assistant turn must end with it"
+                f"the model's chat template does not close the assistant's turn with its EOS token {eos_token!r}; "
+                "episodes continue from the sampled tokens, so an assistant turn must end with it"
             )
 
     def ids(self, messages: list[dict[str, Any]]) -> list[int]:

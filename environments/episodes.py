@@ -10,6 +10,9 @@ assistant tokens are actions (sampled, trained on), observation tokens are conte
 Deterministic given the rows, their seeds and the generation seed: every turn's
 sampling seed is derived from the generation seed and the turn, and environments are
 stepped in parallel but their answers gathered in batch order.
+
+Calls are read, and tool answers rendered, in the run's tool-call format
+(`rl.env.tool_call_format`, environments/tool_call_formats.py; S-BYO-5).
 """
 
 from __future__ import annotations
@@ -27,11 +30,17 @@ from data.packing import PackedPrompts
 from environments.chat_tokens import ObservationEncoder, opening_ids
 from environments.preflight import template_renders_tool_messages
 from environments.protocol import EnvRow, MalformedEnvironmentOutput, Reset, Step, checked_reset, checked_step
-from environments.tool_calls import assistant_message, parse_tool_calls
+from environments.tool_call_formats import DEFAULT_FORMAT, ToolCallFormat, format_named
+from environments.tool_calls import ToolCall, assistant_message
 
 
 class EnvironmentFailed(RuntimeError, RepeatsOnRerun):
     """An environment raised, hung or answered something unusable (`rl.env.on_error=fail`)."""
+
+
+class OpeningTooLong(EnvironmentFailed):
+    """An episode's opening leaves the model too few positions for `rl.env.max_episode_tokens`
+    (S-BYO-5); raised whatever `rl.env.on_error` says: it is the config, not one episode."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,8 @@ class _Episode:
     rewards: list[float] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
     last_answer: str = ""
+    last_written: str = ""  # the last turn as the tool-call format reads it
+    last_calls: list[ToolCall] = field(default_factory=list)  # the calls read from it
     done: bool = False
     cut: bool = False
     failed: bool = False
@@ -93,11 +104,20 @@ def _plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 class EpisodeRunner:
-    def __init__(self, tokenizer, make_env: Callable[[], Any], limits: EpisodeLimits):
+    """`positions`: the model's context (config.json), which every opening plus
+    `max_episode_tokens` must fit; None where the config sets none."""
+
+    def __init__(
+        self, tokenizer, make_env: Callable[[], Any], limits: EpisodeLimits,
+        tool_format: ToolCallFormat | None = None, positions: int | None = None,
+    ):
         self.tokenizer = tokenizer
         self.make_env = make_env
         self.limits = limits
-        template_renders_tool_messages(tokenizer)  # as pre-flight checked, for a model built since
+        self.tool_format = tool_format or format_named(DEFAULT_FORMAT)
+        self.positions = positions
+        # As pre-flight checked, for a model built since.
+        template_renders_tool_messages(tokenizer, self.tool_format)
         self.observations = ObservationEncoder(tokenizer, tokenizer.eos_token)
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id
@@ -116,6 +136,7 @@ class EpisodeRunner:
             else:  # on_error=end: an episode that never opened samples one turn from an empty one
                 episode.context = opening_ids(self.tokenizer, [{"role": "user", "content": ""}], None)
                 episode.done = False
+            self._check_opening_fits(episode)
         for turn in range(1, self.limits.max_turns + 1):
             going = [e for e in episodes if not e.done]
             if not going:
@@ -131,6 +152,22 @@ class EpisodeRunner:
                 self._observe(episode, step, turn)
         return self._batch(episodes, time.perf_counter() - started, waited)
 
+    def _check_opening_fits(self, episode: _Episode) -> None:
+        """S-BYO-5: the pre-flight cannot call the environment (user code), so the opening
+        (with the tools' schemas) is measured here, the first time it exists."""
+        budget, opening = self.limits.max_episode_tokens, len(episode.context)
+        if self.positions is None or opening + budget <= self.positions:
+            return
+        where = episode.row.source or f"row {episode.row.row_id}"
+        raise OpeningTooLong(
+            f"the opening of the episode of row {episode.row.row_id} ({where}), from environment "
+            f"{self.limits.factory_name} (rl.env.factory), is {opening} tokens (its messages and tools' schemas "
+            f"through the chat template); with rl.env.max_episode_tokens={budget} that is {opening + budget} "
+            f"positions, beyond the model's context of {self.positions} (config.json): lower "
+            f"rl.env.max_episode_tokens to at most {max(self.positions - opening, 0)} (and rl.env.max_turn_tokens="
+            f"{self.limits.max_turn_tokens} with it), or shorten the opening or its tools"
+        )
+
     # --- environment calls ---------------------------------------------------------
 
     def _reset(self, episode: _Episode) -> Any:
@@ -138,7 +175,8 @@ class EpisodeRunner:
         return episode.env.reset(episode.row, episode.seed)
 
     def _step(self, episode: _Episode) -> Step:
-        parsed = parse_tool_calls(episode.last_answer)
+        parsed = self.tool_format.parse(episode.last_written)
+        episode.last_calls = [] if parsed.errors else parsed.tool_calls  # an error answers the turn, no call
         episode.tool_calls += len(parsed.tool_calls)
         if parsed.errors:
             # The model learns the format from being told, not from a crash (counted).
@@ -222,7 +260,12 @@ class EpisodeRunner:
             ended = bool(ids) and ids[-1] == self.eos
             text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
             episode.last_answer = text
-            episode.messages.append({"role": "assistant", "content": text})
+            # A format whose call marker is a special token (Mistral's) reads the turn with it.
+            episode.last_written = (
+                self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+                if self.tool_format.reads_special_tokens else text
+            )
+            episode.messages.append({"role": "assistant", "content": episode.last_written})
             if not ended:  # the turn ran into a token limit: nothing to step on
                 episode.done = episode.cut = True
 
@@ -238,7 +281,7 @@ class EpisodeRunner:
         if turn == self.limits.max_turns:
             episode.done = episode.cut = True
             return
-        ids = self.observations.ids(step.messages)
+        ids = self.observations.ids(self.tool_format.rendered_answers(step.messages, episode.last_calls))
         if len(episode.response) + len(ids) >= self.limits.max_episode_tokens:
             episode.done = episode.cut = True  # no room left for an answer after this observation
             return

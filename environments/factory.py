@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 from configs.callables import import_callable
@@ -10,6 +12,8 @@ from contracts.faults import RepeatsOnRerun
 from contracts.trajectory import PromptBatch
 from environments.episodes import EpisodeLimits, EpisodeRunner
 from environments.protocol import EnvRow
+from environments.tool_call_formats import format_named
+from models.model_folder import POSITIONS, cached_hub_file, config_value
 
 
 class EnvironmentConfigError(ValueError, RepeatsOnRerun):
@@ -28,7 +32,9 @@ def environment_factory(config: PPOConfig) -> Callable[[], Any]:
     return lambda: build(**kwargs)
 
 
-def episode_runner(config: PPOConfig, tokenizer) -> EpisodeRunner:
+def episode_runner(config: PPOConfig, tokenizer, model_path: str | None = None) -> EpisodeRunner:
+    """The run's episode loop, in its tool-call format, checking each opening against the
+    positions of the model at `model_path` (default `model.path`; S-BYO-5)."""
     env = config.rl.env
     assert env is not None
     limits = EpisodeLimits(
@@ -40,7 +46,20 @@ def episode_runner(config: PPOConfig, tokenizer) -> EpisodeRunner:
         max_concurrency=env.max_concurrency,
         factory_name=env.factory,
     )
-    return EpisodeRunner(tokenizer, environment_factory(config), limits)
+    return EpisodeRunner(
+        tokenizer, environment_factory(config), limits, format_named(env.tool_call_format),
+        model_positions(model_path or config.model.path),
+    )
+
+
+def model_positions(model_path: str) -> int | None:
+    """The model's context in positions from its config.json; None where it says none."""
+    local = Path(model_path) / "config.json"
+    source = str(local) if local.is_file() else cached_hub_file(model_path, "config.json")  # a hub id, loaded
+    if source is None:
+        return None
+    positions = config_value(json.loads(Path(source).read_text()), *POSITIONS)
+    return positions if isinstance(positions, int) else None
 
 
 def episode_rows(prompts: PromptBatch) -> list[EnvRow]:

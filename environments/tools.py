@@ -30,8 +30,10 @@ class ToolSchemaError(ValueError):
 
 @dataclass(frozen=True)
 class ToolResult:
-    """A call's answer to the model (`{"role": "tool", "name": ..., "content": str}`), and
-    whether it reports an error, so the episode can count them."""
+    """A call's answer to the model (`{"role": "tool", "name": ..., "content": str}`, with
+    `tool_call_id` when the call had an id), and whether it reports an error, so the
+    episode can count them. Role `tool` whatever the model family: the episode loop renders
+    it in the role of the run's tool-call format (`rl.env.tool_call_format`)."""
 
     message: dict[str, Any]
     error: bool
@@ -103,7 +105,10 @@ class ToolRegistry:
 
 
 def _tool_result(call: ToolCall, content: str, error: bool) -> ToolResult:
-    return ToolResult({"role": "tool", "name": call.name, "content": content}, error)
+    message = {"role": "tool", "name": call.name, "content": content}
+    if call.id is not None:  # a format whose answers name their call (Mistral's): this one's id
+        message["tool_call_id"] = call.id
+    return ToolResult(message, error)
 
 
 def _tool_error(call: ToolCall, what_went_wrong: str) -> ToolResult:

@@ -120,7 +120,7 @@ class RolloutRole:
         self.engine = build_engine(config, placement, model_path, self.tokenizer)
         # S-ENV: with an environment, each prompt row is the start of a multi-turn episode;
         # without one, of a one-turn episode. Chosen once, here (S-PATH-1).
-        self.episodes = episode_runner(config, self.tokenizer) if config.rl.env is not None else None
+        self.episodes = episode_runner(config, self.tokenizer, model_path) if config.rl.env is not None else None
         self._sample_batch = self._one_turn if self.episodes is None else self._episodes
         # S-RUN-4: sharing its GPUs with the trainer, the engine sleeps between rollouts.
         self.sleep_between_rollouts = placement.parks

@@ -28,6 +28,7 @@ from data.prompt_projection import (
     PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
 )
 from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
+from environments.preflight import episode_context_problems
 from models.model_folder import (
     HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
     model_sizes,
@@ -181,6 +182,9 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
             f"is {rollout.max_new_tokens}, not below the model's context of {positions} positions (config.json; "
             "prompt plus completion must fit)",
         )
+    if isinstance(positions, int) and config.rl.env is not None:  # S-BYO-5
+        for key, message in episode_context_problems(config.rl.env, positions):
+            report.problem(key, message)
 
 
 def _check_critic_start(config: PPOConfig, report: ManifestReport) -> None:

@@ -184,7 +184,7 @@ def test_slow_steps_of_different_episodes_overlap(tokenizer):
 def test_a_tool_call_that_does_not_parse_is_answered_not_raised(tokenizer):
     runner = EpisodeRunner(tokenizer, CountingEnv, _limits())
     episode = _Episode(_rows(1)[0], 0, env=CountingEnv())
-    episode.last_answer = '<tool_call>\n{"name": "get", "arguments": \n</tool_call>'
+    episode.last_answer = episode.last_written = '<tool_call>\n{"name": "get", "arguments": \n</tool_call>'
     step = runner._step(episode)
     assert not step.done and step.reward == 0.0 and episode.parse_errors == 1
     assert step.messages[0]["role"] == "tool" and step.messages[0]["content"].startswith("error:")

@@ -117,7 +117,7 @@ def test_tool_calls_of_reads_the_openai_form_and_rejects_what_is_not_a_call():
     openai_form = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "a"}'}},
     ]}
-    assert tool_calls_of(openai_form) == [ToolCall("lookup", {"key": "a"})]
+    assert tool_calls_of(openai_form) == [ToolCall("lookup", {"key": "a"}, id="call_1")]  # the id is kept
     with pytest.raises(ValueError, match=r"tool_calls\[0\] is not a tool call"):
         tool_calls_of({"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": {}}}]})
 
