@@ -17,9 +17,13 @@ from typing import Sequence
 
 import torch
 
+from contracts.faults import RepeatsOnRerun
 
-class RowTooLong(ValueError):
-    """A single row holds more tokens than the budget."""
+
+class RowTooLong(ValueError, RepeatsOnRerun):
+    """A single row holds more tokens than the budget: the same batch would fail the
+    same way on a rerun, so the run ends naming the key to raise, not with the resume
+    hint (S-BYO-3)."""
 
 
 def cut_by_tokens(lengths: Sequence[int], budget: int) -> list[list[int]]:

@@ -10,6 +10,7 @@ import torch
 
 from algorithm.token_budget import RowTooLong
 from configs.loading import load_config
+from contracts.faults import repeats_on_rerun
 from models.cut_forward import cut_lengths_by_tokens, forward_by_tokens, token_micro_batches
 from tests.conftest import TINY_PROFILE, first_rank
 
@@ -88,8 +89,9 @@ def test_no_budget_is_the_one_whole_batch_call():
 
 def test_a_row_longer_than_the_budget_is_refused_naming_both():
     mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
-    with pytest.raises(RowTooLong, match=r"rl.micro_batch_tokens: row 1 holds 5 tokens.*budget of 4"):
+    with pytest.raises(RowTooLong, match=r"rl.micro_batch_tokens: row 1 holds 5 tokens.*budget of 4") as refused:
         token_micro_batches(mask, 2, budget=4)
+    assert repeats_on_rerun(refused.value)  # a rerun meets the same row: what to fix, not the resume hint
 
 
 def test_texts_are_grouped_by_tokens_or_counted():
