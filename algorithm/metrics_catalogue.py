@@ -43,11 +43,12 @@ ADAPTIVE_KL = "every iteration with the adaptive KL coefficient (rl.kl_target se
 CLIP_HIGHER = "with an upper clip of its own (rl.clip_ratio_high set)"
 DUAL_CLIP = "with the dual clip (rl.dual_clip set)"
 KL_IN_LOSS = "with the KL in the policy loss (rl.kl_in=loss)"
+ENGINE_MISMATCH = "every iteration with the engine-mismatch correction (rl.rollout.engine_mismatch_cap set)"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
     EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO, REWARD_MODEL, RM_NORMALIZE,
-    RM_CLIP, RM_EOS_PENALTY, ENVIRONMENT, ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS,
+    RM_CLIP, RM_EOS_PENALTY, ENVIRONMENT, ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS, ENGINE_MISMATCH,
 )
 
 
@@ -137,6 +138,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("train/behaviour_weight_truncated_fraction", "fraction of response tokens whose importance weight "
            "pi_prox/pi_behav exceeded rl.rollout.behaviour_weight_cap and was truncated to it", "fraction",
            ONE_STEP_OFF, "roles/policy_role.py"),
+    Metric("train/engine_mismatch_weight_mean", "mean engine-mismatch weight min(π_old/π_engine, "
+           "rl.rollout.engine_mismatch_cap) over response tokens, π_engine the engine's sampling probability of the "
+           "token (1 where engine and trainer agree)", "ratio", ENGINE_MISMATCH, "roles/policy_role.py"),
+    Metric("train/engine_mismatch_truncated_fraction", "fraction of response tokens whose π_old/π_engine exceeded "
+           "rl.rollout.engine_mismatch_cap and was truncated to it", "fraction in [0, 1]", ENGINE_MISMATCH,
+           "roles/policy_role.py"),
     Metric("train/kl", "mean per-sequence sum over response tokens of the rl.kl_estimator estimate of "
            "KL(π_old ‖ π_ref) (k1, the default: log π_old − log π_ref); the KL penalty's estimate, and what the "
            "adaptive coefficient follows", "nats", EVERY_ITERATION, "roles/policy_role.py"),

@@ -614,6 +614,16 @@ class RolloutConfig(Section):
         description="One step off: each token's loss is weighted by pi_prox/pi_behav (the policy before this update "
         "over the one that sampled the token), truncated at this cap (decoupled PPO).",
     )
+    engine_mismatch_cap: float | None = Field(
+        None,
+        ge=1.0,
+        description="Correction for the gap between the engine's sampling log-probs and the trainer's: each token's "
+        "policy loss is weighted by min(pi_old / pi_engine, cap), pi_old recomputed by the trainer and pi_engine the "
+        "engine's probability of the sampled token (truncated importance sampling; verl "
+        "`rollout_is_threshold` with token-level truncation, OpenRLHF `--enable_vllm_is_correction` with "
+        "`--vllm_is_truncated_threshold`). At least 1; not with rl.rollout.max_staleness=1, whose weight "
+        "already divides by the engine's log-probs (rl.rollout.behaviour_weight_cap is its cap). null: no weight.",
+    )
     engine_timeout_seconds: float | None = Field(
         None,
         gt=0,
@@ -628,6 +638,20 @@ class RolloutConfig(Section):
         description="With several engines: how many lost engines one run may replace before a further loss fails "
         "the rollout stage. 0 turns elastic rollout off (a lost engine fails the stage, as with one engine).",
     )
+
+    @model_validator(mode="after")
+    def _one_engine_correction(self) -> "RolloutConfig":
+        # S-OPT-1: one step off, pi_prox/pi_behav already divides by the engine's log-probs, so
+        # the engine-mismatch weight would be the same ratio twice; refused rather than merged.
+        if self.engine_mismatch_cap is not None and self.max_staleness > 0:
+            raise ValueError(
+                f"rl.rollout.engine_mismatch_cap ({self.engine_mismatch_cap:g}) is set with "
+                f"rl.rollout.max_staleness={self.max_staleness}: one step off, each token is already weighted by "
+                "pi_prox/pi_behav with pi_behav the engine's own sampling log-probs, which corrects the engine "
+                "mismatch as well; set its truncation with rl.rollout.behaviour_weight_cap and "
+                "rl.rollout.engine_mismatch_cap=null"
+            )
+        return self
 
 
 class EnvConfig(Section):

@@ -146,7 +146,9 @@ class PPOTargets:
     advantages: torch.Tensor      # (b, r)
     returns: torch.Tensor         # (b, r)
     extras: dict[str, Any] = field(default_factory=dict)  # the trajectory's extras (multimodal inputs, S-RUN-6)
-    behaviour_weights: torch.Tensor | None = None  # (b, r) pi_prox/pi_behav, one step off only (S-ASYNC-2)
+    # (b, r) min(pi_old/pi_engine, cap), frozen: one step off (S-ASYNC-2) or with
+    # rl.rollout.engine_mismatch_cap (S-OPT-1); None otherwise
+    behaviour_weights: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None  # (b, r) log pi_ref, with the KL in the loss only (S-OPT-1)
     kl_coef: float | None = None  # the loss's KL coefficient these targets were frozen with (rl.kl_in=loss)
 

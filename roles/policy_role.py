@@ -149,17 +149,7 @@ class PolicyRole(TrainerRole):
         advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
         if self.rl.whiten_advantages:
             advantages = whiten(advantages, mask)
-        lag_metrics: dict[str, float] = {}
-        weights = None
-        if self.rl.rollout.max_staleness > 0:  # S-ASYNC-2: the samples may come from an older policy
-            weights, truncated = behaviour_weights(
-                old_logprobs, trajectory.rollout_logprobs, mask, self.rl.rollout.behaviour_weight_cap
-            )
-            lag_metrics = {
-                "rollout/staleness": float(self.policy_version - trajectory.policy_version),
-                "train/behaviour_weight_mean": float(masked_mean(weights, mask)),
-                "train/behaviour_weight_truncated_fraction": float(truncated),
-            }
+        weights, lag_metrics = self._importance_weights(old_logprobs, trajectory, mask)
         self.targets = PPOTargets(
             batch_id=trajectory.batch_id,
             iteration=trajectory.iteration,
@@ -186,6 +176,34 @@ class PolicyRole(TrainerRole):
             "train/explained_variance": explained_variance(old_values, returns, mask),
             "rollout/logprob_abs_diff": float(masked_mean((old_logprobs - trajectory.rollout_logprobs).abs(), mask)),
         }
+
+    def _importance_weights(
+        self, old_logprobs: torch.Tensor, trajectory: Trajectory, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The one frozen per-token weight on the surrogate, min(π_old/π_engine, cap) over
+        the engine's sampling log-probs (b, r), or None: one step off it is decoupled
+        PPO's π_prox/π_behav (S-ASYNC-2); with `rl.rollout.engine_mismatch_cap` the same
+        truncated ratio corrects the engine's numerics (Yao et al. 2025, TIS; S-OPT-1).
+        The config refuses both at once, so a token is never weighted twice."""
+        rollout = self.rl.rollout
+        if rollout.max_staleness > 0:  # the samples may come from an older policy
+            weights, truncated = behaviour_weights(
+                old_logprobs, trajectory.rollout_logprobs, mask, rollout.behaviour_weight_cap
+            )
+            return weights, {
+                "rollout/staleness": float(self.policy_version - trajectory.policy_version),
+                "train/behaviour_weight_mean": float(masked_mean(weights, mask)),
+                "train/behaviour_weight_truncated_fraction": float(truncated),
+            }
+        if rollout.engine_mismatch_cap is not None:
+            weights, truncated = behaviour_weights(
+                old_logprobs, trajectory.rollout_logprobs, mask, rollout.engine_mismatch_cap
+            )
+            return weights, {
+                "train/engine_mismatch_weight_mean": float(masked_mean(weights, mask)),
+                "train/engine_mismatch_truncated_fraction": float(truncated),
+            }
+        return None, {}
 
     def _adapt_kl_coef(self, kl: torch.Tensor, samples: int) -> dict[str, float]:
         """With `rl.kl_target`, the controller's step after this batch (Ziegler et al.
