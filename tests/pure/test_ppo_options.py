@@ -13,9 +13,11 @@ import torch
 from algorithm.ppo_math import (
     KL_ESTIMATORS,
     adaptive_kl_coef,
+    behaviour_weights,
     clipped_policy_loss,
     kl_estimate,
     kl_penalised_rewards,
+    masked_mean,
     token_entropy,
 )
 from configs.loading import ConfigError, load_config
@@ -219,6 +221,60 @@ def test_the_entropy_term_keeps_no_second_vocabulary_tensor():
     assert _saved_bytes(naive) >= 3 * one
 
 
+# --- the engine-mismatch correction ---------------------------------------------------
+
+
+def test_engine_mismatch_weight_by_hand():
+    trainer = _tokens(0.5, 0.3, 0.2, 0.9).log()  # π_old, recomputed by the trainer
+    engine = _tokens(0.25, 0.6, 0.05, 0.1).log()  # π_engine, what the engine sampled with
+    mask = _tokens(1.0, 1.0, 1.0, 0.0)  # the last token is padding
+    weights, truncated = behaviour_weights(trainer, engine, mask, cap=3.0)
+    # π_old/π_engine = 0.5/0.25 = 2, 0.3/0.6 = 0.5, 0.2/0.05 = 4 → truncated to 3; padding 0
+    torch.testing.assert_close(weights, _tokens(2.0, 0.5, 3.0, 0.0), rtol=0, atol=1e-12)
+    assert truncated.item() == pytest.approx(1 / 3, abs=1e-12)  # one of the three real tokens
+    assert masked_mean(weights, mask).item() == pytest.approx(5.5 / 3, abs=1e-12)  # (2 + 0.5 + 3)/3
+
+    # π_θ = [0.75, 0.3, 0.1, 0.9]: r = π_θ/π_old = [1.5, 1, 0.5, 1]
+    logprobs = _tokens(0.75, 0.3, 0.1, 0.9).log().requires_grad_()
+    advantages = _tokens(1.0, -2.0, 1.0, 7.0)
+    out = clipped_policy_loss(logprobs, trainer, advantages, mask, 0.2, behaviour_weights=weights)
+    # token 0: max(−1.5, −1.2) = −1.2, ·2 = −2.4    token 1: 2·1 = 2, ·0.5 = 1
+    # token 2: max(−0.5, −0.8) = −0.5, ·3 = −1.5    token 3 (padding): ·0 = 0
+    torch.testing.assert_close(out.per_token, _tokens(-2.4, 1.0, -1.5, 0.0), rtol=0, atol=1e-12)
+    assert out.loss.item() == pytest.approx(-2.9 / 3, abs=1e-12)  # (−2.4 + 1 − 1.5)/3
+    out.per_token.sum().backward()
+    # the weight is a constant factor: token 0 is clipped (no gradient); token 1: −A·w·r = 2·0.5 = 1;
+    # token 2: −A·w·r = −1·3·0.5 = −1.5; padding 0
+    torch.testing.assert_close(logprobs.grad, _tokens(0.0, 1.0, -1.5, 0.0), rtol=0, atol=1e-12)
+
+
+def _tis_ppo_loss(ratio, advantages, trainer_probs, engine_probs, cap, eps):
+    """Yao et al. 2025 ("Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training", the TIS-corrected PPO objective) maximise, per token,
+    min(π_old/π_engine, C)·min(r·A, clip(r, 1 − ε, 1 + ε)·A). Loss = −objective."""
+    truncated = torch.clamp(trainer_probs / engine_probs, max=cap)
+    return -truncated * torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - eps, 1 + eps) * advantages)
+
+
+def test_engine_mismatch_correction_matches_yao_et_al():
+    generator = torch.Generator().manual_seed(2)
+    trainer = torch.randn(4, 64, generator=generator, dtype=F64).clamp(max=0) - 0.1  # log π_old
+    engine = trainer + 0.7 * torch.randn(4, 64, generator=generator, dtype=F64)  # a large engine gap
+    logprobs = trainer + 0.5 * torch.randn(4, 64, generator=generator, dtype=F64)
+    advantages = torch.randn(4, 64, generator=generator, dtype=F64)
+    mask = torch.ones(4, 64, dtype=F64)
+    weights, truncated = behaviour_weights(trainer, engine, mask, cap=2.0)
+    assert 0 < truncated.item() < 1  # the cap bites on some tokens, not all
+    out = clipped_policy_loss(logprobs, trainer, advantages, mask, 0.2, behaviour_weights=weights)
+    want = _tis_ppo_loss((logprobs - trainer).exp(), advantages, trainer.exp(), engine.exp(), 2.0, 0.2)
+    torch.testing.assert_close(out.per_token, want, rtol=1e-12, atol=1e-12)
+    # Where engine and trainer agree the weight is exactly 1 and the loss is the plain one, bit for bit.
+    ones, none_truncated = behaviour_weights(trainer, trainer, mask, cap=2.0)
+    weighted = clipped_policy_loss(logprobs, trainer, advantages, mask, 0.2, behaviour_weights=ones)
+    plain = clipped_policy_loss(logprobs, trainer, advantages, mask, 0.2)
+    assert torch.equal(weighted.per_token, plain.per_token) and none_truncated.item() == 0.0
+
+
 # --- refused at pre-flight -----------------------------------------------------------
 
 
@@ -228,6 +284,9 @@ def test_the_entropy_term_keeps_no_second_vocabulary_tensor():
     (["rl.kl_estimator=k4"], ["rl.kl_estimator", "'k1'", "'k2'", "'k3'"]),
     (["rl.kl_target=0.1"], ["rl.kl_target is 0.1", "rl.kl_horizon"]),
     (["rl.kl_in=penalty"], ["rl.kl_in", "'reward'", "'loss'"]),
+    (["rl.rollout.engine_mismatch_cap=0.5"], ["rl.rollout.engine_mismatch_cap", "greater than or equal to 1"]),
+    (["rl.rollout.engine_mismatch_cap=2", "rl.rollout.max_staleness=1"],
+     ["rl.rollout.engine_mismatch_cap (2)", "rl.rollout.max_staleness=1", "rl.rollout.behaviour_weight_cap"]),
 ])
 def test_contradictions_are_refused_naming_the_keys(overrides, named):
     with pytest.raises(ConfigError) as caught:
@@ -238,8 +297,8 @@ def test_contradictions_are_refused_naming_the_keys(overrides, named):
 
 def test_the_options_together_are_accepted_and_off_by_default():
     rl = load_config(TINY_PROFILE, []).rl
-    assert (rl.clip_ratio_high, rl.dual_clip, rl.kl_estimator, rl.kl_in, rl.kl_target, rl.entropy_coef) == (
-        None, None, "k1", "reward", None, 0.0
-    )
+    assert (rl.clip_ratio_high, rl.dual_clip, rl.kl_estimator, rl.kl_in, rl.kl_target, rl.entropy_coef,
+            rl.rollout.engine_mismatch_cap) == (None, None, "k1", "reward", None, 0.0, None)
     load_config(TINY_PROFILE, ["rl.clip_ratio_high=0.28", "rl.dual_clip=3", "rl.kl_estimator=k3", "rl.kl_in=loss",
-                               "rl.kl_target=0.05", "rl.kl_horizon=10000", "rl.entropy_coef=0.001"])
+                               "rl.kl_target=0.05", "rl.kl_horizon=10000", "rl.entropy_coef=0.001",
+                               "rl.rollout.engine_mismatch_cap=2"])
