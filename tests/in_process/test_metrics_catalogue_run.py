@@ -13,6 +13,7 @@ from algorithm.metrics_catalogue import (
     CLIP_HIGHER,
     DATA_PARALLEL,
     DUAL_CLIP,
+    ENGINE_MISMATCH,
     EVERY_ITERATION,
     KL_IN_LOSS,
     METRICS,
@@ -42,7 +43,7 @@ def test_records_of_a_real_run_match_the_catalogue(tiny_overrides):
     reserved = {m.key for m in METRICS if {DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES} & set(m.conditions)}
     assert reserved & (warmup.keys() | actor.keys()) == set()
     # The PPO options' keys appear only with their option on (S-OPT-1).
-    option_conditions = {ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS}
+    option_conditions = {ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS, ENGINE_MISMATCH}
     options = {m.key for m in METRICS if option_conditions & set(m.conditions)}
     assert options & (warmup.keys() | actor.keys()) == set()
 
@@ -51,10 +52,12 @@ def test_the_ppo_options_keys_appear_with_their_options(tiny_overrides):
     config = load_config(TINY_PROFILE, tiny_overrides + [
         "rl.max_steps=2", "rl.critic_warmup_iterations=1", "rl.clip_ratio_high=0.28", "rl.dual_clip=3",
         "rl.kl_in=loss", "rl.kl_estimator=k3", "rl.kl_target=0.01", "rl.kl_horizon=1000", "rl.entropy_coef=0.001",
+        "rl.rollout.engine_mismatch_cap=2",
     ])
     (warmup, actor), _ = run_in_process(config)
     assert uncatalogued([warmup, actor]) == []
-    assert keys_when(ADAPTIVE_KL) - warmup.keys() == set() and keys_when(ADAPTIVE_KL) - actor.keys() == set()
+    for condition in (ADAPTIVE_KL, ENGINE_MISMATCH):  # from prepare_batch: critic warmup included
+        assert keys_when(condition) - warmup.keys() == set() and keys_when(condition) - actor.keys() == set()
     for condition in (CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS):
         assert keys_when(ACTOR_UPDATES, condition) - actor.keys() == set(), condition
         assert keys_when(ACTOR_UPDATES, condition) & warmup.keys() == set(), condition
