@@ -150,16 +150,23 @@ def test_two_ranks_give_the_one_rank_gradient(one_rank_gradients, tmp_path):
 
 @pytest.mark.parametrize("mode", ["token_mean", "sequence_mean_token_mean"])
 def test_the_ppo_options_terms_do_not_depend_on_the_cut_either(policy, one_rank_gradients, mode):
-    """S-OPT-1 over S-PATH-2: clip-higher, the dual clip, the KL in the loss (k3) and the
-    entropy bonus are per-token terms of the one per-token loss, so they aggregate as it
-    does; and they change the objective (else this could pass with them ignored)."""
+    """S-OPT-1 over S-PATH-2: clip-higher, the dual clip, the KL in the loss (k3), the
+    entropy bonus and the engine-mismatch weight are per-token terms or factors of the one
+    per-token loss, so they aggregate as it does; and they change the objective (else this
+    could pass with them ignored)."""
     import dataclasses
+
+    from algorithm.ppo_math import behaviour_weights
 
     update, targets, _ = policy
     generator = torch.Generator().manual_seed(11)
     reference = targets.old_logprobs + 0.2 * torch.randn(targets.old_logprobs.shape, generator=generator,
                                                          dtype=torch.float64) * targets.response_mask
-    with_reference = dataclasses.replace(targets, ref_logprobs=reference, kl_coef=0.1)
+    engine = targets.old_logprobs + 0.5 * torch.randn(targets.old_logprobs.shape, generator=generator,
+                                                      dtype=torch.float64) * targets.response_mask
+    weights, truncated = behaviour_weights(targets.old_logprobs, engine, targets.response_mask, cap=1.5)
+    assert 0 < truncated.item() < 1
+    with_reference = dataclasses.replace(targets, ref_logprobs=reference, kl_coef=0.1, behaviour_weights=weights)
     loss_fn = role_loss("policy", update.model, clip_ratio_high=0.28, dual_clip=1.5, entropy_coef=0.01,
                         kl_estimator="k3")
     whole = minibatch_gradient(update, with_reference, loss_fn, mode)
