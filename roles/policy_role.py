@@ -149,7 +149,7 @@ class PolicyRole(TrainerRole):
         advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
         if self.rl.whiten_advantages:
             advantages = whiten(advantages, mask)
-        weights, lag_metrics = self._importance_weights(old_logprobs, trajectory, mask)
+        weights, weight_metrics = self._importance_weights(old_logprobs, trajectory, mask)
         self.targets = PPOTargets(
             batch_id=trajectory.batch_id,
             iteration=trajectory.iteration,
@@ -168,7 +168,7 @@ class PolicyRole(TrainerRole):
             kl_coef=kl_coef if self.rl.kl_in == "loss" else None,
         )
         return self.targets, {
-            **lag_metrics,
+            **weight_metrics,
             **kl_metrics,
             "train/kl": float((kl.sum(dim=1)).mean()),
             "train/advantage_mean": float(masked_mean(advantages, mask)),
