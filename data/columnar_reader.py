@@ -26,6 +26,7 @@ __all__ = [
     "ColumnarSource",
     "columnar_source",
     "iter_columnar_rows",
+    "local_dataset_splits_files",
     "save_to_disk_marks",
 ]
 
@@ -124,11 +125,19 @@ def columnar_source(path: str, split: str = "train") -> ColumnarSource | None:
     return None
 
 
+def local_dataset_splits_files(name: str) -> dict[str, list[str]]:
+    """The splits `datasets.load_dataset(name)` finds in a local folder of data files,
+    from their names (`train-*.parquet`, `test.jsonl`, ...), and each one's files;
+    no row is read."""
+    import datasets
+
+    builder = datasets.load_dataset_builder(name)
+    return {str(split): [str(f) for f in files] for split, files in (builder.config.data_files or {}).items()}
+
+
 def _split_shards(path: str, files: tuple[str, ...], split: str) -> tuple[tuple[str, ...], str | None]:
     """The shards of `split` when their names carry splits as `datasets` reads them
     (`train-00000.parquet`, `test.parquet`); else every shard, one split."""
-    from data.sources import local_dataset_splits_files
-
     try:
         by_split = local_dataset_splits_files(path)
     except Exception:  # no split in the names (or a remote folder): every shard is the data

@@ -56,20 +56,6 @@ def iter_source_rows(
             yield SourcedRow(dict(value), f"dataset {data.name}[{data.split}] row {index}")
 
 
-def local_dataset_splits_files(name: str) -> dict[str, list[str]]:
-    """The splits `datasets.load_dataset(name)` finds in a local folder of data files,
-    from their names (`train-*.parquet`, `test.jsonl`, ...), and each one's files;
-    no row is read."""
-    import datasets
-
-    builder = datasets.load_dataset_builder(name)
-    return {str(split): [str(f) for f in files] for split, files in (builder.config.data_files or {}).items()}
-
-
-def local_dataset_splits(name: str) -> list[str]:
-    return list(local_dataset_splits_files(name))
-
-
 def dataset_name_problem(name: str, split: str) -> str | None:
     """Why `rl.data.name` cannot give rows, found before Ray starts; None when it may.
 
@@ -78,7 +64,7 @@ def dataset_name_problem(name: str, split: str) -> str | None:
     import importlib.util
     import os
 
-    from data.columnar_reader import save_to_disk_marks
+    from data.columnar_reader import local_dataset_splits_files, save_to_disk_marks
 
     if os.path.isdir(name):
         if save_to_disk_marks(fsspec.filesystem("file"), name) is not None:
@@ -87,7 +73,7 @@ def dataset_name_problem(name: str, split: str) -> str | None:
                 f"set rl.data.path={name} instead (and rl.data.split for a DatasetDict)"
             )
         try:
-            splits = local_dataset_splits(name)
+            splits = list(local_dataset_splits_files(name))
         except Exception as error:  # datasets' own refusal (no data files, mixed formats) says why
             return f"{name}: `datasets` finds no dataset in this folder: {type(error).__name__}: {error}"
         if split not in splits:
