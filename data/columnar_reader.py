@@ -142,7 +142,7 @@ def _split_shards(path: str, files: tuple[str, ...], split: str) -> tuple[tuple[
         by_split = local_dataset_splits_files(path)
     except Exception:  # no split in the names (or a remote folder): every shard is the data
         return files, None
-    if len(by_split) <= 1:
+    if len(by_split) <= 1 and (split in by_split or not by_split):
         return files, None
     if split not in by_split:
         raise ColumnarReadError(

@@ -83,6 +83,11 @@ def test_shards_named_by_split_are_read_one_split_at_a_time(tmp_path):
     assert len(list(iter_path_rows(str(tmp_path), "train"))) == 5
     with pytest.raises(ColumnarReadError, match=r"splits train, test .* none of the split 'validation'"):
         list(iter_path_rows(str(tmp_path), "validation"))
+    unsplit = tmp_path / "unsplit"
+    unsplit.mkdir()
+    _parquet(unsplit / "part-0.parquet", ROWS)
+    with pytest.raises(ColumnarReadError, match=r"splits train \(from their file names\) but none of the split 'test'"):
+        list(iter_path_rows(str(unsplit), "test"))  # unnamed shards are one split, `train`, as `datasets` reads them
 
 
 def test_a_bad_row_is_named_by_its_row_number_and_key_as_in_jsonl(tmp_path):
