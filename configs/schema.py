@@ -366,12 +366,20 @@ class JobConfig(Section):
 
 class DataConfig(Section):
     path: str | None = Field(
-        None, description="Local file of rows (JSONL, JSON stream, JSON array, optionally gzip); any fsspec URL."
+        None,
+        description="Rows: a file of JSON rows (JSONL, JSON stream, JSON array, optionally gzip), a parquet file, "
+        "a folder of parquet shards, or a `save_to_disk` folder (read through `datasets`); any fsspec URL.",
     )
     name: str | None = Field(
-        None, description="Hugging Face dataset name, loaded through `datasets` from the local cache."
+        None,
+        description="Hugging Face dataset name or a local folder of data files, loaded with `datasets.load_dataset` "
+        "(a `save_to_disk` folder or a parquet file goes in `path`).",
     )
-    split: str = Field("train", description="Dataset split when `name` is set.")
+    split: str = Field(
+        "train",
+        description="Split to read: of the dataset at `name`, of a DatasetDict folder at `path`, or of a parquet "
+        "folder whose shard names carry splits (`train-00000.parquet`).",
+    )
     factory: CallablePath | None = Field(
         None,
         description="`package.module:callable` returning an iterable of row dicts.",

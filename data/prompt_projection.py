@@ -43,8 +43,9 @@ _ACCEPTED_PART = (
 )
 _NULL_FILL = (
     "this is the null-fill signature of a columnar reader (Arrow/`datasets`), which adds "
-    "every key any part has to every part; remove the key, and read local files with the "
-    "project's row reader"
+    "every key any part has to every part; remove the key. A parquet file or saved dataset holds "
+    "these nulls in its columns: write such rows as JSON lines instead, which are read one row "
+    "at a time, exactly as written"
 )
 
 

@@ -271,8 +271,16 @@ def startup_cause(error: BaseException) -> str:
     from ray.exceptions import RayTaskError
 
     cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
-    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
-    # An actor whose constructor raised is reported dead, its constructor's traceback inside.
+    text = str(cause).strip().splitlines()
+    # An actor whose constructor raised is reported dead, its constructor's traceback
+    # inside: the raised exception is the first unindented line after the last frame,
+    # whatever its class is called (`pyarrow.lib.ArrowInvalid: ...` too).
+    frames = [index for index, line in enumerate(text) if re.match(r'^\s+File "', line)]
+    after_frames = [line.strip() for line in text[frames[-1] + 1:] if line.strip() and not line[0].isspace()] \
+        if frames else []
+    if after_frames:
+        return after_frames[0]
+    lines = [line.strip() for line in text if line.strip()]
     raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", line)]
     if raised:
         return raised[-1]

@@ -368,8 +368,18 @@ def _check_data(
     elif data.factory:
         _check_data_factory(config, matcher, reward_resolved, report)
     else:
+        from data.sources import dataset_name_problem
+
+        assert data.name is not None
+        problem = dataset_name_problem(data.name, data.split)
+        if problem is not None:
+            report.problem("rl.data.split" if "(rl.data.split)" in problem else "rl.data.name", problem)
+            return
         report.summary.append(f"data: dataset {data.name}[{data.split}]")
         report.notes.append(
+            f"rl.data.name={data.name!r}: its rows are read by the data role at start-up (row 0 is projected "
+            "there); this check finds its split but does not load its rows"
+            if os.path.isdir(data.name) else
             f"rl.data.name={data.name!r}: hub datasets are read by the data role at start-up (row 0 is projected "
             "there); this check does not load them"
         )
@@ -411,20 +421,21 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
 
 
 def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
-    from data.row_reader import iter_rows
+    from data.sources import iter_path_rows
 
     path = config.rl.data.path
     assert path is not None
     rows = 0
     started = time.perf_counter()
     try:
-        for row in iter_rows(path):
+        # The data role's own reader: JSON rows, parquet or a saved dataset (S-BYO-4).
+        for row in iter_path_rows(path, config.rl.data.split):
             # Every row, in file order, with the data role's own projection: a bad
             # row 90 000 fails here, not an hour into the run (S-DATA-4, S-DATA-5).
-            if not _project(config, row.value, str(row.position), matcher, reward_resolved, "rl.data.path", report):
+            if not _project(config, row.value, row.where, matcher, reward_resolved, "rl.data.path", report):
                 return
             rows += 1
-    except (ValueError, OSError) as error:  # RowReadError is a ValueError and names row, line and column
+    except (ValueError, OSError) as error:  # the readers' errors name the row (and line and column in JSON)
         report.problem("rl.data.path", str(error))
         return
     if rows == 0:

@@ -86,3 +86,29 @@ def test_reward_without_reference_needs_runs_on_data_without_the_column(tmp_path
     assert batch.references == [None, None]
     with pytest.raises(PromptError, match="reference"):
         DataRole(_config(f"rl.data.path={path}"))  # the default rule needs the column
+
+
+def test_parquet_and_saved_datasets_give_the_batch_the_jsonl_gives(tmp_path):
+    # S-BYO-4: the same rows as JSONL, a parquet file and a save_to_disk folder.
+    import datasets
+
+    rows = [{"prompt": [{"role": "user", "content": f"{d}+0="}], "reference": str(d)} for d in range(4)]
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.parquet"))
+    batches = [
+        DataRole(_config(f"rl.data.path={path}", "rl.data.shuffle=false")).next_batch(1, 4)[0]
+        for path in (_write_jsonl(tmp_path / "rows.jsonl", rows), tmp_path / "rows.parquet", saved)
+    ]
+    assert [b.prompts for b in batches] == [[r["prompt"] for r in rows]] * 3
+    assert [b.references for b in batches] == [["0", "1", "2", "3"]] * 3
+    assert batches[1].sources[3] == f"{tmp_path / 'rows.parquet'} row 3"
+
+
+def test_a_bad_parquet_row_fails_when_the_role_is_built_naming_row_and_key(tmp_path):
+    import datasets
+
+    rows = [{"prompt": "1+1=", "reference": "2"}, {"prompt": "", "reference": "3"}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "bad.parquet"))
+    with pytest.raises(PromptError, match=r"bad\.parquet row 1: `prompt` is an empty string"):
+        DataRole(_config(f"rl.data.path={tmp_path / 'bad.parquet'}"))

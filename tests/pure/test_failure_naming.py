@@ -82,3 +82,21 @@ def test_every_stage_name_has_its_task_and_every_task_body_reads_what_it_takes()
         source = inspect.getsource(body).split('"""')[-1]  # the code after the docstring
         unread = [name for name in inspect.signature(body).parameters if name != "iteration" and name not in source]
         assert unread == [], f"{body.__name__} takes {unread} without reading it: pass it as waits="
+
+
+def test_a_constructor_failure_ends_on_the_raised_exception_whatever_its_class_is_called():
+    # Ray's text for an actor whose constructor raised: its repr first, the traceback
+    # after; a class not named *Error (Arrow's) must still be the line the run ends on.
+    from processes.actors import startup_cause
+
+    died = (
+        "The actor died because of an error raised in its creation task, \x1b[36mray::DataRole.__init__()\x1b[39m "
+        "(pid=1, ip=192.0.2.2, actor_id=ab, repr=<roles.data_role.DataRole object at 0x7f>)\n"
+        "           ^^^^^^^^^^^^\n"
+        '  File "/x/roles/data_role.py", line 58, in __init__\n'
+        "    self.rows = load_rows(data)\n"
+        "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer\n"
+        "second line: detail"
+    )
+    assert startup_cause(RuntimeError(died)) == "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer"
+    assert startup_cause(FileNotFoundError("no model at /m")) == "FileNotFoundError: no model at /m"

@@ -233,6 +233,48 @@ def test_missing_data_file_names_the_key(tmp_path, public_overrides):
     assert error_keys(err) == ["rl.data.path"]
 
 
+def test_parquet_and_saved_dataset_rows_are_every_one_read_and_counted(tmp_path, public_overrides):
+    # S-BYO-4: through `datasets`, into the same projection and count as JSONL rows.
+    datasets = pytest.importorskip("datasets")
+    rows = [{"prompt": f"{i}+1=", "reference": str(i + 1)} for i in range(6)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.parquet"))
+    datasets.DatasetDict(train=datasets.Dataset.from_list(rows)).save_to_disk(str(tmp_path / "saved"))
+    for path in (tmp_path / "rows.parquet", tmp_path / "saved"):
+        code, out, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.path={path}"])
+        assert code == 0, err
+        assert "data_rows: 6" in out.splitlines()
+    code, _, err = run_validate(
+        PUBLIC_PROFILE, public_overrides + [f"rl.data.path={tmp_path / 'saved'}", "rl.data.split=test"]
+    )
+    assert error_keys(err) == ["rl.data.path"]
+    assert "without the split 'test' (rl.data.split); its splits: train" in err
+
+
+def test_a_bad_parquet_row_is_refused_with_its_row_number_and_key(tmp_path, public_overrides):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"prompt": "1+1=", "reference": "2"}] * 2 + [{"prompt": "", "reference": "3"}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.parquet"))
+    code, out, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.path={tmp_path / 'rows.parquet'}"])
+    assert code != 0 and "data_rows" not in out
+    assert f"error: rl.data.path: {tmp_path / 'rows.parquet'} row 2: `prompt` is an empty string" in err
+
+
+def test_a_dataset_name_that_cannot_give_rows_is_refused_before_ray(tmp_path, public_overrides):
+    datasets = pytest.importorskip("datasets")
+    code, _, err = run_validate(PUBLIC_PROFILE, public_overrides + ["rl.data.name=parquet"])
+    assert code != 0 and error_keys(err) == ["rl.data.name"]
+    assert "Set rl.data.path to your file or folder instead" in err
+    folder = tmp_path / "mydata"
+    folder.mkdir()
+    datasets.Dataset.from_list([{"prompt": "1+1=", "reference": "2"}]).to_parquet(str(folder / "train.parquet"))
+    code, out, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.name={folder}"])
+    assert code == 0, err
+    overrides = [f"rl.data.name={folder}", "rl.data.split=validation"]
+    code, _, err = run_validate(PUBLIC_PROFILE, public_overrides + overrides)
+    assert error_keys(err) == ["rl.data.split"]
+    assert "no split 'validation' (rl.data.split); the splits `datasets` finds there, from its file names: train" in err
+
+
 def test_reward_needing_a_reference_names_the_rule_and_the_column(tmp_path, public_overrides):
     path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "1+1=", "answer": "2"}])
     code, _, err = run_validate(PUBLIC_PROFILE, public_overrides + [f"rl.data.path={path}", "rl.reward.terminal=gsm8k"])
