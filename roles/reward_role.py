@@ -1,5 +1,5 @@
 """The reward role: PPO's terminal reward and the optional per-token shaping term
-(S-REW), added to the trajectory as its own fields. With `rl.reward.model` it also
+(S-REW), added to the trajectory's per-token scores where they are earned (S-PATH-1). With `rl.reward.model` it also
 holds the frozen reward model (S-RM-1), loaded once for the run, and its
 normalisation state, which boundaries keep."""
 
