@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if launch.packer:
             print(f"packer: {launch.packer}", flush=True)
+        for note in launch.profile_notes:
+            print(f"note: {note}", flush=True)
         if config.rl.weight_sync_transport != "object_store":
             from cli.manifest import describe_transport
 

@@ -23,6 +23,7 @@ from typing import Any
 from configs.callables import PROJECT_CALLABLE_MODULES, within
 from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
 from configs.loading import ConfigError
+from configs.profile_folder import shadowing_notes
 from configs.schema import PPOConfig
 from data.prompt_projection import (
     PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
@@ -48,6 +49,7 @@ class ManifestReport:
     data_rows: int | None = None  # rows read from rl.data.path (None for other sources)
     packer: str | None = None  # which DataPacker shapes the prompts, as the launch's first lines say it
     plain_text_prompts: bool = False  # the plain-text packer: a conversation prompt cannot be shaped
+    profile_notes: list[str] = field(default_factory=list)  # files beside the profile named like a module
     conversation_prompt: str | None = None  # where the data's first conversation-shaped prompt is, if one was read
 
     @property
@@ -62,14 +64,16 @@ class ManifestReport:
 
 
 def check_manifest(
-    config: PPOConfig, *, environ: dict[str, str] | None = None, launching_here: bool = False
+    config: PPOConfig, *, environ: dict[str, str] | None = None, launching_here: bool = False,
+    profile: str | Path | None = None,
 ) -> ManifestReport:
     """Every check that needs no worker; collects all problems instead of stopping.
 
     `launching_here`: the launch's own pre-flight, on the machine it starts Ray on, so
     a placement this machine cannot hold is a problem (a manifest checked from a laptop
     notes it); the launch then finds its resume point itself (rundir/resume.py), which
-    the manifest calls here so that it refuses what the launch refuses (S-BYO-2)."""
+    the manifest calls here so that it refuses what the launch refuses (S-BYO-2).
+    `profile`: the profile file, whose folder's file names are checked (notes only)."""
     env = os.environ if environ is None else environ
     report = ManifestReport()
     report.summary.append(
@@ -87,14 +91,19 @@ def check_manifest(
     _check_served_reward_text(config, report)
     _check_checkpoints(config, report, resume=not launching_here)
     _check_options(config, plan, report)
+    if profile is not None:  # issue 59 item 8: the launch prints these notes too
+        report.profile_notes = shadowing_notes(profile)
+        report.notes.extend(report.profile_notes)
     return report
 
 
-def require_runnable(config: PPOConfig, *, environ: dict[str, str] | None = None) -> ManifestReport:
+def require_runnable(
+    config: PPOConfig, *, environ: dict[str, str] | None = None, profile: str | Path | None = None
+) -> ManifestReport:
     """The launch's pre-flight (CLI and deployment alike): raise ConfigError naming
     every problem that would stop this run, before Prefect or Ray start; else the
-    report, whose summary lines (the packer among them) the launch prints."""
-    report = check_manifest(config, environ=environ, launching_here=True)
+    report, whose packer line and notes on the profile's folder the launch prints."""
+    report = check_manifest(config, environ=environ, launching_here=True, profile=profile)
     if report.problems:
         raise ConfigError([str(problem) for problem in report.problems])
     return report
