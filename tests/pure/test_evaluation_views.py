@@ -73,6 +73,14 @@ def test_the_held_out_rise_compares_one_scale_the_rules_figure_first_else_raw_ag
     assert rise["val_metric_meaning"] == "raw reward-model score"
 
 
+def test_the_summary_markdown_shows_the_held_out_figures_on_one_scale_each():
+    rows = [{"iteration": 0, "val/reward_mean": 0.285, "val/model_raw_mean": 0.285, "val/fraction_correct": 0.05},
+            {"iteration": 10, "val/reward_mean": 0.966, "val/model_raw_mean": 1.5, "val/fraction_correct": 0.10}]
+    markdown = summary_markdown({"run_name": "r", "iterations": 10}, rows, None, None)
+    assert "| held-out fraction correct, iteration 0 → 10 | 0.0500 → 0.1000 |" in markdown
+    assert "| held-out raw reward-model score, iteration 0 → 10 | 0.2850 → 1.5000 |" in markdown
+
+
 def test_the_summary_line_names_the_held_out_figure(capsys):
     from cli.command import print_summary
 
