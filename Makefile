@@ -139,10 +139,10 @@ stop:
 	deployments/stop.sh
 
 # Your own profile as the deployment ppo/$(NAME), on the stack `make serve` started
-# (docs/howto/your-own-model.md): make deploy PROFILE=my-project/profile.py NAME=my-gpt2
+# (docs/howto/your-own-model.md): make deploy PROFILE=my-project/my_profile.py NAME=my-gpt2
 PPO_PREFECT_STATE_DIR ?= $(CURDIR)/.prefect/local
 deploy: setup
-	@test -n "$(PROFILE)" -a -n "$(NAME)" || { echo "usage: make deploy PROFILE=path/to/profile.py NAME=my-name" >&2; exit 2; }
+	@test -n "$(PROFILE)" -a -n "$(NAME)" || { echo "usage: make deploy PROFILE=path/to/my_profile.py NAME=my-name" >&2; exit 2; }
 	@test -f "$(PPO_PREFECT_STATE_DIR)/env.sh" || { echo "no local Prefect stack at $(PPO_PREFECT_STATE_DIR): run make serve first" >&2; exit 2; }
 	. "$(PPO_PREFECT_STATE_DIR)/env.sh" && $(VPY) -m deployments.own --profile "$(PROFILE)" --name "$(NAME)"
 

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if launch.packer:
             print(f"packer: {launch.packer}", flush=True)
+        for note in launch.profile_notes:
+            print(f"note: {note}", flush=True)
         if config.rl.weight_sync_transport != "object_store":
             from cli.manifest import describe_transport
 
@@ -271,8 +273,9 @@ def print_summary(summary: dict) -> None:
         print(f"  reward: first-{n} mean {first:.3f} -> last-{n} mean {last:.3f} (rise {last - first:+.3f})")
     if summary.get("first_val_reward") is not None:
         first, last = summary["first_val_reward"], summary["last_val_reward"]
-        print(f"  held-out: {first:.3f} at iteration {summary['first_val_iteration']} -> {last:.3f} at iteration "
-              f"{summary['last_val_iteration']} (rise {last - first:+.3f})")
+        print(f"  held-out {summary['val_metric']} ({summary['val_metric_meaning']}): {first:.3f} at iteration "
+              f"{summary['first_val_iteration']} -> {last:.3f} at iteration {summary['last_val_iteration']} "
+              f"(rise {last - first:+.3f})")
     print(f"  metrics:     {summary['run_dir']}/metrics.jsonl")
     print(f"  checkpoints: {summary['run_dir']}/checkpoints (last committed: {summary['last_boundary']})")
     if summary.get("final_model"):

@@ -36,7 +36,7 @@ def validate_manifest(
             print(f"error: {problem}", file=err)
         print(f"bind_check: failed ({len(error.problems)} config problem(s))", file=out)
         return EXIT_CONFIG
-    report = check_manifest(config)
+    report = check_manifest(config, profile=profile)
     print(f"profile: {profile}", file=out)
     for line in report.summary:
         print(line, file=out)

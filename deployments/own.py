@@ -27,7 +27,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m deployments.own", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", required=True, help="your profile file, e.g. my-project/profile.py")
+    parser.add_argument("--profile", required=True, help="your profile file, e.g. my-project/my_profile.py")
     parser.add_argument("--name", required=True, help="the deployment's name: the UI shows ppo/NAME")
     parser.add_argument("--pool", default=POOL, help=f"the work pool (default {POOL}, which `make serve` creates)")
     parser.add_argument("--auto-resume-attempts", type=int, default=1,

@@ -47,6 +47,7 @@ class Launch:
     stop: StopRequest = field(default_factory=StopRequest)  # signals and the time limit (S-STOP)
     parameters: LaunchParameters | None = None  # what it was planned from: the flow taking it must say the same
     packer: str | None = None  # which DataPacker shapes the prompts (S-BYO-1), as the pre-flight found it
+    profile_notes: tuple[str, ...] = ()  # files beside the profile named like a module (configs/profile_folder.py)
     # Decided once, by whoever launched it: the command line (which hands the launch to the
     # flow it runs in-process) or a deployment's flow run planning its own.
     by_command: bool = False
@@ -83,14 +84,15 @@ def plan_launch(
     """Everything a run can be refused for before it starts anything: a config it cannot
     run here, a resume point it cannot use."""
     config = resolve_config(profile, overrides, critic_warmup_iterations, run_name)
-    checked = require_runnable(config)  # S-BYO-2: the pre-flight --validate-manifest prints
+    checked = require_runnable(config, profile=profile)  # S-BYO-2: the pre-flight --validate-manifest prints
     config = pin_hub_model(config)  # after the checks that answer in a second: this may download
     paths = RunPaths.for_config(config)
     point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
     planned_from = LaunchParameters(
         profile, tuple(overrides or ()), critic_warmup_iterations, run_name, resume, resume_from
     )
-    return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from, packer=checked.packer)
+    return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from, packer=checked.packer,
+                  profile_notes=tuple(checked.profile_notes))
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)

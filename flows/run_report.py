@@ -77,15 +77,30 @@ def reward_rise(records: list[dict[str, Any]], window: int = 10) -> dict[str, fl
     return {"first_reward_mean": first, "last_reward_mean": last, "reward_window": window}
 
 
+# The held-out figure a rise is told in, first found first: the rule's verdict, else the
+# reward model's raw score. Never `val/reward_mean` where a reward model normalises: its
+# first evaluation (no moments yet) and its later ones are on different scales.
+HELD_OUT_FIGURES = (
+    ("val/fraction_correct", "fraction correct by the rule"),
+    ("val/model_raw_mean", "raw reward-model score"),
+    ("val/reward_mean", "reward"),
+)
+
+
 def held_out_rise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The first and the last held-out evaluation (S-OPS-2): the training reward is
-    sampled on rows the policy trains on, this one is what it does on rows it never saw."""
-    evaluated = sorted((r["iteration"], r["val/reward_mean"]) for r in records if "val/reward_mean" in r)
-    if len(evaluated) < 2:
+    sampled on rows the policy trains on, this one is what it does on rows it never saw.
+    Both ends read the same metric (issue 59 item 6), named in `val_metric`."""
+    for metric, meaning in HELD_OUT_FIGURES:
+        evaluated = sorted((r["iteration"], r[metric]) for r in records if metric in r)
+        if len(evaluated) >= 2:
+            break
+    else:
         return {}
     (first_iteration, first), (last_iteration, last) = evaluated[0], evaluated[-1]
     return {"first_val_reward": first, "first_val_iteration": first_iteration,
-            "last_val_reward": last, "last_val_iteration": last_iteration}
+            "last_val_reward": last, "last_val_iteration": last_iteration,
+            "val_metric": metric, "val_metric_meaning": meaning}
 
 
 def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:

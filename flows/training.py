@@ -98,6 +98,9 @@ def ppo(
         return Completed(message=launch.finished_line())
     if not launch.by_command and launch.packer:
         say(f"packer: {launch.packer}")
+    if not launch.by_command:
+        for note in launch.profile_notes:
+            say(f"note: {note}")
     if building := model_build_line(launch.config):
         say(building)
     lock = _hold_run_lock(launch)

@@ -23,6 +23,7 @@ from typing import Any
 from configs.callables import PROJECT_CALLABLE_MODULES, within
 from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
 from configs.loading import ConfigError
+from configs.profile_folder import shadowing_notes
 from configs.schema import PPOConfig
 from data.prompt_projection import (
     PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
@@ -33,7 +34,7 @@ from models.model_folder import (
     HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
     model_sizes,
 )
-from models.reward_model_folder import reward_model_folder_problems
+from models.reward_model_folder import describe_shaping, reward_model_folder_problems
 from placement.memory_estimate import estimate_memory, memory_lines, memory_notes
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
@@ -48,6 +49,8 @@ class ManifestReport:
     data_rows: int | None = None  # rows read from rl.data.path (None for other sources)
     packer: str | None = None  # which DataPacker shapes the prompts, as the launch's first lines say it
     plain_text_prompts: bool = False  # the plain-text packer: a conversation prompt cannot be shaped
+    profile_notes: list[str] = field(default_factory=list)  # files beside the profile named like a module
+    conversation_prompt: str | None = None  # where the data's first conversation-shaped prompt is, if one was read
 
     @property
     def ok(self) -> bool:
@@ -61,14 +64,16 @@ class ManifestReport:
 
 
 def check_manifest(
-    config: PPOConfig, *, environ: dict[str, str] | None = None, launching_here: bool = False
+    config: PPOConfig, *, environ: dict[str, str] | None = None, launching_here: bool = False,
+    profile: str | Path | None = None,
 ) -> ManifestReport:
     """Every check that needs no worker; collects all problems instead of stopping.
 
     `launching_here`: the launch's own pre-flight, on the machine it starts Ray on, so
     a placement this machine cannot hold is a problem (a manifest checked from a laptop
     notes it); the launch then finds its resume point itself (rundir/resume.py), which
-    the manifest calls here so that it refuses what the launch refuses (S-BYO-2)."""
+    the manifest calls here so that it refuses what the launch refuses (S-BYO-2).
+    `profile`: the profile file, whose folder's file names are checked (notes only)."""
     env = os.environ if environ is None else environ
     report = ManifestReport()
     report.summary.append(
@@ -78,20 +83,27 @@ def check_manifest(
     plan = plan_placement(config)
     _check_placement(config, plan, report, env, launching_here)
     _check_model(config, plan, report)
+    _describe_update(config, report)
     _check_critic_start(config, report)
     matcher, resolved = _check_reward(config, report)
     _check_memory(config, plan, report)
     _check_data(config, matcher, resolved, report)
+    _check_served_reward_text(config, report)
     _check_checkpoints(config, report, resume=not launching_here)
     _check_options(config, plan, report)
+    if profile is not None:  # issue 59 item 8: the launch prints these notes too
+        report.profile_notes = shadowing_notes(profile)
+        report.notes.extend(report.profile_notes)
     return report
 
 
-def require_runnable(config: PPOConfig, *, environ: dict[str, str] | None = None) -> ManifestReport:
+def require_runnable(
+    config: PPOConfig, *, environ: dict[str, str] | None = None, profile: str | Path | None = None
+) -> ManifestReport:
     """The launch's pre-flight (CLI and deployment alike): raise ConfigError naming
     every problem that would stop this run, before Prefect or Ray start; else the
-    report, whose summary lines (the packer among them) the launch prints."""
-    report = check_manifest(config, environ=environ, launching_here=True)
+    report, whose packer line and notes on the profile's folder the launch prints."""
+    report = check_manifest(config, environ=environ, launching_here=True, profile=profile)
     if report.problems:
         raise ConfigError([str(problem) for problem in report.problems])
     return report
@@ -156,10 +168,7 @@ def _check_placement(
 def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
     model_config = _read_model_config(config, report)
     rollout = config.rl.rollout
-    report.summary.append(
-        f"rollout: engine {rollout.engine}, max_new_tokens {rollout.max_new_tokens}, "
-        f"temperature {rollout.temperature}, one completion per prompt"
-    )
+    report.summary.append(describe_rollout(config))
     if model_config is None:
         return
     heads = config_value(model_config, *HEADS)
@@ -176,7 +185,9 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
             f"is {tp}; the model's {kv_heads} key/value heads can neither be split over nor replicated on {tp} GPUs",
         )
     positions = config_value(model_config, *POSITIONS)
-    if isinstance(positions, int) and rollout.max_new_tokens >= positions:
+    # An episode's turns are bounded by rl.env.max_turn_tokens, and the episode by the
+    # check below: rl.rollout.max_new_tokens is not used there, so it is not refused.
+    if isinstance(positions, int) and config.rl.env is None and rollout.max_new_tokens >= positions:
         report.problem(
             "rl.rollout.max_new_tokens",
             f"is {rollout.max_new_tokens}, not below the model's context of {positions} positions (config.json; "
@@ -185,6 +196,39 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
     if isinstance(positions, int) and config.rl.env is not None:  # S-BYO-5
         for key, message in episode_context_problems(config.rl.env, positions):
             report.problem(key, message)
+
+
+def describe_rollout(config: PPOConfig) -> str:
+    """What the rollout will generate, in the terms of the keys that bound it (issue 59
+    item 6): an environment run's episodes and their limits, else one completion per
+    prompt of at most rl.rollout.max_new_tokens."""
+    rollout, env = config.rl.rollout, config.rl.env
+    head = f"rollout: engine {rollout.engine}, temperature {rollout.temperature}, "
+    if env is None:
+        return head + f"max_new_tokens {rollout.max_new_tokens}, one completion per prompt"
+    kwargs = "(" + ", ".join(f"{key}={value!r}" for key, value in env.factory_kwargs.items()) + ")"
+    return head + (
+        f"multi-turn episodes from environment {env.factory}{kwargs} (rl.env.factory): at most {env.max_turns} "
+        f"assistant turns (rl.env.max_turns) of at most {env.max_turn_tokens} tokens each (rl.env.max_turn_tokens), "
+        f"{env.max_episode_tokens} tokens after the opening (rl.env.max_episode_tokens), tool calls in the "
+        f"{env.tool_call_format} format (rl.env.tool_call_format); rl.rollout.max_new_tokens is not used"
+    )
+
+
+def _describe_update(config: PPOConfig, report: ManifestReport) -> None:
+    """The update's keys a reader should see when they are not the defaults (issue 59
+    item 6): how the loss is reduced (S-PATH-2) and how minibatches are cut (S-PATH-3)."""
+    rl = config.rl
+    defaults = type(rl).model_fields
+    if rl.loss_aggregation != defaults["loss_aggregation"].default:
+        budget = (f", constant {rl.generation_budget} tokens" if rl.loss_aggregation == "sequence_mean_token_sum_norm"
+                  else "")
+        report.summary.append(f"loss: {rl.loss_aggregation} (rl.loss_aggregation{budget})")
+    if rl.micro_batch_tokens is not None:
+        report.summary.append(
+            f"micro-batches: at most {rl.micro_batch_tokens} tokens each, length-grouped (rl.micro_batch_tokens; "
+            "rl.micro_batch_size does not cut)"
+        )
 
 
 def _check_critic_start(config: PPOConfig, report: ManifestReport) -> None:
@@ -304,7 +348,9 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
     if reward.model is not None:
         problems, summary = reward_model_folder_problems(reward.model)
         report.problems.extend(Problem(key, message) for key, message in problems)
-        if summary:
+        if reward.model.url is not None:  # served: the folder, if any, lends only its tokenizer and template
+            report.summary.append(describe_served_reward_model(reward.model))
+        elif summary:
             report.summary.append(summary)
         group = plan_placement(config).group_of("reward")
         if group is not None:  # S-RM-1: the frozen reward model's device, as the actors will be placed
@@ -329,6 +375,21 @@ def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMa
     return matcher, True
 
 
+def describe_served_reward_model(settings) -> str:
+    """S-RM-1: where the scores come from and how the text sent there is rendered."""
+    name = f", model name {settings.served_name!r} (rl.reward.model.served_name)" if settings.served_name else ""
+    rendered = (
+        f"prompts rendered with the tokenizer and chat template of {settings.path} (rl.reward.model.path; its "
+        "weights are not loaded)"
+        if settings.path is not None
+        else "prompt and completion sent as plain text (no rl.reward.model.path)"
+    )
+    return (
+        f"reward model: served at {settings.url} (rl.reward.model.url{name}); {rendered}; "
+        f"combine={settings.combine} ({describe_shaping(settings)})"
+    )
+
+
 def _check_reward_server(settings, report: ManifestReport) -> None:
     """S-RM-1: a served reward model must answer before anything starts."""
     from models.reward_client import RewardClient, RewardServerError
@@ -339,6 +400,23 @@ def _check_reward_server(settings, report: ManifestReport) -> None:
         report.problem("rl.reward.model.url", str(error))
         return
     report.summary.append(f"reward model served at {settings.url}: {served}")
+
+
+def _check_served_reward_text(config: PPOConfig, report: ManifestReport) -> None:
+    """Issue 59 item 5: a served reward model without a folder receives plain text, and a
+    conversation prompt has no plain text without a chat template to render it. The reward
+    role would refuse it at the first batch, after Ray and the models have started."""
+    settings = config.rl.reward.model
+    if settings is None or settings.url is None or settings.path is not None or report.conversation_prompt is None:
+        return
+    report.problem(
+        "rl.reward.model.path",
+        f"is not set, but the prompts are conversations ({report.conversation_prompt}, column "
+        f"{config.rl.data.prompt_key!r}) and the reward model served at rl.reward.model.url={settings.url} is sent "
+        "text: a conversation needs the reward model's chat template to become that text. Set rl.reward.model.path "
+        "to the served model's folder or hub id (only its tokenizer and chat template are loaded), or give plain-text "
+        "prompts",
+    )
 
 
 def _process_text(config: PPOConfig) -> str:
@@ -401,6 +479,8 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
     if report.plain_text_prompts and not isinstance(prompt, str):  # S-BYO-1
         report.problem("rl.data.prompt_key", conversation_without_template(where, data.prompt_key, config.model.path))
         return False
+    if not isinstance(prompt, str) and report.conversation_prompt is None:
+        report.conversation_prompt = where
     try:
         required = not reward_resolved or (matcher is not None and matcher.needs_reference)
         project_reference(

@@ -178,11 +178,15 @@ def summary_markdown(
             f"| held-out reward, iteration {first_val['iteration']} → {last_val['iteration']} | "
             f"{first_val['val/reward_mean']:.4f} → {last_val['val/reward_mean']:.4f} |"
         )
-        if "val/exact_match" in first_val and "val/exact_match" in last_val:
-            lines.append(
-                f"| held-out exact match, iteration {first_val['iteration']} → {last_val['iteration']} | "
-                f"{first_val['val/exact_match']:.4f} → {last_val['val/exact_match']:.4f} |"
-            )
+        # Each on one scale at both ends (issue 59 item 6): with a normalising reward model
+        # the held-out reward is raw before the first update's moments exist, normalised after.
+        for metric, label in (("val/exact_match", "exact match"), ("val/fraction_correct", "fraction correct"),
+                              ("val/model_raw_mean", "raw reward-model score")):
+            if metric in first_val and metric in last_val:
+                lines.append(
+                    f"| held-out {label}, iteration {first_val['iteration']} → {last_val['iteration']} | "
+                    f"{first_val[metric]:.4f} → {last_val[metric]:.4f} |"
+                )
     if rows and rows[-1].get("train/kl") is not None:
         lines.append(f"| final KL | {rows[-1]['train/kl']:+.5f} |")
     survived = faults_survived(rows)

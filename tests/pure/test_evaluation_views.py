@@ -45,7 +45,8 @@ def test_summary_curve_progress_and_rise_read_the_evaluation_rows():
     assert progress_line(config, records[2]).endswith("val reward 0.400 exact 0.400")
     assert reward_rise(records)["first_reward_mean"] == 0.2  # row 0 has no training reward
     assert held_out_rise(records) == {"first_val_reward": 0.1, "first_val_iteration": 0,
-                                      "last_val_reward": 0.4, "last_val_iteration": 2}
+                                      "last_val_reward": 0.4, "last_val_iteration": 2,
+                                      "val_metric": "val/reward_mean", "val_metric_meaning": "reward"}
     assert held_out_rise(records[1:]) == {}  # one evaluation: no rise to tell
 
 
@@ -56,3 +57,34 @@ def test_a_run_that_must_build_its_tiny_model_says_so_and_a_built_one_does_not(t
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / "config.json").write_text("{}")
     assert model_build_line(config) is None
+
+
+def test_the_held_out_rise_compares_one_scale_the_rules_figure_first_else_raw_against_raw():
+    # An RLHF run with normalised scores: val/reward_mean is raw at iteration 0 (no running
+    # moments yet) and normalised after, so 0.285 -> 0.966 compares two scales (issue 59).
+    before = {"iteration": 0, "val/reward_mean": 0.285, "val/model_raw_mean": 0.285, "val/fraction_correct": 0.05}
+    after = {"iteration": 10, "val/reward_mean": 0.966, "val/model_raw_mean": 1.5, "val/fraction_correct": 0.10}
+    rise = held_out_rise([before, after])
+    figures = (rise["val_metric"], rise["first_val_reward"], rise["last_val_reward"])
+    assert figures == ("val/fraction_correct", 0.05, 0.10)
+    no_rule = [{k: v for k, v in row.items() if k != "val/fraction_correct"} for row in (before, after)]
+    rise = held_out_rise(no_rule)
+    assert (rise["val_metric"], rise["first_val_reward"], rise["last_val_reward"]) == ("val/model_raw_mean", 0.285, 1.5)
+    assert rise["val_metric_meaning"] == "raw reward-model score"
+
+
+def test_the_summary_markdown_shows_the_held_out_figures_on_one_scale_each():
+    rows = [{"iteration": 0, "val/reward_mean": 0.285, "val/model_raw_mean": 0.285, "val/fraction_correct": 0.05},
+            {"iteration": 10, "val/reward_mean": 0.966, "val/model_raw_mean": 1.5, "val/fraction_correct": 0.10}]
+    markdown = summary_markdown({"run_name": "r", "iterations": 10}, rows, None, None)
+    assert "| held-out fraction correct, iteration 0 → 10 | 0.0500 → 0.1000 |" in markdown
+    assert "| held-out raw reward-model score, iteration 0 → 10 | 0.2850 → 1.5000 |" in markdown
+
+
+def test_the_summary_line_names_the_held_out_figure(capsys):
+    from cli.command import print_summary
+
+    rise = held_out_rise([{"iteration": 0, "val/model_raw_mean": 0.25}, {"iteration": 4, "val/model_raw_mean": 1.0}])
+    print_summary({"run_name": "r", "policy_version": 4, "run_dir": "/runs/r", "last_boundary": None, **rise})
+    assert ("  held-out val/model_raw_mean (raw reward-model score): 0.250 at iteration 0 -> 1.000 at iteration 4 "
+            "(rise +0.750)") in capsys.readouterr().out.splitlines()

@@ -437,3 +437,87 @@ def test_a_mesh_over_two_whole_nodes_is_hsdp(public_overrides):
                                     "rl.batch_size=256", "rl.minibatch_size=64"]
     code, out, err = run_validate(PUBLIC_PROFILE, overrides)
     assert "mesh: policy: 8 ranks on cuda (nccl), HSDP shard 4" in out and "x 2 replicas" in out
+
+
+# --- a manifest that describes the run it will start (issue 59 items 5 and 6) ------------------
+
+ENV_OVERRIDES = ["rl.env.factory=data.synthetic:addition_split", "rl.env.factory_kwargs={\"seed\": 3}",
+                 "rl.env.max_turns=3", "rl.env.max_turn_tokens=40", "rl.env.max_episode_tokens=200"]
+
+
+def test_an_environment_run_is_described_by_its_episodes_not_by_max_new_tokens(tmp_path):
+    from models.tiny_model import build_tokenizer
+
+    model = write_model_config(tmp_path / "chat", max_position_embeddings=512)
+    build_tokenizer("0123456789").save_pretrained(model)  # a ChatML template: renders tool messages
+    # rl.rollout.max_new_tokens at the model's positions: refused for one completion per
+    # prompt, not used by episodes (rl.env.max_turn_tokens bounds each turn).
+    overrides = [f"job.output_root={tmp_path}", f"model.path={model}", "model.tiny=null",
+                 "rl.rollout.max_new_tokens=512", *ENV_OVERRIDES]
+    code, out, err = run_validate(TINY_PROFILE, overrides)
+    assert code == 0, err
+    rollout = next(line for line in out.splitlines() if line.startswith("rollout:"))
+    assert "one completion per prompt" not in rollout and "max_new_tokens 512" not in rollout
+    assert "environment data.synthetic:addition_split(seed=3)" in rollout
+    assert "at most 3 assistant turns (rl.env.max_turns)" in rollout
+    assert "40 tokens each (rl.env.max_turn_tokens)" in rollout
+    assert "200 tokens after the opening (rl.env.max_episode_tokens)" in rollout
+    assert "tool calls in the qwen3 format (rl.env.tool_call_format)" in rollout
+    # The same key still refuses a single-turn run.
+    code, _, err = run_validate(TINY_PROFILE, overrides[:4])
+    assert code != 0 and error_keys(err) == ["rl.rollout.max_new_tokens"]
+
+
+def test_the_update_keys_are_described_when_they_are_not_the_defaults(tmp_path):
+    code, out, err = run_validate(TINY_PROFILE, [f"job.output_root={tmp_path}"])
+    assert code == 0, err
+    assert "loss:" not in out and "micro-batches:" not in out
+    assert "max_new_tokens 1, one completion per prompt" in out
+    code, out, err = run_validate(TINY_PROFILE, [f"job.output_root={tmp_path}", "rl.micro_batch_tokens=512",
+                                                 "rl.loss_aggregation=sequence_mean_token_sum_norm",
+                                                 "rl.rollout.max_new_tokens=16"])
+    assert code == 0, err
+    assert "loss: sequence_mean_token_sum_norm (rl.loss_aggregation, constant 16 tokens)" in out
+    assert "micro-batches: at most 512 tokens each" in out
+
+
+def _served(config, *, path=None):
+    from configs.schema import RewardModelConfig
+
+    served = RewardModelConfig(url="http://127.0.0.1:9", path=path, normalize=True)
+    reward = config.rl.reward.model_copy(update={"model": served})
+    return config.model_copy(update={"rl": config.rl.model_copy(update={"reward": reward})})
+
+
+@pytest.fixture
+def answering_server(monkeypatch):
+    from models.reward_client import RewardClient
+
+    monkeypatch.setattr(RewardClient, "check", lambda self: "my-reward")
+
+
+def test_the_served_reward_model_url_is_in_the_manifest(tmp_path, answering_server):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"question": "1+1=", "answer": "2"}])
+    config = _served(load_config(TINY_PROFILE, [f"job.output_root={tmp_path}", f"rl.data.path={rows}",
+                                                "rl.data.prompt_key=question", "rl.data.reference_key=answer"]))
+    report = check_manifest(config)
+    assert report.ok, report.problems
+    assert ("reward model: served at http://127.0.0.1:9 (rl.reward.model.url); prompt and completion sent as "
+            "plain text (no rl.reward.model.path); combine=model (normalised (running))") in report.summary
+
+
+def test_a_served_reward_model_without_a_folder_on_conversation_prompts_is_refused(tmp_path, answering_server):
+    conversation = [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1="}]
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"messages": "2+2=", "answer": "4"},
+                                                 {"messages": conversation, "answer": "2"}])
+    overrides = [f"job.output_root={tmp_path}", f"rl.data.path={rows}", "rl.data.prompt_key=messages",
+                 "rl.data.reference_key=answer"]
+    report = check_manifest(_served(load_config(TINY_PROFILE, overrides)))
+    assert report.keys() == ["rl.reward.model.path"], report.problems
+    message = str(report.problems[0])
+    assert "row 1" in message and "'messages'" in message and "rl.reward.model.url=http://127.0.0.1:9" in message
+    assert "Set rl.reward.model.path to the served model's folder" in message
+    # Plain-text prompts need no folder.
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"messages": "2+2=", "answer": "4"}])
+    report = check_manifest(_served(load_config(TINY_PROFILE, overrides + [f"rl.data.path={plain}"])))
+    assert report.ok, report.problems

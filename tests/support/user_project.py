@@ -44,11 +44,12 @@ def write_user_project(
     root: Path, model: Path, *, module: str = "myrewards", rows: list[dict] | None = None,
     reward_source: str = REWARD_MODULE, on_error: str | None = None,
 ) -> Path:
-    """root/profile.py, root/<module>.py, root/questions.jsonl; returns the profile."""
+    """root/my_profile.py, root/<module>.py, root/questions.jsonl; returns the profile.
+    Named like no module (issue 59 item 8: a profile.py hides Python's `profile`)."""
     root.mkdir(parents=True, exist_ok=True)
     data = write_rows(root / "questions.jsonl", question_rows(64) if rows is None else rows)
     (root / f"{module}.py").write_text(reward_source)
-    profile = root / "profile.py"
+    profile = root / "my_profile.py"
     profile.write_text(PROFILE.format(
         output_root=str(root / "outputs"), model=str(model), data=str(data), module=module,
         on_error=f", on_error={on_error!r}" if on_error else "",
