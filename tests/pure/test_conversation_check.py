@@ -151,3 +151,25 @@ def test_the_packer_names_the_row_and_a_rerun_would_repeat_it(strict_model):
         packer.pack_prompts([[USER], [USER, {"role": "system", "content": "late"}]], ["a.jsonl row 0", "a.jsonl row 7"])
     assert str(caught.value).startswith("a.jsonl row 7: the model's chat template cannot render `prompt[1].role`")
     assert repeats_on_rerun(caught.value)
+
+
+def test_a_reward_model_whose_template_refuses_a_row_is_refused_naming_it(tmp_path, user_models, strict_model):
+    # The policy's template takes a tool turn; the reward model's (strict) does not.
+    data = _rows(tmp_path / "chat.jsonl", [[USER], [USER, ASSISTANT, {"role": "tool", "content": "4"}]])
+    report = _report(tmp_path, user_models.chat, data, f"rl.reward.model.path={strict_model}")
+    refused = [p for p in report.problems if p.key == "rl.data.path"]
+    (problem,) = refused  # (the GPT-2 folder is refused as no classifier too, under rl.reward.model.path)
+    assert problem.message.startswith(
+        f"{data} row 1 (line 2, column 1): the reward model's chat template ({strict_model}) cannot render "
+        "`messages[2].role` 'tool'"
+    )
+
+
+def test_the_reward_model_scorer_names_the_row_and_a_rerun_would_repeat_it(strict_model):
+    from models.reward_model import RewardModelScorer
+
+    scorer = RewardModelScorer(str(strict_model), "float32", 4, 128, load_model=False)
+    with pytest.raises(TemplateRenderError) as caught:
+        scorer.render([USER, {"role": "system", "content": "late"}], "2", "row 5 (a.jsonl row 5)")
+    assert str(caught.value).startswith("row 5 (a.jsonl row 5): the reward model's chat template")
+    assert "`prompt[1].role` 'system'" in str(caught.value) and repeats_on_rerun(caught.value)
