@@ -134,7 +134,7 @@ def _check_message(message: Any, path: str, where: str) -> None:
             where, f"{path}.role", f"is {_kind(role)}; accepted: a non-empty string such as \"user\""
         )
     if role not in CONVERSATION_ROLES:  # S-BYO-4
-        raise PromptError(where, f"{path}.role", f"is {role!r}; accepted roles: {', '.join(CONVERSATION_ROLES)}")
+        raise PromptError(where, f"{path}.role", f"is {role!r}; accepted: a role among {', '.join(CONVERSATION_ROLES)}")
     content = message["content"]
     if isinstance(content, str):
         if not content:

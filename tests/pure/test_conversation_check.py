@@ -66,7 +66,7 @@ def test_a_misspelt_role_is_refused_naming_the_row_the_key_path_and_the_role(tmp
     assert problem.key == "rl.data.path"
     assert problem.message == (
         f"{data} row 2 (line 3, column 1): `messages[1].role` is 'asistant'; "
-        "accepted roles: system, user, assistant, tool"
+        "accepted: a role among system, user, assistant, tool"
     )
 
 

@@ -105,7 +105,7 @@ REFUSED = {
     # S-BYO-4: refused even where a template would render it (Llama 3's renders any role).
     "misspelt_role": (
         {"prompt": [user("a"), {"role": "asistant", "content": "b"}]}, "prompt[1].role",
-        "is 'asistant'; accepted roles: system, user, assistant, tool",
+        "is 'asistant'; accepted: a role among system, user, assistant, tool",
     ),
     "null_content": ({"prompt": [user(None)]}, "prompt[0].content", "is null"),
     "empty_content": ({"prompt": [user("")]}, "prompt[0].content", "is an empty string"),
