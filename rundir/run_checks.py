@@ -505,8 +505,8 @@ def _check_templates(
     skipped: list[str] = []
     prompt_key = config.rl.data.prompt_key
     policy = _policy_template_folder(config, report, skipped)
-    if policy is not None:
-        policy_tokenizer = _load_tokenizer(policy)
+    policy_tokenizer = _load_tokenizer(policy, "model.path", report) if policy is not None else None
+    if policy_tokenizer is not None:
         failures = render_each_sequence(
             lambda turns: render_prompt(policy_tokenizer, turns), first_rows, prompt_key=prompt_key,
             template=f"the policy's chat template ({policy})",
@@ -519,7 +519,7 @@ def _check_templates(
         skipped.append(f"the reward model's ({folder} is built at start-up)" if reward_model.tiny is not None
                        else f"the reward model's ({folder} is not a local folder)")
     elif folder is not None:
-        reward_tokenizer = _load_tokenizer(folder)
+        reward_tokenizer = _load_tokenizer(folder, "rl.reward.model.path", report)
         if getattr(reward_tokenizer, "chat_template", None):  # without one, conversations are refused elsewhere
             failures = render_each_sequence(
                 lambda turns: render_scored(reward_tokenizer, turns, "x"), first_rows, prompt_key=prompt_key,
@@ -550,13 +550,17 @@ def _policy_template_folder(config: PPOConfig, report: ManifestReport, skipped: 
     return None
 
 
-def _load_tokenizer(folder: Path):
-    """The folder's tokenizer, for its chat template; transformers is imported only for
-    conversation rows with a local template to render."""
+def _load_tokenizer(folder: Path, key: str, report: ManifestReport):
+    """The folder's tokenizer, for its chat template, or None (a problem under `key`);
+    transformers is imported only for conversation rows with a local folder to render."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
-    return transformers.AutoTokenizer.from_pretrained(str(folder))
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(folder))
+    except Exception as error:  # what the folder check cannot see from its files
+        report.problem(key, f"{folder}'s tokenizer does not load: {type(error).__name__}: {error}")
+        return None
 
 
 # --- checkpoints -------------------------------------------------------------------
