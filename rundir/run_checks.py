@@ -520,13 +520,19 @@ def _check_templates(
                        else f"the reward model's ({folder} is not a local folder)")
     elif folder is not None:
         reward_tokenizer = _load_tokenizer(folder, "rl.reward.model.path", report)
-        if getattr(reward_tokenizer, "chat_template", None):  # without one, conversations are refused elsewhere
+        if getattr(reward_tokenizer, "chat_template", None):
             failures = render_each_sequence(
                 lambda turns: render_scored(reward_tokenizer, turns, "x"), first_rows, prompt_key=prompt_key,
                 template=f"the reward model's chat template ({folder})",
             )
             report.problems.extend(Problem(source_key, str(failure)) for failure in failures)
             rendered.append("the reward model's")
+        elif reward_tokenizer is not None:
+            where = next(iter(first_rows.values()))[0]
+            report.problem("rl.reward.model.path", (
+                f"{where}: {prompt_key} is a conversation, but {folder}'s tokenizer has no chat template to render it "
+                "for the reward model; use a reward model with a chat template, or string prompts"
+            ))
     line = f"conversations: {len(first_rows)} distinct role sequence{'s' if len(first_rows) != 1 else ''}"
     if rendered:
         line += f", each rendered once through {' and '.join(rendered)} chat template"

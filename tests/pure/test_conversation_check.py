@@ -173,3 +173,11 @@ def test_the_reward_model_scorer_names_the_row_and_a_rerun_would_repeat_it(stric
         scorer.render([USER, {"role": "system", "content": "late"}], "2", "row 5 (a.jsonl row 5)")
     assert str(caught.value).startswith("row 5 (a.jsonl row 5): the reward model's chat template")
     assert "`prompt[1].role` 'system'" in str(caught.value) and repeats_on_rerun(caught.value)
+
+
+def test_a_reward_model_without_a_template_is_refused_for_conversation_rows(tmp_path, user_models):
+    data = _rows(tmp_path / "chat.jsonl", [[SYSTEM, USER]])
+    report = _report(tmp_path, user_models.chat, data, f"rl.reward.model.path={user_models.plain}")
+    messages = [p.message for p in report.problems if p.key == "rl.reward.model.path"]
+    assert any(m.startswith(f"{data} row 0 (line 1, column 1): messages is a conversation") and "no chat template" in m
+               for m in messages), messages
