@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 
 from contracts.faults import RepeatsOnRerun
+from data.chat_render import as_conversation, render_all, render_prompt
 from data.prompt_projection import conversation_without_template
 
 MULTIMODAL_EXTRA = "multimodal"
@@ -130,11 +131,6 @@ class DataPacker(Protocol):
         ...
 
 
-def as_conversation(prompt: Any) -> list[dict]:
-    """A bare string prompt is one user turn (S-DATA-2)."""
-    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-
-
 def prompt_location(sources: Sequence[str] | None, index: int) -> str:
     return sources[index] if sources else f"prompt {index} of the batch"
 
@@ -192,9 +188,10 @@ class ChatTextPacker:
                     f"{prompt_location(sources, index)}: {part} cannot be packed by the text-only ChatTextPacker; "
                     "configure a multimodal DataPacker for image and video prompts"
                 )
-        texts = [
-            self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations
-        ]
+        texts = render_all(  # S-BYO-4: a template's refusal names the row and repeats on rerun
+            lambda conversation: render_prompt(self.tokenizer, conversation), conversations, sources,
+            template="the model's chat template",
+        )
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         return PackedPrompts(encoded["input_ids"], encoded["attention_mask"])
 

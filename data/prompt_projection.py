@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "CONTENT_PART_TYPES",
+    "CONVERSATION_ROLES",
     "PAYLOAD_KEYS",
     "Prompt",
     "PromptError",
@@ -23,6 +24,10 @@ __all__ = [
 ]
 
 Prompt = str | list[dict]
+
+CONVERSATION_ROLES = ("system", "user", "assistant", "tool")
+"""Roles a conversation row may hold (S-BYO-4): a misspelt one is refused even where a
+template would render it, since a template that accepts any role trains on it silently."""
 
 CONTENT_PART_TYPES = frozenset({"text", "image", "video", "image_url", "video_url"})
 """Values accepted under a content part's ``type``."""
@@ -128,6 +133,8 @@ def _check_message(message: Any, path: str, where: str) -> None:
         raise PromptError(
             where, f"{path}.role", f"is {_kind(role)}; accepted: a non-empty string such as \"user\""
         )
+    if role not in CONVERSATION_ROLES:  # S-BYO-4
+        raise PromptError(where, f"{path}.role", f"is {role!r}; accepted: a role among {', '.join(CONVERSATION_ROLES)}")
     content = message["content"]
     if isinstance(content, str):
         if not content:

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from data.packer_media import PromptMediaError, VideoFrames, load_part_image, load_part_video, media_kind
+from data.chat_render import render_all, render_prompt
 from data.packing import (
     MultimodalInputs,
     PackedPrompts,
@@ -90,7 +91,10 @@ class QwenVLPacker:
                     [self.temporal_patch_size / video.fps for video in videos], dtype=torch.float32
                 )
                 video_counts = self._placeholder_counts(tensors["video_grid_thw"])
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            (text,) = render_all(  # S-BYO-4: a template's refusal names the row and repeats on rerun
+                lambda turns: render_prompt(self.tokenizer, turns), [conversation], [where],
+                template="the model's chat template",
+            )
             text = _expand(text, IMAGE_TOKEN, image_counts, where)
             text = _expand(text, VIDEO_TOKEN, video_counts, where)
             texts.append(text)

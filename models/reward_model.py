@@ -18,7 +18,7 @@ import torch
 
 from configs.schema import RewardModelConfig
 from contracts.faults import RepeatsOnRerun
-from data.packing import as_conversation
+from data.chat_render import render_scored, template_failure
 from models.cut_forward import cut_lengths_by_tokens
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -99,10 +99,15 @@ class RewardModelScorer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def render(self, prompt: Any, completion: str) -> str:
+    def render(self, prompt: Any, completion: str, where: str = "a prompt") -> str:
         if self.has_chat_template:
-            conversation = [*as_conversation(prompt), {"role": "assistant", "content": completion}]
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False)
+            try:
+                return render_scored(self.tokenizer, prompt, completion)
+            except Exception as error:  # S-BYO-4: named with its row, and a rerun repeats it
+                raise template_failure(
+                    lambda turns: render_scored(self.tokenizer, turns, completion), prompt, error, where=where,
+                    prompt_key="prompt", template=f"the reward model's chat template ({self.path})",
+                ) from error
         if not isinstance(prompt, str):
             raise RewardModelError(
                 f"rl.reward.model.path: {self.path}'s tokenizer has no chat template, so a conversation prompt cannot "

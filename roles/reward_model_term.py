@@ -56,7 +56,10 @@ class RewardModelTerm:
         sources = batch.sources or [None] * len(batch.prompts)
         rows = [RowOrigin(row_id, source) for row_id, source in zip(batch.row_ids, sources)]
         if self.scorer is not None:
-            texts = [self.scorer.render(p, c) for p, c in zip(batch.prompts, trajectory.completions)]
+            texts = [
+                self.scorer.render(p, c, f"row {row.row_id}" + (f" ({row.source})" if row.source else ""))
+                for p, c, row in zip(batch.prompts, trajectory.completions, rows)
+            ]
         else:
             texts = [_plain_text(p, c) for p, c in zip(batch.prompts, trajectory.completions)]
         if self.client is not None:

@@ -25,6 +25,7 @@ from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatc
 from configs.loading import ConfigError
 from configs.profile_folder import shadowing_notes
 from configs.schema import PPOConfig
+from data.chat_render import first_rows_by_roles, render_each_sequence, render_prompt, render_scored, role_sequence
 from data.prompt_projection import (
     PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
 )
@@ -464,9 +465,9 @@ def _check_data(
 
 
 def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher | None, reward_resolved: bool,
-             source_key: str, report: ManifestReport) -> bool:
-    """Project one row exactly as the data role will; False (with a problem
-    recorded) when the data role would refuse it."""
+             source_key: str, report: ManifestReport) -> Any | None:
+    """Project one row exactly as the data role will: its prompt, or None (with a
+    problem recorded) when the data role would refuse it."""
     data = config.rl.data
     try:
         prompt = project_prompt(value, prompt_key=data.prompt_key, where=where)
@@ -475,10 +476,10 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
             "rl.data.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
         )
         report.problem(key, str(error))
-        return False
+        return None
     if report.plain_text_prompts and not isinstance(prompt, str):  # S-BYO-1
         report.problem("rl.data.prompt_key", conversation_without_template(where, data.prompt_key, config.model.path))
-        return False
+        return None
     if not isinstance(prompt, str) and report.conversation_prompt is None:
         report.conversation_prompt = where
     try:
@@ -496,8 +497,8 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
             reason = f"{_rule_text(config, matcher)} needs" if matcher is not None else "rl.reward.terminal=none needs"
             why = f"{reason} no reference: set rl.data.reference_key=null"
         report.problem("rl.data.reference_key", f"column {column!r}: {error}; {why}")
-        return False
-    return True
+        return None
+    return prompt
 
 
 def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
@@ -506,14 +507,18 @@ def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: 
     path = config.rl.data.path
     assert path is not None
     rows = 0
+    first_rows: dict[tuple[str, ...], tuple[str, Any]] = {}
     started = time.perf_counter()
     try:
         # The data role's own reader: JSON rows, parquet or a saved dataset (S-BYO-4).
         for row in iter_path_rows(path, config.rl.data.split):
             # Every row, in file order, with the data role's own projection: a bad
             # row 90 000 fails here, not an hour into the run (S-DATA-4, S-DATA-5).
-            if not _project(config, row.value, row.where, matcher, reward_resolved, "rl.data.path", report):
+            prompt = _project(config, row.value, row.where, matcher, reward_resolved, "rl.data.path", report)
+            if prompt is None:
                 return
+            if isinstance(prompt, list):  # S-BYO-4: the first row of each role sequence is rendered below
+                first_rows.setdefault(role_sequence(prompt), (row.where, prompt))
             rows += 1
     except (ValueError, OSError) as error:  # the readers' errors name the row (and line and column in JSON)
         report.problem("rl.data.path", str(error))
@@ -524,6 +529,7 @@ def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: 
     report.data_rows = rows
     report.summary.append(f"data: {path}, every row read and projected in {time.perf_counter() - started:.2f} s")
     report.summary.append(f"data_rows: {rows}")
+    _check_templates(config, first_rows, "rl.data.path", report)
 
 
 def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
@@ -561,8 +567,86 @@ def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, repor
         report.problem("rl.data.factory", f"{where}: expected a dict row, got {type(first[0]).__name__}")
         return
     # Only row 0: a factory may be large or endless; the data role projects the rest.
-    if _project(config, first[0], where, matcher, reward_resolved, "rl.data.factory", report):
+    prompt = _project(config, first[0], where, matcher, reward_resolved, "rl.data.factory", report)
+    if prompt is not None:
         report.summary.append(f"data: factory {data.factory}, row 0 projected")
+        _check_templates(config, first_rows_by_roles([(where, prompt)]), "rl.data.factory", report)
+
+
+def _check_templates(
+    config: PPOConfig, first_rows: dict[tuple[str, ...], tuple[str, Any]], source_key: str, report: ManifestReport
+) -> None:
+    """S-BYO-4: each distinct role sequence of the conversation rows, rendered once (its
+    first row) through the policy's chat template, as the packer renders prompts, and
+    through a local reward model's, as it renders prompt and completion."""
+    if not first_rows:
+        return
+    rendered: list[str] = []
+    skipped: list[str] = []
+    prompt_key = config.rl.data.prompt_key
+    policy = _policy_template_folder(config, report, skipped)
+    policy_tokenizer = _load_tokenizer(policy, "model.path", report) if policy is not None else None
+    if policy_tokenizer is not None:
+        failures = render_each_sequence(
+            lambda turns: render_prompt(policy_tokenizer, turns), first_rows, prompt_key=prompt_key,
+            template=f"the policy's chat template ({policy})",
+        )
+        report.problems.extend(Problem(source_key, str(failure)) for failure in failures)
+        rendered.append("the policy's")
+    reward_model = config.rl.reward.model
+    folder = Path(reward_model.path) if reward_model is not None and reward_model.path else None
+    if folder is not None and not (folder / "config.json").is_file():
+        skipped.append(f"the reward model's ({folder} is built at start-up)" if reward_model.tiny is not None
+                       else f"the reward model's ({folder} is not a local folder)")
+    elif folder is not None:
+        reward_tokenizer = _load_tokenizer(folder, "rl.reward.model.path", report)
+        if getattr(reward_tokenizer, "chat_template", None):
+            failures = render_each_sequence(
+                lambda turns: render_scored(reward_tokenizer, turns, "x"), first_rows, prompt_key=prompt_key,
+                template=f"the reward model's chat template ({folder})",
+            )
+            report.problems.extend(Problem(source_key, str(failure)) for failure in failures)
+            rendered.append("the reward model's")
+        elif reward_tokenizer is not None:
+            where = next(iter(first_rows.values()))[0]
+            report.problem("rl.reward.model.path", (
+                f"{where}: {prompt_key} is a conversation, but {folder}'s tokenizer has no chat template to render it "
+                "for the reward model; use a reward model with a chat template, or string prompts"
+            ))
+    line = f"conversations: {len(first_rows)} distinct role sequence{'s' if len(first_rows) != 1 else ''}"
+    if rendered:
+        line += f", each rendered once through {' and '.join(rendered)} chat template"
+    if skipped:
+        line += f"; not rendered through {', '.join(skipped)}: the run renders them at start-up"
+    report.summary.append(line)
+
+
+def _policy_template_folder(config: PPOConfig, report: ManifestReport, skipped: list[str]) -> Path | None:
+    """The policy folder whose chat template the packer renders with, or None (and why)."""
+    folder = Path(config.model.path)
+    if config.data_packer.factory:
+        skipped.append(f"the policy's (data_packer.factory {config.data_packer.factory} renders its own)")
+    elif not (folder / "config.json").is_file():
+        skipped.append(f"the policy's ({folder} is built at start-up)" if config.model.tiny is not None
+                       else f"the policy's ({config.model.path} is not a local folder)")
+    elif report.packer is not None and report.packer.startswith("chat template"):
+        return folder
+    elif report.packer is not None and not report.plain_text_prompts:
+        skipped.append(f"the policy's ({report.packer} renders them)")
+    return None
+
+
+def _load_tokenizer(folder: Path, key: str, report: ManifestReport):
+    """The folder's tokenizer, for its chat template, or None (a problem under `key`);
+    transformers is imported only for conversation rows with a local folder to render."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(folder))
+    except Exception as error:  # what the folder check cannot see from its files
+        report.problem(key, f"{folder}'s tokenizer does not load: {type(error).__name__}: {error}")
+        return None
 
 
 # --- checkpoints -------------------------------------------------------------------

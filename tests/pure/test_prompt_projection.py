@@ -102,6 +102,11 @@ REFUSED = {
     "message_without_content": ({"prompt": [{"role": "user"}]}, "prompt[0].content", "is missing"),
     "null_role": ({"prompt": [{"role": None, "content": "a"}]}, "prompt[0].role", "is null"),
     "empty_role": ({"prompt": [{"role": "", "content": "a"}]}, "prompt[0].role", "is an empty string"),
+    # S-BYO-4: refused even where a template would render it (Llama 3's renders any role).
+    "misspelt_role": (
+        {"prompt": [user("a"), {"role": "asistant", "content": "b"}]}, "prompt[1].role",
+        "is 'asistant'; accepted: a role among system, user, assistant, tool",
+    ),
     "null_content": ({"prompt": [user(None)]}, "prompt[0].content", "is null"),
     "empty_content": ({"prompt": [user("")]}, "prompt[0].content", "is an empty string"),
     "empty_parts": ({"prompt": [user([])]}, "prompt[0].content", "is an empty list"),
