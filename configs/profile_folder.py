@@ -1,5 +1,4 @@
-"""Files beside a profile that are named like a module the run or Python imports (issue 59
-item 8, S-BYO-3).
+"""Files beside a profile that are named like a module the run or Python imports (S-BYO-3).
 
 The profile's folder is appended to the search path, so in the run itself such a file
 never stands in for the module: the module wins and the file is never imported (a
@@ -11,6 +10,7 @@ reach. The pre-flight notes each such file, naming a rename; it refuses nothing.
 
 from __future__ import annotations
 
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -28,7 +28,7 @@ IMPORTED_PACKAGES = (
 def project_packages() -> set[str]:
     """This project's own top-level packages (algorithm, configs, data, ...), less tests/:
     a project's own tests/ folder is no module a config names."""
-    return {entry.name for entry in PROJECT_ROOT.iterdir() if (entry / "__init__.py").is_file()} - {"tests"}
+    return {module.name for module in pkgutil.iter_modules([str(PROJECT_ROOT)]) if module.ispkg} - {"tests"}
 
 
 def shadowing_notes(profile: str | Path) -> list[str]:
@@ -40,12 +40,10 @@ def shadowing_notes(profile: str | Path) -> list[str]:
         return []
     own = project_packages()
     notes = []
-    for entry in sorted(folder.iterdir()):
-        if entry.is_file() and entry.suffix == ".py":
-            name, rename = entry.stem, f"my_{entry.stem}.py"
-        elif entry.is_dir() and (entry / "__init__.py").is_file():
-            name, rename = entry.name, f"my_{entry.name}/"
-        else:
+    for module in sorted(pkgutil.iter_modules([str(folder)]), key=lambda found: found.name):
+        name = module.name
+        entry, rename = (folder / name, f"my_{name}/") if module.ispkg else (folder / f"{name}.py", f"my_{name}.py")
+        if not entry.exists():  # a compiled extension or another kind of module file: not what the docs suggest
             continue
         if name in sys.stdlib_module_names or name in IMPORTED_PACKAGES:
             what = f"Python's standard module {name!r}" if name in sys.stdlib_module_names else (

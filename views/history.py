@@ -178,7 +178,7 @@ def summary_markdown(
             f"| held-out reward, iteration {first_val['iteration']} → {last_val['iteration']} | "
             f"{first_val['val/reward_mean']:.4f} → {last_val['val/reward_mean']:.4f} |"
         )
-        # Each on one scale at both ends (issue 59 item 6): with a normalising reward model
+        # Each on one scale at both ends: with a normalising reward model
         # the held-out reward is raw before the first update's moments exist, normalised after.
         for metric, label in (("val/exact_match", "exact match"), ("val/fraction_correct", "fraction correct"),
                               ("val/model_raw_mean", "raw reward-model score")):
