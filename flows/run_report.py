@@ -90,7 +90,7 @@ HELD_OUT_FIGURES = (
 def held_out_rise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The first and the last held-out evaluation (S-OPS-2): the training reward is
     sampled on rows the policy trains on, this one is what it does on rows it never saw.
-    Both ends read the same metric (issue 59 item 6), named in `val_metric`."""
+    Both ends read the same metric, named in `val_metric`, so the rise compares one scale."""
     for metric, meaning in HELD_OUT_FIGURES:
         evaluated = sorted((r["iteration"], r[metric]) for r in records if metric in r)
         if len(evaluated) >= 2:

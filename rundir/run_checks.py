@@ -92,7 +92,7 @@ def check_manifest(
     _check_served_reward_text(config, report)
     _check_checkpoints(config, report, resume=not launching_here)
     _check_options(config, plan, report)
-    if profile is not None:  # issue 59 item 8: the launch prints these notes too
+    if profile is not None:  # S-BYO-3: the launch prints these notes too
         report.profile_notes = shadowing_notes(profile)
         report.notes.extend(report.profile_notes)
     return report
@@ -200,8 +200,8 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
 
 
 def describe_rollout(config: PPOConfig) -> str:
-    """What the rollout will generate, in the terms of the keys that bound it (issue 59
-    item 6): an environment run's episodes and their limits, else one completion per
+    """What the rollout will generate, in the terms of the keys that bound it (S-RUN-3):
+    an environment run's episodes and their limits, else one completion per
     prompt of at most rl.rollout.max_new_tokens."""
     rollout, env = config.rl.rollout, config.rl.env
     head = f"rollout: engine {rollout.engine}, temperature {rollout.temperature}, "
@@ -217,8 +217,8 @@ def describe_rollout(config: PPOConfig) -> str:
 
 
 def _describe_update(config: PPOConfig, report: ManifestReport) -> None:
-    """The update's keys a reader should see when they are not the defaults (issue 59
-    item 6): how the loss is reduced (S-PATH-2) and how minibatches are cut (S-PATH-3)."""
+    """The update's keys a reader should see when they are not the defaults (S-RUN-3):
+    how the loss is reduced (S-PATH-2) and how minibatches are cut (S-PATH-3)."""
     rl = config.rl
     defaults = type(rl).model_fields
     if rl.loss_aggregation != defaults["loss_aggregation"].default:
@@ -404,7 +404,7 @@ def _check_reward_server(settings, report: ManifestReport) -> None:
 
 
 def _check_served_reward_text(config: PPOConfig, report: ManifestReport) -> None:
-    """Issue 59 item 5: a served reward model without a folder receives plain text, and a
+    """S-RM-1: a served reward model without a folder receives plain text, and a
     conversation prompt has no plain text without a chat template to render it. The reward
     role would refuse it at the first batch, after Ray and the models have started."""
     settings = config.rl.reward.model
