@@ -61,6 +61,16 @@ class MicroBatch:
         return rows if self.response_length is None else rows[:, : self.response_length]
 
 
+def trimmed_micro_batch(
+    rows: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int, keep_prompt: bool = False
+) -> MicroBatch:
+    """Rows (m,) of a batch whose mask is `attention_mask` (b, p + r), as a micro-batch
+    trimmed to the columns they use (`trimmed_columns`): the one rule for the trainers'
+    micro-batches and the whole-batch forwards (models/cut_forward.py)."""
+    first, response_length = trimmed_columns(attention_mask[rows], prompt_length, keep_prompt)
+    return MicroBatch(rows, first, response_length)
+
+
 @dataclass(frozen=True)
 class Minibatch:
     """One optimizer step: the whole minibatch's rows (every rank's share, for the loss
@@ -144,11 +154,9 @@ class UpdatePlan:
             # Every rank runs as many micro-batches as the rank that needs the most (a
             # sharded forward is a collective); each rank computes them all, no message.
             shard, mine = shards[rank], split_to(groups[rank], max(len(each) for each in groups))
-            micro_batches = []
-            for positions in mine:
-                rows = shard[positions]
-                first, response_length = trimmed_columns(attention_mask[rows], prompt_length, keep_prompt)
-                micro_batches.append(MicroBatch(rows, first, response_length))
+            micro_batches = [
+                trimmed_micro_batch(shard[positions], attention_mask, prompt_length, keep_prompt) for positions in mine
+            ]
             cut.append(Minibatch(step.rows, micro_batches))
         return cut
 

@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from algorithm.token_budget import RowTooLong, cut_by_tokens, trimmed_columns
-from algorithm.update_plan import MicroBatch
+from algorithm.token_budget import RowTooLong, cut_by_tokens
+from algorithm.update_plan import MicroBatch, trimmed_micro_batch
 
 # (ids (m, p' + r'), mask (m, p' + r'), p', rows (m,) or None for all) -> (m, r') per response token
 ResponseForward = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor | None], torch.Tensor]
@@ -26,17 +26,18 @@ def token_micro_batches(
     """The batch's rows as trimmed micro-batches of at most `budget` real tokens each,
     in a fixed order (`cut_by_tokens`), so every rank of a sharded model runs the same
     forwards in the same order."""
-    lengths = attention_mask.sum(dim=1).tolist()
+    return [
+        trimmed_micro_batch(torch.tensor(group, dtype=torch.long), attention_mask, prompt_length, keep_prompt)
+        for group in _groups(attention_mask.sum(dim=1).tolist(), budget)
+    ]
+
+
+def _groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """`cut_by_tokens`, its refusal naming the key to raise."""
     try:
-        groups = cut_by_tokens(lengths, budget)
+        return cut_by_tokens(lengths, budget)
     except RowTooLong as error:
         raise RowTooLong(f"rl.micro_batch_tokens: {error}; raise rl.micro_batch_tokens to hold it") from None
-    micro_batches = []
-    for group in groups:
-        rows = torch.tensor(group, dtype=torch.long)
-        first, response_length = trimmed_columns(attention_mask[rows], prompt_length, keep_prompt)
-        micro_batches.append(MicroBatch(rows, first, response_length))
-    return micro_batches
 
 
 def forward_by_tokens(
@@ -73,7 +74,4 @@ def cut_lengths_by_tokens(lengths: Sequence[int], budget: int | None, rows_per_f
     if budget is None:
         return [list(range(start, min(start + rows_per_forward, len(lengths))))
                 for start in range(0, len(lengths), rows_per_forward)]
-    try:
-        return cut_by_tokens(lengths, budget)
-    except RowTooLong as error:
-        raise RowTooLong(f"rl.micro_batch_tokens: {error}; raise rl.micro_batch_tokens to hold it") from None
+    return _groups(lengths, budget)
