@@ -24,6 +24,13 @@ class PromptBatch:
     metadata: list[dict[str, Any]]
     row_ids: list[int]
     sources: list[str] = field(default_factory=list)  # where each row came from, for error messages
+    # The prompt each row samples, as its position among the iteration's prompts: rows of
+    # one prompt share it and sit side by side (S-OPT-2). Empty: every row its own prompt.
+    group_ids: list[int] = field(default_factory=list)
+
+    def group_index(self) -> list[int]:
+        """Each row's group: what group estimators (GRPO, RLOO) compare a sample within."""
+        return list(self.group_ids) if self.group_ids else list(range(len(self.prompts)))
 
     def shard(self, index: int, count: int) -> "PromptBatch":
         """Rows `index * b / count` up to the next shard's first: what rollout engine
@@ -35,7 +42,7 @@ class PromptBatch:
         rows = slice(index * size, (index + 1) * size)
         return PromptBatch(
             self.iteration, self.prompts[rows], self.references[rows], self.metadata[rows], self.row_ids[rows],
-            self.sources[rows],
+            self.sources[rows], self.group_ids[rows],
         )
 
     @staticmethod
@@ -47,6 +54,7 @@ class PromptBatch:
             [m for part in parts for m in part.metadata],
             [i for part in parts for i in part.row_ids],
             [s for part in parts for s in part.sources],
+            [g for part in parts for g in part.group_index()] if any(part.group_ids for part in parts) else [],
         )
 
 
