@@ -810,8 +810,25 @@ class RLConfig(Section):
         "rl.rollout.temperature) is subtracted from each token's policy loss (verl `entropy_coeff`, OpenRLHF "
         "`--entropy_loss_coef`). 0: no bonus.",
     )
-    whiten_advantages: bool = Field(
-        True, description="Normalise advantages to zero mean, unit variance over the batch."
+    advantage_estimator: str = Field(
+        "gae",
+        description="How advantages are estimated: `gae` (generalized advantage estimation over a learned critic), "
+        "`grpo` (each sample's reward against its prompt's group: mean, and std with rl.grpo_scale), `rloo` "
+        "(against the mean of the other samples of its prompt), `reinforce_plus_plus` (discounted per-token "
+        "returns, whitened over the batch). All but gae start, train and commit no critic; grpo and rloo need "
+        "rl.rollout.samples_per_prompt above 1 (verl `algorithm.adv_estimator`, OpenRLHF `--advantage_estimator`; "
+        "docs/reference/ppo-options.md).",
+    )
+    grpo_scale: bool | None = Field(
+        None,
+        description="grpo only: divide each group-centred reward by the group's standard deviation (verl "
+        "`norm_adv_by_std_in_grpo`); false keeps the centred reward (Dr. GRPO). null: true with grpo.",
+    )
+    whiten_advantages: bool | None = Field(
+        None,
+        description="Normalise advantages to zero mean, unit variance over the batch's sampled tokens. null: as "
+        "the estimator defines it (gae and reinforce_plus_plus whiten; grpo and rloo, already normalised within "
+        "each group, do not).",
     )
     critic_warmup_iterations: int = Field(
         0, ge=0, strict=True, description="Outer iterations 1..N train only the critic."
@@ -896,6 +913,7 @@ class RLConfig(Section):
                 f"rl.clip_ratio_high ({self.clip_ratio_high:g}) is below rl.clip_ratio ({self.clip_ratio:g}): "
                 "clip-higher widens the upper clip only; set it to at least rl.clip_ratio, or null for a symmetric clip"
             )
+        self._estimator_options()
         if self.kl_target is not None and self.kl_horizon is None:
             raise ValueError(
                 f"rl.kl_target is {self.kl_target:g} but rl.kl_horizon is not set: the adaptive controller needs its "
@@ -903,6 +921,30 @@ class RLConfig(Section):
                 "fixed rl.kl_coef"
             )
         return self
+
+    def _estimator_options(self) -> None:
+        """An estimator's needs against the keys that contradict them, both keys named (S-OPT-2)."""
+        from algorithm.advantage_estimators import advantage_estimator
+
+        estimator = advantage_estimator(self.advantage_estimator)  # an unknown name lists the known ones
+        name = f"rl.advantage_estimator={estimator.name}"
+        samples = getattr(self.rollout, "samples_per_prompt", 1)
+        if estimator.uses_groups and samples < 2:
+            raise ValueError(
+                f"{name} compares the samples of one prompt, but rl.rollout.samples_per_prompt is {samples}: set "
+                "rl.rollout.samples_per_prompt to 2 or more (4-16 is usual), or use rl.advantage_estimator=gae or "
+                "reinforce_plus_plus"
+            )
+        if not estimator.uses_critic and self.critic_warmup_iterations:
+            raise ValueError(
+                f"{name} trains no critic, but rl.critic_warmup_iterations is {self.critic_warmup_iterations}: set "
+                "rl.critic_warmup_iterations=0, or use rl.advantage_estimator=gae"
+            )
+        if self.grpo_scale is not None and estimator.name != "grpo":
+            raise ValueError(
+                f"rl.grpo_scale is set but {name}: it scales grpo's advantages only; remove it, or set "
+                "rl.advantage_estimator=grpo"
+            )
 
     @model_validator(mode="after")
     def _environment_rewards(self) -> "RLConfig":
@@ -1005,6 +1047,26 @@ class PPOConfig(Section):
         description="How prompts become model inputs: tokens, and pixels for VLMs.",
     )
     grid: GridConfig = Field(default_factory=GridConfig, description="Backend and device placement.")
+
+    @model_validator(mode="after")
+    def _critic_keys_need_a_critic(self) -> "PPOConfig":
+        """A critic-free estimator refuses the keys that only a critic reads, both named (S-OPT-2)."""
+        from algorithm.advantage_estimators import uses_critic
+
+        if uses_critic(self.rl.advantage_estimator):
+            return self
+        name = f"rl.advantage_estimator={self.rl.advantage_estimator}"
+        if self.model.critic_path is not None:
+            raise ValueError(
+                f"model.critic_path is set but {name} starts no critic: remove model.critic_path, or use "
+                "rl.advantage_estimator=gae"
+            )
+        if self.grid.critic_gpus:
+            raise ValueError(
+                f"grid.critic_gpus is {self.grid.critic_gpus} but {name} starts no critic: set grid.critic_gpus=0, "
+                "or use rl.advantage_estimator=gae"
+            )
+        return self
 
     @model_validator(mode="after")
     def _local_store_for_multi_role_checkpoints(self) -> "PPOConfig":

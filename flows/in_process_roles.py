@@ -29,20 +29,20 @@ class InProcessRoles:
     reward: RewardRole
     replay: ReplayRole
     reference: ReferenceRole
-    critic: CriticRole
     policy: PolicyRole
+    critic: CriticRole | None = None  # None: a critic-free estimator (S-OPT-2)
 
     def items(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
 
     def ranks(self, role: str) -> list[Any]:
-        return [getattr(self, role)]
+        return [] if getattr(self, role) is None else [getattr(self, role)]
 
     def policy_ranks(self) -> list[PolicyRole]:
         return [self.policy]
 
     def critic_ranks(self) -> list[CriticRole]:
-        return [self.critic]
+        return self.ranks("critic")
 
     def reference_ranks(self) -> list[ReferenceRole]:
         return [self.reference]
@@ -62,6 +62,6 @@ def build_roles(config: PPOConfig) -> InProcessRoles:
         reward=RewardRole(config, placements.get("reward", (None,))[0]),
         replay=ReplayRole(config),
         reference=ReferenceRole(config, placements["reference"][0]),
-        critic=CriticRole(config, placements["critic"][0]),
+        critic=CriticRole(config, placements["critic"][0]) if "critic" in placements else None,
         policy=PolicyRole(config, placements["policy"][0]),
     )

@@ -27,6 +27,7 @@ from rundir.reward_model_identity import (
     REWARD_NORMALIZE_KEY, SERVED_KEY, keeps_reward_state, record_reward_model, reward_model_fingerprint,
     served_fingerprint,
 )
+from rundir.resume import ESTIMATOR_KEY
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages
@@ -132,20 +133,24 @@ def ppo_iteration(
     record |= run.stage(stages.reward, iteration, batch.reward_summary, queued.replay_summary)
     (_, reference_summary), *other_references = queued.references
     record |= run.stage(stages.reference_score, iteration, reference_summary, waits=[s for _, s in other_references])
-    (_, critic_summary), *other_predictions = queued.predictions
-    record |= run.stage(stages.critic_predict, iteration, critic_summary, waits=[s for _, s in other_predictions])
+    if queued.predictions:  # a critic-free estimator has no critic stages (S-OPT-2)
+        (_, critic_summary), *other_predictions = queued.predictions
+        record |= run.stage(stages.critic_predict, iteration, critic_summary, waits=[s for _, s in other_predictions])
     (_, prepare_summary), *other_prepared = queued.prepared
     agreed_batch, prepare_metrics = run.stage(
         stages.prepare_batch, iteration, prepare_summary, queued.installs, waits=[s for _, s in other_prepared],
     )
     record |= prepare_metrics
+    # The experience file is written while the trainers update; the last train stage
+    # (the critic's, or the policy's without a critic) waits for it, so it is on disk
+    # before any commit that vouches for this iteration.
+    experience_after_policy = queued.experience if not critic_ranks else None
     # During warmup the park is waited for with the critic, the iteration's last task.
-    trains = [] if actor is None else [(stages.train_policy, (actor.receipts, agreed_batch))]
-    # The experience file is written while the trainers update; the critic's stage waits
-    # for it, so it is on disk before any commit that vouches for this iteration.
-    trains.append(
-        (stages.train_critic, (critic_receipts, agreed_batch, parks if actor is None else [], queued.experience))
-    )
+    trains = [] if actor is None else [(stages.train_policy, (actor.receipts, agreed_batch, experience_after_policy))]
+    if critic_ranks:
+        trains.append(
+            (stages.train_critic, (critic_receipts, agreed_batch, parks if actor is None else [], queued.experience))
+        )
     for metrics in run.concurrent_stages(TRAIN, iteration, *trains):
         record |= metrics
     if ahead is not None:
@@ -198,7 +203,8 @@ def queue_targets(run: Runner, roles: Roles, config: PPOConfig, batch: Batch, pa
     trajectory = references[0][0]
     critic_ranks, policy_ranks = roles.critic_ranks(), roles.policy_ranks()
     predictions = [run.call(rank.predict, trajectory, returns=2) for rank in critic_ranks]
-    trajectory = predictions[0][0]
+    if predictions:  # none without a critic: the policy's estimator needs no values
+        trajectory = predictions[0][0]
     # Rank 0 of the policy freezes the targets; every other trainer rank receives
     # that very object (S-FLOW-3), the policy's after computing the same for the forward.
     prepared = [run.call(rank.prepare_batch, trajectory, returns=2) for rank in policy_ranks]
@@ -206,7 +212,10 @@ def queue_targets(run: Runner, roles: Roles, config: PPOConfig, batch: Batch, pa
     experience = None
     if paths is not None and config.job.experience.keep != "off":  # S-OPS-3: the samples behind the numbers
         experience = run.call(roles.replay.keep_experience, trajectory, targets, paths.experience)
-    installs = [run.call(rank.install_targets, targets) for rank in critic_ranks + policy_ranks[1:]]
+    # Alone (one policy rank, no critic), rank 0 installs its own targets: its answer
+    # names the batch the prepare stage hands out (S-FLOW-5).
+    receivers = critic_ranks + policy_ranks[1:] or policy_ranks[:1]
+    installs = [run.call(rank.install_targets, targets) for rank in receivers]
     return QueuedTargets(replay_summary, batch_id, references, predictions, prepared, experience, installs)
 
 
@@ -308,6 +317,8 @@ def save_on_cadence(
         loop_state: dict[str, Any] = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4
         if config.rl.rollout.max_staleness:  # recorded one step off only: absent means synchronous
             loop_state["max_staleness"] = config.rl.rollout.max_staleness
+        if config.rl.advantage_estimator != "gae":  # recorded when not gae: absent means gae (S-OPT-2)
+            loop_state[ESTIMATOR_KEY] = config.rl.advantage_estimator
         if config.model.lora.enabled:  # recorded with adapters only: absent means full fine-tuning (S-LORA-2)
             loop_state["lora"] = config.model.lora.record
         base_model = current_fingerprint(config.model)
@@ -339,7 +350,7 @@ def rank_saves(run: Runner, roles: Roles, folder: str, plan: str = "full") -> di
     `role-rankN` for the others, so the commit waits for every rank's verified save
     before its `_SUCCESS` (S-CKPT-2)."""
     saves = {}
-    for role in TRAINER_ROLES:
+    for role in TRAINER_ROLES:  # a role this run does not start has no ranks
         for rank, handle in enumerate(roles.ranks(role)):
             saves[role if rank == 0 else f"{role}-rank{rank}"] = run.call(handle.save, f"{folder}/{role}", plan)
     return saves

@@ -167,8 +167,11 @@ def restore_roles(run: Runner, roles: Roles, point: ResumePoint, config: PPOConf
     critic_loads = [run.call(rank.load, f"{boundary}/critic") for rank in roles.critic_ranks()]
     reward_load = [run.call(roles.reward.load, f"{boundary}/{REWARD_DIR}")] if keeps_reward_state(config) else []
     states = run.get([*policy_loads, *critic_loads, run.call(roles.data.load, f"{boundary}/data"), *reward_load])
-    policy_state, critic_state = states[0], states[len(policy_loads)]
-    observed = {"policy": int(policy_state["optimizer_step"]), "critic": int(critic_state["optimizer_step"])}
+    policy_state = states[0]
+    trainer_states = {"policy": policy_state}
+    if critic_loads:  # a critic-free run has none (S-OPT-2)
+        trainer_states["critic"] = states[len(policy_loads)]
+    observed = {role: int(state["optimizer_step"]) for role, state in trainer_states.items()}
     recorded = point.marker.get("role_steps")
     if recorded is None:
         # S-CKPT-3: an older marker without role_steps: all roles must agree.
@@ -182,7 +185,7 @@ def restore_roles(run: Runner, roles: Roles, point: ResumePoint, config: PPOConf
                     f"{boundary}: {role} restored at optimizer step {steps}, the marker recorded {recorded.get(role)}"
                 )
     configured_shape = UpdatePlan.from_config(config.rl, config.job.seed, point.iteration + 1).shape
-    for role, state in (("policy", policy_state), ("critic", critic_state)):
+    for role, state in trainer_states.items():
         saved_shape = state.get("plan_shape")
         if saved_shape is not None and held_shape(saved_shape) != configured_shape:  # S-FLOW-4, S-PATH-2
             raise ResumeError(

@@ -108,11 +108,13 @@ def progress_line(config: PPOConfig, record: dict[str, Any]) -> str:
     if "train/reward_mean" not in record:  # iteration 0: the starting policy's evaluation only
         return f"iter {record['iteration']:>4}/{config.rl.max_steps}  before training: {evaluated.strip()}"
     policy_loss = record.get("train/policy_loss")
+    value_loss = record.get("train/value_loss")  # none without a critic (S-OPT-2)
     phase = "critic-warmup" if record["train/actor_warmup"] else f"pv={int(record['train/policy_version'])}"
     return (
         f"iter {record['iteration']:>4}/{config.rl.max_steps}  reward {record['train/reward_mean']:.3f}  "
         f"policy_loss {'   -   ' if policy_loss is None else f'{policy_loss:+.4f}'}  "
-        f"value_loss {record['train/value_loss']:.4f}  kl {record['train/kl']:+.4f}  {phase}  "
+        + ("" if value_loss is None else f"value_loss {value_loss:.4f}  ")
+        + f"kl {record['train/kl']:+.4f}  {phase}  "
         f"{record['time/iteration_seconds']:.2f}s{evaluated}"
     )
 

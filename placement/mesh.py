@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from placement.plan import DEVICE_ROLES, SHARDED_ROLES, TRAINER_ROLES, PlacementPlan
+from placement.plan import SHARDED_ROLES, TRAINER_ROLES, PlacementPlan
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def role_mesh(plan: PlacementPlan, role: str) -> RoleMesh:
 
 def role_meshes(plan: PlacementPlan) -> dict[str, RoleMesh]:
     """Every model role's mesh; the rollout's engines are independent, not a mesh."""
-    return {role: role_mesh(plan, role) for role in DEVICE_ROLES if role != "rollout"}
+    return {role: role_mesh(plan, role) for role in plan.device_roles if role != "rollout"}
 
 
 def mesh_problems(plan: PlacementPlan) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from algorithm.advantage_estimators import uses_critic
 from configs.schema import PPOConfig
 
 TRAINER_ROLES = ("policy", "critic")
@@ -120,6 +121,18 @@ class PlacementPlan:
             return max(1, group.gpus // self.rollout_tensor_parallel_size)
         return group.gpus
 
+    @property
+    def device_roles(self) -> tuple[str, ...]:
+        """The device roles this run starts: every one with a group (a critic-free
+        estimator's plan has no critic group, S-OPT-2)."""
+        return tuple(role for role in DEVICE_ROLES if self.group_of(role) is not None)
+
+    @property
+    def trainer_roles(self) -> tuple[str, ...]:
+        """The roles that train in this run: the policy, and the critic where the
+        estimator uses one."""
+        return tuple(role for role in TRAINER_ROLES if self.group_of(role) is not None)
+
     def describe(self) -> str:
         parts = []
         for group in self.groups:
@@ -143,6 +156,8 @@ def plan_placement(config: PPOConfig) -> PlacementPlan:
             DeviceGroup("reference", ("reference",), grid.reference_gpus, "grid.reference_gpus"),
             DeviceGroup("critic", ("critic",), grid.critic_gpus, "grid.critic_gpus"),
         )
+    if not uses_critic(config.rl.advantage_estimator):  # S-OPT-2: no critic to place
+        groups = tuple(group for group in groups if group.roles != ("critic",))
     groups = _with_reward_model(config, groups)
     return PlacementPlan(
         mode=grid.gpu_placement,
@@ -196,9 +211,9 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
             ("grid.rollout_gpus", f"is {grid.rollout_gpus} but grid.gpu_placement=colocated puts the rollout on the "
              "policy's GPUs (grid.policy_gpus); set grid.rollout_gpus=0, or grid.gpu_placement=disaggregated")
         )
-    if grid.cpu_trainer_ranks > 1 and all(plan.group_of(role).gpus for role in TRAINER_ROLES):  # type: ignore[union-attr]
+    if grid.cpu_trainer_ranks > 1 and all(plan.group_of(role).gpus for role in plan.trainer_roles):  # type: ignore[union-attr]
         problems.append(
-            ("grid.cpu_trainer_ranks", f"is {grid.cpu_trainer_ranks} but both trainers have GPUs (one rank per GPU); "
+            ("grid.cpu_trainer_ranks", f"is {grid.cpu_trainer_ranks} but every trainer has GPUs (one rank per GPU); "
              "it applies only to a trainer whose group has no GPU")
         )
     reference_group = plan.group_of("reference")
@@ -222,7 +237,7 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
             ("rl.batch_size", f"is {config.rl.batch_size}, not divisible by the {engines} rollout engines ({key}); "
              "every engine generates an equal shard")
         )
-    for role in TRAINER_ROLES:
+    for role in plan.trainer_roles:
         ranks = plan.ranks(role)
         group = plan.group_of(role)
         key = group.key if group is not None and group.gpus else "grid.cpu_trainer_ranks"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from placement.plan import DEVICE_ROLES, RANKED_ROLES, PlacementPlan
+from placement.plan import RANKED_ROLES, PlacementPlan
 
 SHARING_ROLES = ("policy", "rollout")
 """S-RUN-4: the two roles of the colocated group; under offload the trainer parks its
@@ -45,7 +45,7 @@ def role_placements(plan: PlacementPlan) -> dict[str, tuple[RolePlacement, ...]]
     """Every rank of every device role (`DEVICE_ROLES`), rank 0 first: one placement
     per rank of the role's group (`RANKED_ROLES`, the frozen reference included)."""
     placements: dict[str, tuple[RolePlacement, ...]] = {}
-    placed = (*DEVICE_ROLES, "reward") if plan.group_of("reward") is not None else DEVICE_ROLES
+    placed = (*plan.device_roles, "reward") if plan.group_of("reward") is not None else plan.device_roles
     for role in placed:
         group = plan.group_of(role)
         device = "cuda" if group is not None and group.gpus else "cpu"

@@ -17,7 +17,7 @@ import ray
 from configs.schema import PPOConfig
 from contracts.faults import RepeatsOnRerun, repeats_on_rerun
 from contracts.timeouts import startup_timeout as startup_timeout  # where the flow asks for it
-from placement.plan import SHARDED_ROLES, plan_placement
+from placement.plan import DEVICE_ROLES, SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
 from processes.dead_actors import kill_quietly
@@ -47,8 +47,8 @@ class RoleHandles:
     reward: ActorHandle[RewardRole]
     replay: ActorHandle[ReplayRole]
     reference: ActorHandle[ReferenceRole]
-    critic: ActorHandle[CriticRole]
     policy: ActorHandle[PolicyRole]
+    critic: ActorHandle[CriticRole] | None = None  # None: a critic-free estimator (S-OPT-2)
     peers: dict[str, tuple[ActorHandle, ...]] = field(default_factory=dict)
     ready_seconds: dict[str, float] = field(default_factory=dict)  # actor label -> seconds from launch to ready
     # Several engines: the one actor every engine call goes through (processes/engine_pool.py).
@@ -57,12 +57,14 @@ class RoleHandles:
     def items(self) -> list[tuple[str, Any]]:
         """(role, rank-0 handle) for every role."""
         return [
-            (f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("peers", "ready_seconds", "pool")
+            (f.name, getattr(self, f.name)) for f in fields(self)
+            if f.name not in ("peers", "ready_seconds", "pool") and getattr(self, f.name) is not None
         ]
 
     def ranks(self, role: str) -> list[Any]:
-        """Every rank of one role, rank 0 first."""
-        return [getattr(self, role), *self.peers.get(role, ())]
+        """Every rank of one role, rank 0 first; none for a role this run does not start."""
+        first = getattr(self, role)
+        return [] if first is None else [first, *self.peers.get(role, ())]
 
     # Each rank group typed by its role, so a reader of the iteration program reaches
     # PolicyRole.train_batch from `rank.train_batch`.
@@ -165,6 +167,8 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
     groups: dict[str, list[Any]] = {}
     engine_launches: list[EngineLaunch] = []
     for role, cls in ROLE_CLASSES.items():
+        if role in DEVICE_ROLES and role not in placements:
+            continue  # a device role this run's plan does not start (a critic-free estimator's critic)
         if role in placements:
             arguments = [(config, placement) for placement in placements[role]]
         else:  # a host role (data, reward, replay) holds no device: one actor, the config alone

@@ -16,12 +16,12 @@ from typing import Any, Iterator
 
 import torch
 
+from algorithm.advantage_estimators import EstimatorInputs, advantage_estimator
 from algorithm.ppo_math import (
     adaptive_kl_coef,
     behaviour_weights,
     clipped_policy_loss,
     explained_variance,
-    generalized_advantage_estimate,
     kl_estimate,
     kl_penalised_rewards,
     masked_mean,
@@ -62,6 +62,7 @@ class PolicyRole(TrainerRole):
         # The KL coefficient the next batch is penalised with: fixed, or the adaptive
         # controller's state, saved with the role so a resume continues it (S-OPT-1).
         self.kl_coef = config.rl.kl_coef
+        self.estimator = advantage_estimator(config.rl.advantage_estimator)
         self.parks = self.placement.parks
         self.parked = False
         if self.parks:
@@ -118,7 +119,8 @@ class PolicyRole(TrainerRole):
             self.parked = False
 
     def prepare_batch(self, trajectory: Trajectory) -> tuple[PPOTargets, dict[str, float]]:
-        trajectory.require("batch_id", "sequence_scores", "ref_logprobs", "values")
+        critic_fields = ("values",) if self.estimator.uses_critic else ()
+        trajectory.require("batch_id", "sequence_scores", "ref_logprobs", *critic_fields)
         self._refuse_stale(
             trajectory.policy_version, f"samples of iteration {trajectory.iteration}", self.rl.rollout.max_staleness
         )
@@ -138,7 +140,8 @@ class PolicyRole(TrainerRole):
                 input_ids, attention_mask, trajectory.prompt_length, self.rl.micro_batch_tokens,
                 keep_prompt=bool(trajectory.extras),
             ) * mask
-        old_values = trajectory.values * mask
+        # A critic-free estimator (S-OPT-2) has no values: zeros, which no loss reads.
+        old_values = trajectory.values * mask if self.estimator.uses_critic else torch.zeros_like(mask)
         # One reward and one GAE for every rollout (S-PATH-1): a single-turn row is a one-turn episode.
         kl_coef = self.kl_coef
         rewards, kl = kl_penalised_rewards(
@@ -146,8 +149,12 @@ class PolicyRole(TrainerRole):
             kl_coef if self.rl.kl_in == "reward" else 0.0, self.rl.kl_estimator,
         )
         kl_metrics = self._adapt_kl_coef(kl, input_ids.shape[0])
-        advantages, returns = generalized_advantage_estimate(rewards, old_values, mask, self.rl.gamma, self.rl.lam)
-        if self.rl.whiten_advantages:
+        advantages, returns = self.estimator.compute(EstimatorInputs(
+            rewards, old_values if self.estimator.uses_critic else None, mask,
+            torch.tensor(trajectory.prompts.group_index()), self.rl.gamma, self.rl.lam, self.rl.grpo_scale is not False,
+        ))
+        whitens = self.estimator.whitens if self.rl.whiten_advantages is None else self.rl.whiten_advantages
+        if whitens:
             advantages = whiten(advantages, mask)
         weights, weight_metrics = self._importance_weights(old_logprobs, trajectory, mask)
         self.targets = PPOTargets(
@@ -173,7 +180,8 @@ class PolicyRole(TrainerRole):
             "train/kl": float((kl.sum(dim=1)).mean()),
             "train/advantage_mean": float(masked_mean(advantages, mask)),
             "train/return_mean": float(masked_mean(returns, mask)),
-            "train/explained_variance": explained_variance(old_values, returns, mask),
+            **({"train/explained_variance": explained_variance(old_values, returns, mask)}
+               if self.estimator.uses_critic else {}),
             "rollout/logprob_abs_diff": float(masked_mean((old_logprobs - trajectory.rollout_logprobs).abs(), mask)),
         }
 

@@ -159,6 +159,11 @@ def chosen_boundary(paths: RunPaths, name: str) -> str:
     return f"{paths.checkpoints}/{name}"
 
 
+ESTIMATOR_KEY = "advantage_estimator"
+"""The loop state's record of a boundary's estimator; absent means gae, the only one
+before the registry (S-OPT-2)."""
+
+
 def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -> None:
     configured = config.rl.critic_warmup_iterations
     loop_state = marker.get("loop_state")
@@ -169,6 +174,13 @@ def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -
             f"iteration's batch in flight, but this run is configured with rl.rollout.max_staleness="
             f"{config.rl.rollout.max_staleness}, which would skip that batch; resume refused. Resume with "
             f"rl.rollout.max_staleness={recorded_lag} or start a new job.name."
+        )
+    recorded_estimator = (loop_state or {}).get(ESTIMATOR_KEY, "gae")
+    if recorded_estimator != config.rl.advantage_estimator:  # S-OPT-2: another objective, another set of roles
+        raise ResumeError(
+            f"{boundary} was written with rl.advantage_estimator={recorded_estimator} but this run is configured "
+            f"with rl.advantage_estimator={config.rl.advantage_estimator}; resume refused. Resume with "
+            f"rl.advantage_estimator={recorded_estimator} or start a new job.name."
         )
     recorded_lora = (loop_state or {}).get("lora")
     configured_lora = config.model.lora.record if config.model.lora.enabled else None

@@ -39,7 +39,8 @@ from models.reward_model_folder import describe_shaping, reward_model_folder_pro
 from placement.memory_estimate import estimate_memory, memory_lines, memory_notes
 from placement.mesh import role_meshes
 from placement.node_layout import describe_slots
-from placement.plan import TRAINER_ROLES, PlacementPlan, plan_placement
+from algorithm.advantage_estimators import advantage_estimator
+from placement.plan import PlacementPlan, plan_placement
 
 
 @dataclass
@@ -135,7 +136,7 @@ def _check_placement(
     report.summary.append(f"placement: {plan.describe()} on {devices}{offload}")
     if plan.spreads_over_nodes:  # the plan's node for every group, before any node is contacted
         report.summary.append(f"nodes: {describe_slots(plan)} (slots map onto the cluster's alive nodes at launch)")
-    ranks = {role: plan.ranks(role) for role in TRAINER_ROLES}
+    ranks = {role: plan.ranks(role) for role in plan.trainer_roles}
     engines = plan.ranks("rollout")
     if max(ranks.values()) > 1 or engines > 1:
         report.summary.append(
@@ -225,6 +226,18 @@ def _describe_update(config: PPOConfig, report: ManifestReport) -> None:
         budget = (f", constant {rl.generation_budget} tokens" if rl.loss_aggregation == "sequence_mean_token_sum_norm"
                   else "")
         report.summary.append(f"loss: {rl.loss_aggregation} (rl.loss_aggregation{budget})")
+    if rl.advantage_estimator != defaults["advantage_estimator"].default:
+        estimator = advantage_estimator(rl.advantage_estimator)
+        parts = [f"advantages: {estimator.name} (rl.advantage_estimator"]
+        if estimator.name == "grpo":
+            scaled = "not divided by (rl.grpo_scale=false)" if rl.grpo_scale is False else "divided by"
+            parts.append(f", {scaled} the group's std")
+        if estimator.uses_groups:
+            samples = getattr(rl.rollout, "samples_per_prompt", 1)
+            parts.append(f", groups of {samples} samples per prompt")
+        if not estimator.uses_critic:
+            parts.append("; no critic: none is started, trained or committed")
+        report.summary.append("".join(parts) + ")")
     if rl.micro_batch_tokens is not None:
         report.summary.append(
             f"micro-batches: at most {rl.micro_batch_tokens} tokens each, length-grouped (rl.micro_batch_tokens; "

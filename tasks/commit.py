@@ -31,7 +31,7 @@ def commit(
     and sha256, read back after the saves were verified (S-FAULT-3). `record`, the
     iteration's metrics row, is kept too: resume restores it if the process died
     between the pointer moving and the row reaching metrics.jsonl (S-FAULT-2)."""
-    role_steps = {role: int(saves[role]["optimizer_step"]) for role in TRAINER_ROLES}
+    role_steps = {role: int(saves[role]["optimizer_step"]) for role in TRAINER_ROLES if role in saves}
     if record is not None:
         write_metrics_row(boundary, record)
     files = boundary_files(boundary, skip=(MARKER_NAME,))

@@ -115,7 +115,12 @@ def _trained(iteration: int, receipts: Sequence[TrainReceipt], batch_id: str) ->
     return dict(receipts[0].metrics)
 
 
-def train_policy(iteration: int, receipts: Sequence[TrainReceipt], batch_id: str) -> dict[str, float]:
+def train_policy(
+    iteration: int, receipts: Sequence[TrainReceipt], batch_id: str, experience: Any = None
+) -> dict[str, float]:
+    """Without a critic (a critic-free estimator, S-OPT-2) this is the iteration's last
+    train stage, and waits for the experience file as `train_critic` otherwise does."""
+    _show_samples(experience)
     return _trained(iteration, receipts, batch_id)
 
 
@@ -125,12 +130,16 @@ def train_critic(
     """During critic warmup the policy's only call is its park, so this, the
     iteration's last task, also waits for it: the next rollout must find the shared
     GPU free (S-RUN-4). It also waits for the iteration's experience file, written by
-    the replay role while the trainers update, and shows a few of its samples where
-    `samples_view` says; the commit comes after it (S-OPS-3)."""
+    the replay role while the trainers update; the commit comes after it (S-OPS-3)."""
+    _show_samples(experience)
+    return {**_trained(iteration, receipts, batch_id), **park_metrics(parks)}
+
+
+def _show_samples(experience: Any) -> None:
+    """A few of the experience file's samples, where `samples_view` says (S-OPS-3)."""
     show = samples_view.get()
     if experience is not None and show is not None:
         show(experience)
-    return {**_trained(iteration, receipts, batch_id), **park_metrics(parks)}
 
 
 def park_metrics(parked: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -213,7 +213,7 @@ class UpdateRuntime:
                 share.backward()
                 if sharded and last:
                     sync_seconds += time.perf_counter() - backward_started
-                minibatch_loss += float(share)
+                minibatch_loss += float(share.detach())
                 per_micro.append((diagnostics, float(mask.sum())))
                 _, attention, _ = micro.sequences(
                     host_targets.input_ids, host_targets.attention_mask, host_targets.prompt_length

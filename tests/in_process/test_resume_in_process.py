@@ -240,3 +240,25 @@ def test_rows_of_an_attempt_killed_before_its_first_commit_are_not_repeated(tiny
     (killed_dir / "metrics.jsonl").write_text((straight / "metrics.jsonl").read_text().splitlines()[0] + "\n")
     _run(tmp_path, tiny_model_dir, "killed", "rl.max_steps=2")
     assert [r["iteration"] for r in metric_records(killed_dir)] == [1, 2]
+
+
+def test_a_critic_free_run_commits_no_critic_and_resumes_exactly(tiny_model_dir, tmp_path):
+    """S-OPT-2: a critic-free estimator starts, trains and commits no critic; its runs
+    resume bit for bit, and a resume under another estimator is refused, writing nothing."""
+    common = ("rl.advantage_estimator=reinforce_plus_plus",)
+    config = _config(tmp_path, tiny_model_dir, "straight", "rl.max_steps=3", *common)
+    records, roles = run_in_process(config, paths=RunPaths.for_config(config))
+    straight = tmp_path / "straight"
+    assert roles.critic is None and roles.critic_ranks() == []
+    assert sorted(p.name for p in boundary(straight, 2).iterdir() if p.is_dir()) == ["data", "policy"]
+    assert not any(key.startswith("critic/") or "value" in key for key in records[-1]), sorted(records[-1])
+    assert json.loads((boundary(straight, 2) / "_SUCCESS").read_text())["role_steps"] == {"policy": 4}  # two minibatches an iteration
+    _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=2", *common)
+    resumed = _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=3", *common)
+    assert weights_digest(boundary(resumed, 3) / "policy") == weights_digest(boundary(straight, 3) / "policy")
+    assert [without_timings(r) for r in metric_records(resumed)] == [without_timings(r) for r in records]
+    before = run_dir_snapshot(resumed)
+    with pytest.raises(ResumeError, match="written with rl.advantage_estimator=reinforce_plus_plus but this run is "
+                       "configured with rl.advantage_estimator=gae"):
+        _run(tmp_path, tiny_model_dir, "resumed", "rl.max_steps=4")
+    assert run_dir_snapshot(resumed) == before
