@@ -44,11 +44,13 @@ CLIP_HIGHER = "with an upper clip of its own (rl.clip_ratio_high set)"
 DUAL_CLIP = "with the dual clip (rl.dual_clip set)"
 KL_IN_LOSS = "with the KL in the policy loss (rl.kl_in=loss)"
 ENGINE_MISMATCH = "every iteration with the engine-mismatch correction (rl.rollout.engine_mismatch_cap set)"
+WITH_CRITIC = "every iteration of a run with a critic (rl.advantage_estimator=gae; critic-free estimators have none)"
 
 WHEN: tuple[str, ...] = (
     EVERY_ITERATION, ACTOR_UPDATES, WITH_MATCHER, DATA_PARALLEL, POLICY_PARKS, SEVERAL_ENGINES, SAVE_ITERATIONS,
     EVALUATIONS, WITH_REFERENCES, ONE_STEP_OFF, OVER_NIXL, ELASTIC, ON_ERROR_ZERO, REWARD_MODEL, RM_NORMALIZE,
     RM_CLIP, RM_EOS_PENALTY, ENVIRONMENT, ADAPTIVE_KL, CLIP_HIGHER, DUAL_CLIP, KL_IN_LOSS, ENGINE_MISMATCH,
+    WITH_CRITIC,
 )
 
 
@@ -128,7 +130,7 @@ METRICS: tuple[Metric, ...] = (
            "algorithm/reward_model_scores.py"),
     # critic predictions and the frozen targets
     Metric("critic/value_mean", "mean critic prediction over response tokens, before this iteration's update",
-           "reward", EVERY_ITERATION, "roles/critic_role.py"),
+           "reward", WITH_CRITIC, "roles/critic_role.py"),
     Metric("rollout/staleness", "policy versions between the weights that generated the batch and the policy "
            "that trains on it (0 in the first iteration and during critic warmup, then 1)", "versions",
            ONE_STEP_OFF, "roles/policy_role.py"),
@@ -152,10 +154,11 @@ METRICS: tuple[Metric, ...] = (
            "warmup included", "coefficient", ADAPTIVE_KL, "roles/policy_role.py"),
     Metric("train/advantage_mean", "mean advantage over response tokens (after whitening when enabled)",
            "reward", EVERY_ITERATION, "roles/policy_role.py"),
-    Metric("train/return_mean", "mean GAE return over response tokens", "reward", EVERY_ITERATION,
+    Metric("train/return_mean", "mean return over response tokens: GAE's, the critic's target (a critic-free "
+           "estimator reports its own advantages before whitening)", "reward", EVERY_ITERATION,
            "roles/policy_role.py"),
     Metric("train/explained_variance", "1 − Var(R − V)/Var(R) of the critic's predictions: 1 is perfect, "
-           "≤ 0 no better than a constant", "ratio", EVERY_ITERATION, "roles/policy_role.py"),
+           "≤ 0 no better than a constant", "ratio", WITH_CRITIC, "roles/policy_role.py"),
     # the policy's update
     Metric("train/policy_loss", "PPO-clip surrogate loss (with the KL term and entropy bonus when configured) "
            "as the gradient sees it: each minibatch's loss under rl.loss_aggregation, averaged over minibatches; "
@@ -198,17 +201,17 @@ METRICS: tuple[Metric, ...] = (
            ACTOR_UPDATES, "trainer/update_runtime.py"),
     # the critic's update
     Metric("train/value_loss", "clipped value loss as the gradient sees it: each minibatch's loss under "
-           "rl.loss_aggregation, averaged over minibatches (like train/policy_loss)", "loss", EVERY_ITERATION,
+           "rl.loss_aggregation, averaged over minibatches (like train/policy_loss)", "loss", WITH_CRITIC,
            "trainer/update_runtime.py"),
     Metric("train/value_clip_fraction", "fraction of response tokens where the clipped value error was larger",
-           "fraction in [0, 1]", EVERY_ITERATION, "roles/critic_role.py"),
+           "fraction in [0, 1]", WITH_CRITIC, "roles/critic_role.py"),
     Metric("train/critic_grad_norm", "critic gradient norm before clipping, mean over optimizer steps", "norm",
-           EVERY_ITERATION, "roles/critic_role.py"),
-    Metric("optim/critic_lr", "the critic's learning rate after this update", "learning rate", EVERY_ITERATION,
+           WITH_CRITIC, "roles/critic_role.py"),
+    Metric("optim/critic_lr", "the critic's learning rate after this update", "learning rate", WITH_CRITIC,
            "roles/critic_role.py"),
     Metric("optim/critic_optimizer_step", "optimizer steps the critic has taken in the whole run", "count",
-           EVERY_ITERATION, "roles/critic_role.py"),
-    Metric("perf/critic_train_seconds", "the critic's time in train_batch (rank 0)", "seconds", EVERY_ITERATION,
+           WITH_CRITIC, "roles/critic_role.py"),
+    Metric("perf/critic_train_seconds", "the critic's time in train_batch (rank 0)", "seconds", WITH_CRITIC,
            "roles/critic_role.py"),
     Metric("perf/critic_grad_sync_seconds", "rank 0's time in the critic's backward passes that reduce-scatter "
            "gradients over the FSDP2 ranks (the last micro-batch of each minibatch, compute included)", "seconds",
@@ -236,7 +239,7 @@ METRICS: tuple[Metric, ...] = (
     _stage_time("rollout", "data, generation and the gather of shards"),
     _stage_time("reward", "scoring and the replay buffer's add"),
     _stage_time("reference_score", "the frozen reference's log-probs"),
-    _stage_time("critic_predict", "the critic's values"),
+    _stage_time("critic_predict", "the critic's values", WITH_CRITIC),
     _stage_time("prepare_batch", "advantages, returns and the frozen targets"),
     _stage_time("train", "the policy's and the critic's updates, side by side"),
     _stage_time("weight_sync", "publishing the policy's weights to the engines and the park", ACTOR_UPDATES),

@@ -68,6 +68,8 @@ def _export_roles(boundary: str, out: str) -> dict[str, str]:
     for role, auto_class in (("policy", AutoModelForCausalLM), ("critic", AutoModelForTokenClassification)):
         source = f"{boundary}/{role}"
         target = str(Path(out) / role)
+        if role == "critic" and not Path(source).is_dir():
+            continue  # a critic-free estimator's run commits no critic (S-OPT-2)
         if _is_vision_language(source):
             written[role] = _export_vision_language(role, source, target)
             continue

@@ -19,6 +19,7 @@ from algorithm.metrics_catalogue import (
     METRICS,
     POLICY_PARKS,
     SEVERAL_ENGINES,
+    WITH_CRITIC,
     WITH_MATCHER,
     keys_when,
     uncatalogued,
@@ -34,7 +35,8 @@ def test_records_of_a_real_run_match_the_catalogue(tiny_overrides):
     assert (warmup["train/actor_warmup"], actor["train/actor_warmup"]) == (1.0, 0.0)
 
     assert uncatalogued([warmup, actor]) == []
-    always = keys_when(EVERY_ITERATION) | keys_when(WITH_MATCHER)  # the profile has a terminal matcher
+    # the profile has a terminal matcher and a critic (gae)
+    always = keys_when(EVERY_ITERATION) | keys_when(WITH_MATCHER) | keys_when(WITH_CRITIC)
     assert always - warmup.keys() == set() and always - actor.keys() == set()
     # S-CW-6: the actor's metrics are absent while the critic warms up, present after.
     assert keys_when(ACTOR_UPDATES) & warmup.keys() == set()
