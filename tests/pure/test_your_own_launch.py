@@ -73,7 +73,7 @@ def test_a_typo_in_a_profile_reads_like_the_same_typo_as_an_override(tmp_path):
     result, seconds = _run(tmp_path, "--config", str(profile))
     assert result.returncode == 2 and result.stdout == "" and seconds < THRESHOLD_S
     (line,) = result.stderr.splitlines()
-    assert line.startswith("error: rl.max_step: unknown key (known here: batch_size, ")
+    assert line.startswith("error: rl.max_step: unknown key (known here: advantage_estimator, batch_size, ")
     assert "max_steps" in line and line.endswith(f"({profile} line 4)")
 
 
