@@ -94,6 +94,38 @@ def test_two_ranks_train_exactly_like_one_and_stay_identical(ray_cluster, reused
         stop_role_actors(two)
 
 
+def test_a_critic_free_two_rank_policy_keeps_one_adaptive_kl_coefficient(
+    ray_cluster, reused_role_processes, tiny_overrides
+):
+    """S-OPT-1/S-OPT-2 across ranks: without a critic, rank 1 of the policy receives rank
+    0's targets; the adaptive KL coefficient each rank steps in prepare_batch is the same
+    on both, and two iterations report what one rank computes."""
+    from configs.loading import load_config
+    from flows.in_process import build_roles
+    from flows.in_process_runner import InProcessRunner
+    from flows.iteration import ppo_iteration
+    from tests.support.actor_runner import ActorRunner
+    from processes.actors import stop_role_actors
+
+    options = ["rl.advantage_estimator=reinforce_plus_plus", "rl.kl_target=0.001", "rl.kl_horizon=64"]
+    one_config = load_config(TINY_PROFILE, tiny_overrides + SHARD_ALIGNED + options + ["job.name=dpkl-one"])
+    one = build_roles(one_config)
+    two_config, two = _start(tiny_overrides, *options, "job.name=dpkl-two", "grid.cpu_trainer_ranks=2")
+    try:
+        assert two.critic is None and len(two.policy_ranks()) == 2
+        one_runner, two_runner = InProcessRunner(), ActorRunner()
+        for iteration in (1, 2):
+            one_record = ppo_iteration(one_runner, one, one_config, iteration, iteration - 1).record
+            two_record = ppo_iteration(two_runner, two, two_config, iteration, iteration - 1).record
+            assert "train/value_loss" not in two_record
+            for key in ("train/kl_coef", "train/kl", "train/policy_loss", "train/reward_mean"):
+                assert two_record[key] == pytest.approx(one_record[key], rel=1e-5, abs=1e-7), (iteration, key)
+        coefficients = ray.get([rank.__ray_call__.remote(lambda self: self.kl_coef) for rank in two.policy_ranks()])
+        assert coefficients[0] == coefficients[1] == pytest.approx(one.policy.kl_coef, rel=1e-6)
+    finally:
+        stop_role_actors(two)
+
+
 def test_the_controller_refuses_ranks_that_disagree_on_the_step():
     from tasks.stages import check_receipts
     from contracts.trajectory import TrainReceipt
