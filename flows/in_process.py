@@ -15,6 +15,7 @@ from flows.iteration import first_step
 from flows.iteration_loop import IterationLoop, open_run_dir, resume_roles
 from flows.stopping import stop_request, stop_signals
 from rundir.resume import find_resume_point
+from rundir.run_identity import RunIdentity
 from rundir.run_lock import RunLock
 from rundir.run_outputs import RunPaths, append_metrics
 from flows.in_process_runner import InProcessRunner
@@ -68,14 +69,15 @@ def run_in_process(
         IterationLoop(runner, roles, config, None, keep).run_iterations(start, last, policy_version)
         return records, roles
     with RunLock.of_run(config, paths, "in-process"):  # one writer per run directory, as the flow
-        point = find_resume_point(config, paths, resume=resume, resume_from=resume_from)
+        identity = RunIdentity.at_launch(config)  # as a launch reads it: once (rundir/run_identity.py)
+        point = find_resume_point(config, paths, resume=resume, resume_from=resume_from, identity=identity)
         open_run_dir(paths, point)
         resumed = resume_roles(runner, roles, config, paths, point)
         start = resumed.start if point is not None else start
         policy_version = policy_version if resumed.policy_version is None else resumed.policy_version
         trackers = open_trackers(config, paths, first_step(config, start))  # as the flow (views/trackers.py)
         loop = IterationLoop(runner, roles, config, paths, keep, stop=stop_request(config))
-        loop.in_flight = resumed.in_flight
+        loop.in_flight, loop.identity = resumed.in_flight, identity
         try:
             with stop_signals(loop.stop):
                 loop.run_iterations(start, last, policy_version)

@@ -21,13 +21,9 @@ from checkpoint.in_flight import IN_FLIGHT_DIR, holds_in_flight
 from contracts.scored_batch import ScoredBatch
 from contracts.stage_names import ROLLOUT, TRAIN, time_key
 from placement.plan import TRAINER_ROLES
-from checkpoint.role_layout import BASE_MODEL_KEY, REWARD_DIR, REWARD_MODEL_KEY
-from rundir.base_model import current_fingerprint, record_in_boundary
-from rundir.reward_model_identity import (
-    REWARD_NORMALIZE_KEY, SERVED_KEY, keeps_reward_state, record_reward_model, reward_model_fingerprint,
-    served_fingerprint,
-)
-from rundir.resume import ESTIMATOR_KEY
+from checkpoint.role_layout import REWARD_DIR
+from rundir.reward_model_identity import keeps_reward_state
+from rundir.run_identity import RunIdentity, record_identity
 from rundir.run_outputs import RunPaths
 from tasks import commit as commit_stage
 from tasks import stages
@@ -106,7 +102,7 @@ class IterationResult:
 
 def ppo_iteration(
     run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None = None,
-    batch: Batch | None = None,
+    batch: Batch | None = None, identity: RunIdentity | None = None,
 ) -> IterationResult:
     """`batch`: this iteration's samples when the previous iteration generated them
     (one step off); otherwise they are generated here, with the current weights."""
@@ -168,7 +164,9 @@ def ppo_iteration(
         record |= evaluate(run, roles, iteration, policy_version)
 
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
-    committed = save_on_cadence(run, roles, config, iteration, policy_version, paths, record, ahead)
+    committed = save_on_cadence(
+        run, roles, config, iteration, policy_version, paths, record, ahead, identity=identity
+    )
     record |= {time_key(stage): seconds for stage, seconds in run.seconds.items()}
     return IterationResult(record, policy_version, committed, ahead)
 
@@ -300,12 +298,13 @@ def save_kind(config: PPOConfig, iteration: int) -> str | None:
 
 def save_on_cadence(
     run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int, paths: RunPaths | None,
-    record: dict[str, Any], ahead: Batch | None = None, kind: str | None = None,
+    record: dict[str, Any], ahead: Batch | None = None, kind: str | None = None, identity: RunIdentity | None = None,
 ) -> CommittedBoundary | None:
     """Queued only after every stage succeeded, so a failed iteration writes nothing
     into its boundary. Every rank of each trainer saves its shards; every rank loads on resume. The
     boundary also keeps the iteration's metrics row: a crash after the pointer moved
-    but before the row reached metrics.jsonl must not lose it (S-FAULT-2)."""
+    but before the row reached metrics.jsonl must not lose it (S-FAULT-2). `identity`: the
+    run's, read at launch (rundir/run_identity.py); the boundary records it."""
     kind = (kind or save_kind(config, iteration)) if paths is not None else None
     if kind == "full":
         boundary = boundary_path(paths.checkpoints, iteration)
@@ -314,24 +313,8 @@ def save_on_cadence(
         saves["data"] = run.call(roles.data.save, f"{boundary}/data")
         if ahead is not None:  # S-ASYNC-3: resume trains on this very batch, neither skipped nor regenerated
             saves["in_flight"] = run.call(roles.replay.save_in_flight, f"{boundary}/{IN_FLIGHT_DIR}", *ahead.parts())
-        loop_state: dict[str, Any] = {"critic_warmup_iterations": config.rl.critic_warmup_iterations}  # S-CKPT-4
-        if config.rl.rollout.max_staleness:  # recorded one step off only: absent means synchronous
-            loop_state["max_staleness"] = config.rl.rollout.max_staleness
-        if config.rl.advantage_estimator != "gae":  # recorded when not gae: absent means gae (S-OPT-2)
-            loop_state[ESTIMATOR_KEY] = config.rl.advantage_estimator
-        if config.model.lora.enabled:  # recorded with adapters only: absent means full fine-tuning (S-LORA-2)
-            loop_state["lora"] = config.model.lora.record
-        base_model = current_fingerprint(config.model)
-        if base_model is not None:  # S-SEC-4: what a resume must find at model.path
-            loop_state[BASE_MODEL_KEY] = record_in_boundary(boundary, base_model)
-        reward_model = reward_model_fingerprint(config.rl.reward.model)
-        if reward_model is not None:  # S-RM-2: what a resume must find at rl.reward.model.path
-            loop_state[REWARD_MODEL_KEY] = record_reward_model(boundary, reward_model)
-        served = served_fingerprint(config.rl.reward.model)
-        if served is not None:  # S-RM-2: a server of ours says what it serves
-            loop_state[SERVED_KEY] = served
+        loop_state = record_identity(identity or RunIdentity.at_launch(config), boundary)  # S-CKPT-4
         if keeps_reward_state(config):  # S-RM-1: the running normalisation goes on exactly
-            loop_state[REWARD_NORMALIZE_KEY] = True
             saves["reward"] = run.call(roles.reward.save, f"{boundary}/{REWARD_DIR}")
         return run.stage(
             commit_stage.commit, iteration, saves, boundary, paths.checkpoints, policy_version, loop_state,

@@ -93,7 +93,8 @@ class IterationLoop:
             if self.stop is not None:
                 self.stop.progress.doing, self.stop.progress.iteration = f"iteration {iteration}", iteration
             result = ppo_iteration(
-                self.run, self.roles, self.config, iteration, policy_version, self.paths, self.in_flight
+                self.run, self.roles, self.config, iteration, policy_version, self.paths, self.in_flight,
+                identity=self.identity,
             )
             result.record["time/iteration_seconds"] = time.perf_counter() - started
             policy_version, last_commit = result.policy_version, result.committed or last_commit
@@ -106,9 +107,11 @@ class IterationLoop:
                 return policy_version, self._stop_after(iteration, policy_version) or last_commit
         return policy_version, last_commit
 
-    # The last IterationResult this loop ran: not a dataclass field, so that Prefect, which
-    # rebuilds a flow's dataclass parameters field by field, leaves it alone.
+    # The last IterationResult this loop ran, and the run's identity as read at launch
+    # (rundir/run_identity.py), which every commit records: not dataclass fields, so that
+    # Prefect, which rebuilds a flow's dataclass parameters field by field, leaves them alone.
     _finished = None
+    identity = None
 
     def _stop_after(self, iteration: int, policy_version: int) -> CommittedBoundary | None:
         """S-STOP-1: the finished iteration is committed as a full boundary, once; the
@@ -116,7 +119,7 @@ class IterationLoop:
         assert self.stop is not None and self._finished is not None
         committed = self._finished.committed or save_on_cadence(
             self.run, self.roles, self.config, iteration, policy_version, self.paths, self._finished.record,
-            self._finished.ahead, kind="full",
+            self._finished.ahead, kind="full", identity=self.identity,
         )
         if committed is not None:
             self.stop.progress.kept(iteration, committed.path)

@@ -16,6 +16,7 @@ from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
 from rundir.run_checks import require_runnable
 from rundir.run_config import resolve_config
+from rundir.run_identity import RunIdentity
 from rundir.run_lock import RunLock
 from flows.stopping import StopRequest, stop_request
 from rundir.run_outputs import RunPaths
@@ -52,6 +53,7 @@ class Launch:
     # flow it runs in-process) or a deployment's flow run planning its own.
     by_command: bool = False
     ray: RaySession | None = None  # the Ray connected for it, closed by whoever connected it
+    identity: RunIdentity | None = None  # what the run is, read once here; every commit records it (S-CKPT-4)
 
     @property
     def finished(self) -> bool:
@@ -87,12 +89,13 @@ def plan_launch(
     checked = require_runnable(config, profile=profile)  # S-BYO-2: the pre-flight --validate-manifest prints
     config = pin_hub_model(config)  # after the checks that answer in a second: this may download
     paths = RunPaths.for_config(config)
-    point = resume_boundary(config, paths, resume=resume, resume_from=resume_from)
+    identity = RunIdentity.at_launch(config)  # read once: the resume checks it, every commit records it
+    point = resume_boundary(config, paths, resume=resume, resume_from=resume_from, identity=identity)
     planned_from = LaunchParameters(
         profile, tuple(overrides or ()), critic_warmup_iterations, run_name, resume, resume_from
     )
     return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from, packer=checked.packer,
-                  profile_notes=tuple(checked.profile_notes))
+                  profile_notes=tuple(checked.profile_notes), identity=identity)
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)

@@ -194,7 +194,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
     if first_attempt:  # the launch's resume point, its files now read back under the lock
         point = verify_resume_point(launch.resume_point)
     else:  # an automatic resume: from whatever the failed attempt last committed
-        point = find_resume_point(config, paths, resume=True)
+        point = find_resume_point(config, paths, resume=True, identity=launch.identity)
     open_run_dir(paths, point)
     stop.progress.kept(*((point.iteration, point.boundary) if point else (0, None)))
     with contextlib.ExitStack() as owned:
@@ -286,7 +286,7 @@ def _iterate(
         logger.info(line)
 
     loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=stop)
-    loop.in_flight = resumed.in_flight
+    loop.in_flight, loop.identity = resumed.in_flight, launch.identity
     policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, resumed.policy_version or 0)
     exported, last_boundary = _export(launch, roles, loop, last_commit)
     summary = run_summary(config, paths, roles, runner, policy_version, last_boundary, exported)

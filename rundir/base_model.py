@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import fsspec
 
 from checkpoint.boundary import atomic_write_text
-from checkpoint.role_layout import BASE_MODEL_FILE, BASE_MODEL_KEY
+from checkpoint.role_layout import BASE_MODEL_FILE
 from configs.loading import ConfigError
 from configs.schema import ModelConfig, PPOConfig
 from models.fingerprint import ModelFingerprint, fingerprint_folder
@@ -40,19 +39,6 @@ def current_fingerprint(model: ModelConfig, *, build: bool = False) -> ModelFing
     if folder is None:
         return None
     return fingerprint_folder(folder, revision=model.revision)
-
-
-def base_model_problem(marker: dict[str, Any], config: PPOConfig, boundary: str) -> str | None:
-    """Why a resume from `boundary` is refused because `model.path` holds other content
-    than the model the boundary was trained from, or None. A boundary from before the
-    record cannot be verified and is not refused."""
-    recorded_digest = (marker.get("loop_state") or {}).get(BASE_MODEL_KEY)
-    if recorded_digest is None:
-        return None
-    return changed_model_problem(
-        "model.path", config.model.path, current_fingerprint(config.model, build=True), boundary,
-        f"{boundary}/{BASE_MODEL_FILE}", recorded_digest, source="from", would="train another model",
-    )
 
 
 def changed_model_problem(

@@ -6,12 +6,10 @@ program (flows/iteration_loop.py `restore_roles`)."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 
 
 from checkpoint.boundary import (
@@ -26,9 +24,8 @@ from checkpoint.boundary import (
 from checkpoint.boundary_files import BoundaryCorrupt, verify_marker_files
 from checkpoint.retention import committed_boundaries
 from configs.schema import PPOConfig
-from models.lora_targets import ADAPTER_CONFIG_FILE
-from rundir.base_model import base_model_problem
-from rundir.reward_model_identity import reward_model_problem
+from rundir.resume_log import resume_logger
+from rundir.run_identity import RunIdentity, identity_problem
 from rundir.run_outputs import RunPaths, append_metrics, read_metrics
 from contracts.experience import remove_experience_after, set_aside_experience
 
@@ -45,22 +42,16 @@ class ResumePoint:
     went_back: bool = False  # chosen with resume_from: later rows are set aside, the pointer moves back
 
 
-def resume_logger():
-    try:
-        from prefect import get_run_logger
-
-        return get_run_logger()
-    except Exception:
-        return logging.getLogger("ppo.resume")
-
-
 def find_resume_point(
-    config: PPOConfig, paths: RunPaths, *, resume: bool, resume_from: str | None = None
+    config: PPOConfig, paths: RunPaths, *, resume: bool, resume_from: str | None = None,
+    identity: RunIdentity | None = None,
 ) -> ResumePoint | None:
     """Decide where this flow run starts: the latest committed boundary, or the one
     named by `resume_from` (S-FAULT-3). Reads only; writes nothing, so a refusal
     (a corrupt file included) leaves the run directory exactly as it was."""
-    return verify_resume_point(resume_boundary(config, paths, resume=resume, resume_from=resume_from))
+    return verify_resume_point(
+        resume_boundary(config, paths, resume=resume, resume_from=resume_from, identity=identity)
+    )
 
 
 def verify_resume_point(point: ResumePoint | None) -> ResumePoint | None:
@@ -107,10 +98,12 @@ def way_back(point: ResumePoint) -> str:
 
 
 def resume_boundary(
-    config: PPOConfig, paths: RunPaths, *, resume: bool, resume_from: str | None = None
+    config: PPOConfig, paths: RunPaths, *, resume: bool, resume_from: str | None = None,
+    identity: RunIdentity | None = None,
 ) -> ResumePoint | None:
     """`find_resume_point` without reading the boundary's files back: cheap enough for
-    the command line to refuse a run that cannot resume before it starts anything."""
+    the command line to refuse a run that cannot resume before it starts anything.
+    `identity`: the run's, read at launch (rundir/run_identity.py)."""
     if resume_from is not None:
         if not resume:
             raise ResumeError(
@@ -131,15 +124,14 @@ def resume_boundary(
         boundary = latest
     marker = read_marker(boundary)
     assert marker is not None  # read_latest and chosen_boundary refuse uncommitted boundaries
-    check_loop_state(marker, config, boundary)
     if int(marker["iteration"]) > config.rl.max_steps:  # S-STOP-4: a rerun never reads "25 / 12" as done
         raise ResumeError(
             f"rl.max_steps={config.rl.max_steps} is below iteration {int(marker['iteration'])}, which {boundary} "
             f"already committed; resume refused. Resume with rl.max_steps={int(marker['iteration'])} or more "
             "(more continues the run), go back with resume_from, or start a new job.name."
         )
-    changed = base_model_problem(marker, config, boundary)  # S-SEC-4: before any role loads the model
-    changed = changed or reward_model_problem(marker, config, boundary)  # S-RM-2
+    # Before any role loads a model: the config's keys, then the model folders (S-CKPT-4, S-SEC-4, S-RM-2).
+    changed = identity_problem(marker, identity or RunIdentity.at_launch(config), boundary)
     if changed:
         raise ResumeError(changed)
     return ResumePoint(boundary=boundary, iteration=int(marker["iteration"]), marker=marker,
@@ -157,60 +149,6 @@ def chosen_boundary(paths: RunPaths, name: str) -> str:
             f"{MARKER_NAME} was never committed); committed boundaries: {listed}"
         )
     return f"{paths.checkpoints}/{name}"
-
-
-ESTIMATOR_KEY = "advantage_estimator"
-"""The loop state's record of a boundary's estimator; absent means gae, the only one
-before the registry (S-OPT-2)."""
-
-
-def check_loop_state(marker: dict[str, Any], config: PPOConfig, boundary: str) -> None:
-    configured = config.rl.critic_warmup_iterations
-    loop_state = marker.get("loop_state")
-    recorded_lag = (loop_state or {}).get("max_staleness", 0)
-    if recorded_lag > config.rl.rollout.max_staleness:  # S-ASYNC-3: its next batch would be dropped
-        raise ResumeError(
-            f"{boundary} was written one step off (rl.rollout.max_staleness={recorded_lag}) and holds the next "
-            f"iteration's batch in flight, but this run is configured with rl.rollout.max_staleness="
-            f"{config.rl.rollout.max_staleness}, which would skip that batch; resume refused. Resume with "
-            f"rl.rollout.max_staleness={recorded_lag} or start a new job.name."
-        )
-    recorded_estimator = (loop_state or {}).get(ESTIMATOR_KEY, "gae")
-    if recorded_estimator != config.rl.advantage_estimator:  # S-OPT-2: another objective, another set of roles
-        raise ResumeError(
-            f"{boundary} was written with rl.advantage_estimator={recorded_estimator} but this run is configured "
-            f"with rl.advantage_estimator={config.rl.advantage_estimator}; resume refused. Resume with "
-            f"rl.advantage_estimator={recorded_estimator} or start a new job.name."
-        )
-    recorded_lora = (loop_state or {}).get("lora")
-    configured_lora = config.model.lora.record if config.model.lora.enabled else None
-    if recorded_lora is None and _has_adapters(boundary):
-        # Adapters from before the marker recorded them: the roles' load compares the weights instead.
-        resume_logger().warning(f"{boundary} records no model.lora; its adapters are checked as the roles load them")
-    elif recorded_lora != configured_lora:  # S-LORA-2: its weights are adapters for one setting, or full weights
-        off = "rank=0 (off: full fine-tuning)"
-        raise ResumeError(
-            f"{boundary} was written with model.lora {recorded_lora or off} but this run is configured with "
-            f"model.lora {configured_lora or off}; resume refused. Resume with the recorded model.lora or start "
-            "a new job.name."
-        )
-    if loop_state is None or "critic_warmup_iterations" not in loop_state:
-        # S-CW-10: unknown, not a mismatch; the derived policy_version check still runs.
-        resume_logger().warning(
-            f"{boundary} records no critic_warmup_iterations; the configured value {configured} could not be verified"
-        )
-        return
-    recorded = loop_state["critic_warmup_iterations"]
-    if recorded != configured:
-        raise ResumeError(
-            f"{boundary} was written with rl.critic_warmup_iterations={recorded} but this run is configured "
-            f"with {configured}; resume refused. Use the recorded value or start a new job.name."
-        )
-
-
-def _has_adapters(boundary: str) -> bool:
-    fs, root = fsspec.core.url_to_fs(boundary)
-    return fs.exists(f"{root}/policy/{ADAPTER_CONFIG_FILE}")
 
 
 def start_from_scratch(paths: RunPaths) -> None:

@@ -14,7 +14,7 @@ from checkpoint.retention import prune_optimizer_state
 from checkpoint.role_files import RoleCheckpointError
 from checkpoint.role_state import OPTIMIZER_PRUNED_NOTE
 from configs.loading import load_config
-from rundir.resume import ResumeError, check_loop_state
+from rundir.run_identity import RunIdentity, identity_problem
 from placement.plan import TRAINER_ROLES
 from roles.critic_role import CriticRole
 from roles.data_role import DataRole
@@ -91,12 +91,14 @@ def test_marker_without_loop_state_is_unknown_not_a_mismatch(committed, caplog):
     logger = logging.getLogger("ppo.resume")  # outside a flow run, resume logs here
     logger.addHandler(caplog.handler)
     try:
-        check_loop_state({"version": 1, "iteration": 2}, config, "b/iter_000002")  # S-CW-10
+        identity_problem({"version": 1, "iteration": 2}, RunIdentity(config), "b/iter_000002")  # S-CW-10
     finally:
         logger.removeHandler(caplog.handler)
     assert "could not be verified" in caplog.text
-    with pytest.raises(ResumeError, match="rl.critic_warmup_iterations=1 but this run is configured with 0"):
-        check_loop_state({"iteration": 2, "loop_state": {"critic_warmup_iterations": 1}}, config, "b/iter_000002")
+    problem = identity_problem(
+        {"iteration": 2, "loop_state": {"critic_warmup_iterations": 1}}, RunIdentity(config), "b/iter_000002"
+    )
+    assert "rl.critic_warmup_iterations=1 but this run is configured with 0" in problem
 
 
 def test_restored_pristine_optimizer_stays_empty_and_keeps_its_learning_rate(committed):

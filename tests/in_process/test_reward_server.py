@@ -150,21 +150,47 @@ def test_a_tokenizer_that_adds_bos_scores_the_same_served_and_local(tiny_reward_
         server.server_close()
 
 
+def _served_config(url: str):
+    settings = RewardModelConfig(url=url, served_name="tiny-reward", token_env="PPO_TEST_REWARD_TOKEN")
+    base = load_config(TINY_PROFILE, ["rl.reward.terminal=none"])
+    return base.model_copy(update={"rl": base.rl.model_copy(update={
+        "reward": base.rl.reward.model_copy(update={"model": settings})})})
+
+
 def test_a_resume_over_another_served_model_is_refused_by_its_url(served, tiny_reward_model_dir, monkeypatch):
     from models.fingerprint import fingerprint_folder
-    from rundir.reward_model_identity import SERVED_KEY, reward_model_problem, served_fingerprint
+    from rundir.run_identity import SERVED_KEY, RunIdentity, identity_problem
 
     monkeypatch.setenv("PPO_TEST_REWARD_TOKEN", "s3cret")
-    settings = RewardModelConfig(url=served, served_name="tiny-reward", token_env="PPO_TEST_REWARD_TOKEN")
-    assert served_fingerprint(settings) == fingerprint_folder(tiny_reward_model_dir).digest
-    base = load_config(TINY_PROFILE, ["rl.reward.terminal=none"])
-    config = base.model_copy(update={"rl": base.rl.model_copy(update={
-        "reward": base.rl.reward.model_copy(update={"model": settings})})})
-    same = {"loop_state": {SERVED_KEY: served_fingerprint(settings)}}
-    assert reward_model_problem(same, config, "iter_000002") is None
+    config = _served_config(served)
+    identity = RunIdentity.at_launch(config)
+    assert identity.served == fingerprint_folder(tiny_reward_model_dir).digest
+    same = {"loop_state": {SERVED_KEY: identity.served}}
+    assert identity_problem(same, identity, "iter_000002") is None
     other = {"loop_state": {SERVED_KEY: "sha256:" + "0" * 64}}
-    assert reward_model_problem(other, config, "iter_000002").startswith(
+    assert identity_problem(other, identity, "iter_000002").startswith(
         f"rl.reward.model.url: {served} now serves a reward model with fingerprint sha256:")
+
+
+def test_a_commit_records_the_served_model_read_at_launch_with_the_server_down(
+    tiny_reward_model_dir, monkeypatch, tmp_path
+):
+    """S-RM-2: the launch reads the served fingerprint once; a server that is down
+    between two commits cannot fail the second one (no commit talks to it)."""
+    from rundir.run_identity import SERVED_KEY, RunIdentity, identity_problem, record_identity
+
+    monkeypatch.setenv("PPO_TEST_REWARD_TOKEN", "s3cret")
+    server = serve(tiny_reward_model_dir, "127.0.0.1", 0, "tiny-reward", token="s3cret")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        identity = RunIdentity.at_launch(_served_config(url))
+        first = record_identity(identity, str(tmp_path / "iter_000001"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    second = record_identity(identity, str(tmp_path / "iter_000002"))  # the server is gone now
+    assert second[SERVED_KEY] == first[SERVED_KEY] == identity.served is not None
+    assert identity_problem({"loop_state": second}, identity, "iter_000002") is None
 
 
 def test_a_transient_status_is_retried_and_a_refusal_is_not(served):
