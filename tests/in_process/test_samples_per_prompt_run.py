@@ -22,7 +22,7 @@ from tests.support.helpers import boundary, metric_records, weights_digest, with
 
 # 4 prompts x 2 samples = 8 rows a batch.
 GROUPED = ["rl.batch_size=4", "rl.rollout.samples_per_prompt=2", "rl.minibatch_size=8", "rl.micro_batch_size=8",
-           "rl.epochs=1", "rl.validation=null", "rl.rollout.max_new_tokens=4"]
+           "rl.epochs=1", "rl.rollout.max_new_tokens=4"]
 TENSORS = ("prompt_ids", "response_ids", "response_mask", "action_mask", "rollout_logprobs", "token_scores")
 
 
@@ -71,7 +71,9 @@ def test_a_run_with_two_samples_per_prompt_resumes_bitwise_and_its_rows_show_the
     assert weights_digest(boundary(resumed, 3) / "policy") == weights_digest(boundary(straight, 3) / "policy")
     records = [without_timings(r) for r in metric_records(resumed)]
     assert records == [without_timings(r) for r in metric_records(straight)]
-    assert [r["data/position"] for r in records] == [4.0, 8.0, 12.0]  # prompts taken, not rows made
+    # The profile's evaluation of the starting policy: each of its 10 prompts once, not twice.
+    assert records[0]["iteration"] == 0 and records[0]["val/prompts"] == 10.0
+    assert [r["data/position"] for r in records[1:]] == [4.0, 8.0, 12.0]  # prompts taken, not rows made
     assert (resumed / "experience" / "iter_000003.jsonl.gz").read_bytes() == \
         (straight / "experience" / "iter_000003.jsonl.gz").read_bytes()
 
