@@ -104,3 +104,23 @@ def test_the_samples_table_shows_the_group_only_when_rows_carry_one():
     assert [cells["group"] for cells in grouped] == [0, 0] and list(grouped[0]) == ["group", *SHOWN]
     (plain,) = samples_table(ExperienceReceipt(1, "x", 4, table=[row]))
     assert list(plain) == list(SHOWN)
+
+
+def test_a_one_step_off_boundary_keeps_the_groups_and_an_older_one_reads_as_one_sample_each():
+    """The in-flight batch a boundary holds (S-ASYNC-3) comes back with its group ids;
+    one saved before they existed reads back as one sample per prompt."""
+    import torch
+
+    from checkpoint.in_flight import _plain, _rebuilt
+    from contracts.trajectory import Trajectory
+
+    batch = _grouped(2, 2)
+    trajectory = Trajectory.one_turn(
+        iteration=1, policy_version=0, prompts=batch, prompt_ids=torch.ones(4, 1, dtype=torch.long),
+        prompt_mask=torch.ones(4, 1, dtype=torch.long), response_ids=torch.ones(4, 2, dtype=torch.long),
+        response_mask=torch.ones(4, 2), rollout_logprobs=torch.zeros(4, 2), completions=["a", "b", "c", "d"],
+    )
+    saved = _plain(trajectory)
+    assert _rebuilt(saved).prompts.group_index() == [0, 0, 1, 1]
+    older = {**saved, "prompts": {k: v for k, v in saved["prompts"].items() if k != "group_ids"}}
+    assert _rebuilt(older).prompts.group_index() == [0, 1, 2, 3]
