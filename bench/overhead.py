@@ -320,7 +320,7 @@ def probe_unit_costs(profile: str, samples: int = 40) -> dict[str, float]:
 
     config = load_config(profile, [])
     roles = build_roles(config)
-    prompts, _ = roles.data.next_batch(1, config.rl.batch_size)
+    prompts, _ = roles.data.next_batch(1, config.rl.batch_size, config.rl.rollout.samples_per_prompt)
     trajectory, _ = roles.rollout.generate(prompts, 0)
     trajectory, _ = roles.reward.score(trajectory)
     del roles

@@ -609,6 +609,15 @@ class RolloutConfig(Section):
         description="Largest bucket of full policy weights (MiB) gathered from the shards and sent to the engines "
         "at once; a larger single tensor is a bucket of its own.",
     )
+    samples_per_prompt: int = Field(
+        1,
+        ge=1,
+        description="Completions sampled for each prompt of an iteration (verl `rollout.n`, OpenRLHF "
+        "`--n_samples_per_prompt`): an iteration holds rl.batch_size prompts times this many samples, the samples "
+        "of one prompt side by side and sharing its group id, each a different random draw. rl.minibatch_size and "
+        "rl.micro_batch_size count samples; rollout engines split the prompts, never a prompt's samples; "
+        "evaluation still samples each prompt once (docs/reference/ppo-options.md).",
+    )
     max_staleness: int = Field(
         0,
         ge=0,
@@ -725,7 +734,11 @@ class EnvConfig(Section):
 
 class RLConfig(Section):
     max_steps: int = Field(20, ge=1, description="Outer PPO iterations in the run.")
-    batch_size: int = Field(32, ge=1, description="Prompts per iteration (one completion each).")
+    batch_size: int = Field(
+        32,
+        ge=1,
+        description="Prompts per iteration, each sampled rl.rollout.samples_per_prompt times (once by default).",
+    )
     epochs: int = Field(2, ge=1, description="Passes over the batch per iteration (update plan).")
     minibatch_size: int = Field(16, ge=1, description="Samples per optimizer step (update plan).")
     micro_batch_size: int = Field(
@@ -888,10 +901,24 @@ class RLConfig(Section):
         the response part of the longest row `micro_batch_tokens` must hold."""
         return self.env.max_episode_tokens if self.env is not None else self.rollout.max_new_tokens
 
+    @property
+    def samples_per_iteration(self) -> int:
+        """Rows of an iteration's batch: what rl.minibatch_size and the update plan count."""
+        return self.batch_size * self.rollout.samples_per_prompt
+
+    def named_samples(self) -> str:
+        """The iteration's sample count as an error names it, by the keys that make it."""
+        if self.rollout.samples_per_prompt == 1:
+            return f"rl.batch_size {self.batch_size}"
+        return (
+            f"the {self.samples_per_iteration} samples of an iteration (rl.batch_size {self.batch_size} prompts × "
+            f"rl.rollout.samples_per_prompt {self.rollout.samples_per_prompt})"
+        )
+
     @model_validator(mode="after")
     def _plan_shape(self) -> "RLConfig":
-        if self.minibatch_size > self.batch_size:
-            raise ValueError(f"rl.minibatch_size ({self.minibatch_size}) exceeds rl.batch_size ({self.batch_size})")
+        if self.minibatch_size > self.samples_per_iteration:
+            raise ValueError(f"rl.minibatch_size ({self.minibatch_size}) exceeds {self.named_samples()}")
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
                 f"rl.minibatch_size ({self.minibatch_size}) must be a multiple of "

@@ -51,7 +51,8 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
     """One object per sample. `advantage` is the mean over the sample's response tokens
     (what the policy gradient weighs it by), `return` the GAE return at its first
     response token (the value target of the whole completion); the shapes are
-    (b,) for scores and (b, r) for advantages, returns and the response mask."""
+    (b,) for scores and (b, r) for advantages, returns and the response mask. With
+    several samples per prompt, `group` is the prompt's place among the iteration's."""
     trajectory.require("sequence_scores")
     mask = targets.response_mask
     lengths = mask.sum(dim=1)
@@ -78,6 +79,8 @@ def sample_rows(trajectory: Trajectory, targets: PPOTargets) -> list[dict[str, A
     ]
     for row, transcript in zip(rows, trajectory.transcripts):  # S-ENV: what an environment's episode said
         row.update(transcript.row_fields())
+    for row, group in zip(rows, batch.group_ids):  # S-OPT-2: several samples per prompt, one group each
+        row["group"] = group
     return rows
 
 

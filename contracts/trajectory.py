@@ -40,6 +40,13 @@ class PromptBatch:
             raise ValueError(f"a batch of {len(self.prompts)} prompts cannot be cut into {count} equal shards")
         size = len(self.prompts) // count
         rows = slice(index * size, (index + 1) * size)
+        # S-OPT-2: a prompt's samples are one group; a cut through one would split it over engines.
+        groups, edges = self.group_ids, (rows.start, rows.stop)
+        if groups and any(groups[edge - 1] == groups[edge] for edge in edges if 0 < edge < len(groups)):
+            raise ValueError(
+                f"shard {index} of {count} of a batch of {len(groups)} samples ({len(set(groups))} prompts) would "
+                "split one prompt's samples over two engines"
+            )
         return PromptBatch(
             self.iteration, self.prompts[rows], self.references[rows], self.metadata[rows], self.row_ids[rows],
             self.sources[rows], self.group_ids[rows],

@@ -72,13 +72,18 @@ def episode_rows(prompts: PromptBatch) -> list[EnvRow]:
     ]
 
 
-def episode_seeds(job_seed: int, iteration: int, row_ids: list[int], first_position: int, stream: int) -> list[int]:
-    """One seed per episode, from the run's seed, the iteration, the row and its place
-    in the whole batch (not the shard): an engine that regenerates a lost shard, or a
-    resumed run, gives each environment the seed it had (S-ENV-3). `stream` keeps
-    training and evaluation episodes apart."""
+def episode_seeds(
+    job_seed: int, iteration: int, row_ids: list[int], first_position: int, stream: int,
+    group_ids: list[int] | tuple[int, ...] = (),
+) -> list[int]:
+    """One seed per episode, from the run's seed, the iteration, the row and its prompt's
+    place in the whole batch (not the shard): an engine that regenerates a lost shard, or
+    a resumed run, gives each environment the seed it had (S-ENV-3). `stream` keeps
+    training and evaluation episodes apart. With several samples per prompt the place is
+    the row's group id (PromptBatch.group_ids), so a prompt's samples face one task (S-OPT-2);
+    without, row i's is `first_position + i`."""
+    places = list(group_ids) or [first_position + i for i in range(len(row_ids))]
     return [
-        ((((job_seed * 1_000_003 + iteration) * 1_000_033 + row_id) * 8_191 + first_position + i) * 4 + stream)
-        % (2**63 - 1)
-        for i, row_id in enumerate(row_ids)
+        ((((job_seed * 1_000_003 + iteration) * 1_000_033 + row_id) * 8_191 + place) * 4 + stream) % (2**63 - 1)
+        for row_id, place in zip(row_ids, places)
     ]

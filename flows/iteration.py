@@ -172,9 +172,11 @@ def ppo_iteration(
 
 
 def queue_batch(run: Runner, roles: Roles, config: PPOConfig, iteration: int, policy_version: int) -> Batch:
-    """The prompts of `iteration`, one completion each with the weights the engines hold
-    (`policy_version`), scored."""
-    prompts, data_summary = run.call(roles.data.next_batch, iteration, config.rl.batch_size, returns=2)
+    """The prompts of `iteration`, rl.rollout.samples_per_prompt completions each with the
+    weights the engines hold (`policy_version`), scored."""
+    prompts, data_summary = run.call(
+        roles.data.next_batch, iteration, config.rl.batch_size, config.rl.rollout.samples_per_prompt, returns=2
+    )
     trajectory, rollout_summary = generate(run, roles, prompts, policy_version)
     trajectory, reward_summary = run.call(roles.reward.score, trajectory, returns=2)
     return Batch(trajectory, data_summary, rollout_summary, reward_summary, iteration=iteration)
@@ -280,7 +282,7 @@ def evaluate(run: Runner, roles: Roles, iteration: int, policy_version: int) -> 
 
 
 def generate(run: Runner, roles: Roles, prompts: Any, policy_version: int) -> tuple[Any, Any]:
-    """One completion per prompt (S-FLOW-7), from the run's one engine or from the pool
+    """One completion per row (S-FLOW-7), from the run's one engine or from the pool
     of its several, which shards the batch over them (processes/engine_pool.py)."""
     return run.call(roles.engines()[0].generate, prompts, policy_version, returns=2)
 

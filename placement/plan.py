@@ -231,11 +231,16 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
              "it applies only on the host")
         )
     engines = plan.ranks("rollout")
+    # Prompts, not samples, are dealt to the engines: a prompt's samples stay on one (S-OPT-2).
     if engines > 1 and config.rl.batch_size % engines:
         key = rollout_group.key if rollout_group.gpus else "grid.cpu_rollout_engines"
+        n = config.rl.rollout.samples_per_prompt
+        whole = "" if n == 1 else (
+            f" of whole prompts, each prompt's rl.rollout.samples_per_prompt={n} samples on one engine"
+        )
         problems.append(
             ("rl.batch_size", f"is {config.rl.batch_size}, not divisible by the {engines} rollout engines ({key}); "
-             "every engine generates an equal shard")
+             f"every engine generates an equal shard{whole}")
         )
     for role in plan.trainer_roles:
         ranks = plan.ranks(role)

@@ -94,7 +94,12 @@ class DataRole:
         generator = torch.Generator().manual_seed(self.cursor.shuffle_seed * 7919 + epoch)
         return torch.randperm(len(self.rows), generator=generator).tolist()
 
-    def next_batch(self, iteration: int, batch_size: int) -> tuple[PromptBatch, dict[str, float]]:
+    def next_batch(
+        self, iteration: int, batch_size: int, samples_per_prompt: int = 1
+    ) -> tuple[PromptBatch, dict[str, float]]:
+        """The next `batch_size` prompts, each repeated `samples_per_prompt` times side by
+        side with its position as group id (S-OPT-2). The cursor counts prompts, so a
+        resume continues where it stopped whatever the samples per prompt."""
         row_ids: list[int] = []
         while len(row_ids) < batch_size:
             if self.cursor.position >= len(self._order):
@@ -104,6 +109,10 @@ class DataRole:
             take = min(batch_size - len(row_ids), len(self._order) - self.cursor.position)
             row_ids.extend(self._order[self.cursor.position : self.cursor.position + take])
             self.cursor.position += take
+        group_ids: list[int] = []
+        if samples_per_prompt > 1:  # the one place a prompt becomes several samples
+            group_ids = [group for group in range(len(row_ids)) for _ in range(samples_per_prompt)]
+            row_ids = [row_ids[group] for group in group_ids]
         rows = [self.rows[i] for i in row_ids]
         batch = PromptBatch(
             iteration=iteration,
@@ -112,6 +121,7 @@ class DataRole:
             metadata=[r.metadata for r in rows],
             row_ids=row_ids,
             sources=[r.where for r in rows],
+            group_ids=group_ids,
         )
         return batch, {"data/epoch": float(self.cursor.epoch), "data/position": float(self.cursor.position)}
 

@@ -1,5 +1,6 @@
-"""The rollout role: packs prompts, generates one completion each, and refuses to
-sample with weights of the wrong policy_version (S-FLOW-6, S-FLOW-7)."""
+"""The rollout role: packs prompts, generates one completion per row (a prompt's
+rl.rollout.samples_per_prompt rows come from the data role), and refuses to sample with
+weights of the wrong policy_version (S-FLOW-6, S-FLOW-7)."""
 
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ class RolloutRole:
     def generate(
         self, prompts: PromptBatch, required_version: int, shard: int = 0, shards: int = 1
     ) -> tuple[Trajectory, dict[str, float]]:
-        """One completion per prompt of shard `shard` of `shards` of the batch."""
+        """One completion per row of shard `shard` of `shards` of the batch; the rows of
+        one prompt are different draws of its stream (S-OPT-2)."""
         first_position = 0
         if shards > 1:
             first_position = shard * (len(prompts.prompts) // shards)
@@ -232,7 +234,9 @@ class RolloutRole:
         sampled turns are actions, and each turn's reward sits on its last token. An
         episode is correct when it earned more than nothing (docs/howto/environments.md)."""
         assert self.episodes is not None
-        seeds = episode_seeds(self.config.job.seed, prompts.iteration, prompts.row_ids, first, stream)
+        seeds = episode_seeds(
+            self.config.job.seed, prompts.iteration, prompts.row_ids, first, stream, prompts.group_ids
+        )
         batch = self.episodes.run(
             self.engine, episode_rows(prompts), seeds,
             temperature=self.config.rl.rollout.temperature, generation_seed=seed, greedy=greedy,

@@ -42,11 +42,11 @@ def config_problems(config: PPOConfig, plan: PlacementPlan | None = None) -> lis
     problems = [Problem(key, message) for key, message in placement_problems(plan, config)]
     problems += [Problem(key, message) for key, message in mesh_problems(plan)]  # S-SCALE-1
     rl = config.rl
-    if rl.batch_size % rl.minibatch_size:
+    if rl.samples_per_iteration % rl.minibatch_size:
         problems.append(Problem(
             "rl.minibatch_size",
-            f"is {rl.minibatch_size}, which does not divide rl.batch_size {rl.batch_size}; the update plan needs "
-            "whole minibatches",
+            f"is {rl.minibatch_size}, which does not divide {rl.named_samples()}; the update plan needs whole "
+            "minibatches",
         ))
     if rl.micro_batch_tokens is not None:  # S-PATH-3
         response_budget = rl.generation_budget

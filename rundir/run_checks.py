@@ -79,7 +79,7 @@ def check_manifest(
     env = os.environ if environ is None else environ
     report = ManifestReport()
     report.summary.append(
-        f"run: {config.job.name}, {config.rl.max_steps} iterations, batch {config.rl.batch_size}, "
+        f"run: {config.job.name}, {config.rl.max_steps} iterations, batch {describe_batch(config)}, "
         f"critic warmup {config.rl.critic_warmup_iterations}"
     )
     plan = plan_placement(config)
@@ -200,14 +200,25 @@ def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport)
             report.problem(key, message)
 
 
+def describe_batch(config: PPOConfig) -> str:
+    """An iteration's batch: its prompts, and with several samples per prompt, its samples."""
+    rl = config.rl
+    n = rl.rollout.samples_per_prompt
+    return str(rl.batch_size) if n == 1 else f"{rl.batch_size} prompts × {n} samples = {rl.samples_per_iteration}"
+
+
 def describe_rollout(config: PPOConfig) -> str:
     """What the rollout will generate, in the terms of the keys that bound it (S-RUN-3):
     an environment run's episodes and their limits, else one completion per
     prompt of at most rl.rollout.max_new_tokens."""
     rollout, env = config.rl.rollout, config.rl.env
     head = f"rollout: engine {rollout.engine}, temperature {rollout.temperature}, "
+    n = rollout.samples_per_prompt
     if env is None:
-        return head + f"max_new_tokens {rollout.max_new_tokens}, one completion per prompt"
+        each = "one completion per prompt" if n == 1 else f"{n} completions per prompt (rl.rollout.samples_per_prompt)"
+        return head + f"max_new_tokens {rollout.max_new_tokens}, {each}"
+    if n > 1:
+        head += f"{n} episodes per prompt on one task each (rl.rollout.samples_per_prompt), "
     kwargs = "(" + ", ".join(f"{key}={value!r}" for key, value in env.factory_kwargs.items()) + ")"
     return head + (
         f"multi-turn episodes from environment {env.factory}{kwargs} (rl.env.factory): at most {env.max_turns} "

@@ -35,6 +35,8 @@ def samples_table(receipt: ExperienceReceipt) -> list[dict[str, Any]]:
     table = []
     for row in receipt.table:
         cells = {column: _cell(row.get(column)) for column in SHOWN}
+        if "group" in row:  # several samples per prompt: the prompt they share
+            cells = {"group": row["group"], **cells}
         if "messages" in row:
             text = transcript_text(row["messages"])
             cells.update(turns=row["turns"], tool_calls=row["tool_calls"],

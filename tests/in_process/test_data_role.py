@@ -112,3 +112,24 @@ def test_a_bad_parquet_row_fails_when_the_role_is_built_naming_row_and_key(tmp_p
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "bad.parquet"))
     with pytest.raises(PromptError, match=r"bad\.parquet row 1: `prompt` is an empty string"):
         DataRole(_config(f"rl.data.path={tmp_path / 'bad.parquet'}"))
+
+
+def test_several_samples_per_prompt_repeat_each_prompt_side_by_side_and_the_cursor_counts_prompts(tmp_path):
+    """S-OPT-2: the batch is the same prompts as with one sample each, each repeated in
+    place with its position as group id; the cursor, hence resume, moves by prompts."""
+    config = _config("rl.data.factory_kwargs={\"num_rows\": 10, \"seed\": 3}")
+    single = DataRole(config)
+    once = [single.next_batch(i, 4)[0] for i in range(1, 4)]  # 12 prompts: crosses an epoch end
+
+    grouped = DataRole(config)
+    first, summary = grouped.next_batch(1, 4, 3)
+    assert first.row_ids == [row for row in once[0].row_ids for _ in range(3)]
+    assert first.prompts == [prompt for prompt in once[0].prompts for _ in range(3)]
+    assert first.group_ids == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3] and first.group_index() == first.group_ids
+    assert summary["data/position"] == 4.0  # prompts taken, not rows made
+    grouped.save(str(tmp_path / "data"))
+    resumed = DataRole(config)
+    resumed.load(str(tmp_path / "data"))
+    later = [resumed.next_batch(i, 4, 3)[0] for i in (2, 3)]
+    assert [batch.row_ids[::3] for batch in later] == [batch.row_ids for batch in once[1:]]
+    assert once[0].group_ids == []  # one sample per prompt: the batch as it always was

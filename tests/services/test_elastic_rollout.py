@@ -4,7 +4,8 @@ run goes on in the same flow run (no resume, no other role restarted) and ends w
 metrics rows, experience files and checkpoint files of its undisturbed twin.
 
 The default suite kills engine 1 once against a twin made once per module; the other
-engine, both transports, one step off, the hang and the bounds run under -m slow.
+engine, both transports, one step off, several samples per prompt, the hang and the
+bounds run under -m slow.
 """
 
 from __future__ import annotations
@@ -124,6 +125,26 @@ def test_exact_after_a_kill_with_a_normalised_reward_model(
     rows = metric_records(run_dir)
     assert [r["fault/rollout_engines_lost"] for r in rows] == [0.0, 1.0, 0.0]
     assert all("reward/model_normalized_mean" in r for r in rows)
+    assert_same_run(run_dir, twins(*extra))
+
+
+@pytest.mark.slow
+def test_exact_after_a_kill_with_several_samples_per_prompt(
+    twins, prefect_api, ray_cluster, reused_role_processes, tiny_overrides, tmp_path
+):
+    """S-OPT-2 with S-ELASTIC-1: the lost shard is whole prompts with all their samples;
+    the survivor draws them again from the same stream, so every file matches the twin's
+    and each prompt's two samples still sit side by side under one group id."""
+    import gzip
+    import json
+
+    extra = ("rl.rollout.samples_per_prompt=2",)
+    run_dir, summary, _ = _killed_run(tiny_overrides, tmp_path, 1, 2, *extra)
+    assert [r["fault/rollout_engines_lost"] for r in metric_records(run_dir)] == [0.0, 1.0, 0.0]
+    with gzip.open(run_dir / "experience" / "iter_000002.jsonl.gz", "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    assert [row["group"] for row in rows] == [group for group in range(16) for _ in range(2)]
+    assert [row["row_id"] for row in rows[0::2]] == [row["row_id"] for row in rows[1::2]]
     assert_same_run(run_dir, twins(*extra))
 
 
