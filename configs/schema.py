@@ -955,7 +955,7 @@ class RLConfig(Section):
 
         estimator = advantage_estimator(self.advantage_estimator)  # an unknown name lists the known ones
         name = f"rl.advantage_estimator={estimator.name}"
-        samples = getattr(self.rollout, "samples_per_prompt", 1)
+        samples = self.rollout.samples_per_prompt
         if estimator.uses_groups and samples < 2:
             raise ValueError(
                 f"{name} compares the samples of one prompt, but rl.rollout.samples_per_prompt is {samples}: set "

@@ -244,7 +244,7 @@ def _describe_update(config: PPOConfig, report: ManifestReport) -> None:
             scaled = "not divided by (rl.grpo_scale=false)" if rl.grpo_scale is False else "divided by"
             parts.append(f", {scaled} the group's std")
         if estimator.uses_groups:
-            samples = getattr(rl.rollout, "samples_per_prompt", 1)
+            samples = rl.rollout.samples_per_prompt
             parts.append(f", groups of {samples} samples per prompt")
         if not estimator.uses_critic:
             parts.append("; no critic: none is started, trained or committed")
