@@ -139,6 +139,8 @@ def test_the_registry_says_who_needs_a_critic_and_groups():
 
 
 @pytest.mark.parametrize("overrides, named", [
+    (["rl.advantage_estimator=grpo"], ["rl.advantage_estimator=grpo", "rl.rollout.samples_per_prompt is 1"]),
+    (["rl.advantage_estimator=rloo"], ["rl.advantage_estimator=rloo", "rl.rollout.samples_per_prompt is 1"]),
     (["rl.advantage_estimator=ppo"], ["rl.advantage_estimator", "'ppo'", "gae, grpo, rloo, reinforce_plus_plus"]),
     (["rl.advantage_estimator=reinforce_plus_plus", "rl.critic_warmup_iterations=2"],
      ["rl.advantage_estimator=reinforce_plus_plus", "rl.critic_warmup_iterations is 2"]),
@@ -162,5 +164,9 @@ def test_a_critic_free_plan_places_no_critic_and_the_manifest_says_so():
     assert "critic" not in plan.describe()
     summary = "\n".join(check_manifest(config).summary)
     assert "advantages: reinforce_plus_plus (rl.advantage_estimator; no critic" in summary, summary
+    grouped = load_config(TINY_PROFILE, ["rl.advantage_estimator=grpo", "rl.rollout.samples_per_prompt=4",
+                                         "rl.grpo_scale=false"])
+    assert "advantages: grpo (rl.advantage_estimator, not divided by (rl.grpo_scale=false) the group's std, groups " \
+        "of 4 samples per prompt; no critic" in "\n".join(check_manifest(grouped).summary)
     default = plan_placement(load_config(TINY_PROFILE, []))
     assert default.trainer_roles == ("policy", "critic") and "critic" in default.describe()
