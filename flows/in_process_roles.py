@@ -53,14 +53,14 @@ class InProcessRoles:
 
 def build_roles(config: PPOConfig) -> InProcessRoles:
     """Every role in this process, constructed in `roles.bodies.ROLE_CLASSES` order
-    (the tiny model is built on first use, as in the flow). Each device role gets
-    rank 0's placement from the same `role_placements` the actors are started with."""
+    (the tiny model is built on first use, as in the flow). Each role gets rank 0's
+    placement from the same `role_placements` the actors are started with."""
     placements = role_placements(plan_placement(config))
     return InProcessRoles(
-        data=DataRole(config),
+        data=DataRole(config, placements["data"][0]),
         rollout=RolloutRole(config, placements["rollout"][0]),
-        reward=RewardRole(config, placements.get("reward", (None,))[0]),
-        replay=ReplayRole(config),
+        reward=RewardRole(config, placements["reward"][0]),
+        replay=ReplayRole(config, placements["replay"][0]),
         reference=ReferenceRole(config, placements["reference"][0]),
         critic=CriticRole(config, placements["critic"][0]) if "critic" in placements else None,
         policy=PolicyRole(config, placements["policy"][0]),

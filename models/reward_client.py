@@ -129,3 +129,15 @@ class RewardClient:
                 last = f"no answer ({type(reason).__name__}: {reason})"
         tries = f"{retries + 1} attempt{'s' if retries else ''}"
         raise RewardServerError(f"reward model server {method} {endpoint}: {last} after {tries}")
+
+
+class ServedScorer:
+    """A reward model served at `rl.reward.model.url` (S-RM-1), behind the same scoring
+    protocol as a local one: the rendered texts go to the server, which tokenizes them."""
+
+    def __init__(self, client: RewardClient, add_special_tokens: bool):
+        self.client = client
+        self.add_special_tokens = add_special_tokens
+
+    def score(self, texts: Sequence[str], encoded: Sequence[list[int]] | None, rows: Sequence[Any]) -> torch.Tensor:
+        return self.client.score(texts, rows, add_special_tokens=self.add_special_tokens)

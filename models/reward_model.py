@@ -12,7 +12,7 @@ the same a TRL or OpenRLHF reward-model trainer trained it with).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -32,6 +32,10 @@ class RewardModelError(ValueError, RepeatsOnRerun):
 class RowOrigin:
     row_id: int
     source: str | None
+
+    @property
+    def where(self) -> str:
+        return f"row {self.row_id}" + (f" ({self.source})" if self.source else "")
 
 
 def ensure_reward_model(model: RewardModelConfig) -> str | None:
@@ -72,32 +76,30 @@ def load_reward_classifier(path: str, dtype: str) -> torch.nn.Module:
     return model
 
 
-class RewardModelScorer:
-    """Renders, tokenizes and scores in batches of `batch_size`; refuses a text longer
-    than `max_length` tokens, naming its row, instead of truncating it."""
+class RewardText:
+    """How the reward model reads a prompt and its completion, from its own folder: the
+    text its tokenizer renders (its chat template, or prompt text then completion), and
+    the length check that refuses a text longer than `max_length` tokens, naming its row,
+    instead of truncating it. The same for a local and a served reward model."""
 
-    def __init__(
-        self, path: str, dtype: str, batch_size: int, max_length: int, *, load_model: bool = True,
-        micro_batch_tokens: int | None = None,
-    ):
+    def __init__(self, path: str, max_length: int):
         from transformers import AutoTokenizer
 
         self.path = path
-        self.batch_size = batch_size
-        self.micro_batch_tokens = micro_batch_tokens  # S-PATH-3: length-grouped forwards instead
         self.max_length = max_length
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "right"  # positions count from the first token, as in training
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = load_reward_classifier(path, dtype) if load_model else None
-        if self.model is not None and self.model.config.pad_token_id is None:
-            # Sequence-classification pooling finds each row's last token by the pad id.
-            self.model.config.pad_token_id = self.tokenizer.pad_token_id
 
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def add_special_tokens(self) -> bool:
+        """False for texts a chat template rendered: they hold their own BOS."""
+        return not self.has_chat_template
 
     def render(self, prompt: Any, completion: str, where: str = "a prompt") -> str:
         if self.has_chat_template:
@@ -118,27 +120,79 @@ class RewardModelScorer:
     def token_ids(self, texts: Sequence[str], rows: Sequence[RowOrigin]) -> list[list[int]]:
         """Each text's ids (the tokenizer's own special tokens added as it adds them);
         the first one over `max_length` fails naming its row."""
-        encoded = self.tokenizer(list(texts), add_special_tokens=not self.has_chat_template)["input_ids"]
+        encoded = self.tokenizer(list(texts), add_special_tokens=self.add_special_tokens)["input_ids"]
         for ids, row in zip(encoded, rows):
             if len(ids) > self.max_length:
-                where = f"row {row.row_id}" + (f" ({row.source})" if row.source else "")
                 raise RewardModelError(
-                    f"{where}: the prompt and completion are {len(ids)} tokens in the reward model's tokenizer "
+                    f"{row.where}: the prompt and completion are {len(ids)} tokens in the reward model's tokenizer "
                     f"({self.path}), over rl.reward.model.max_length={self.max_length}; scoring a truncated text "
                     "would score what the completion did not say. Raise rl.reward.model.max_length (up to the model's "
                     "context) or shorten the prompts"
                 )
         return encoded
 
+
+class PlainText:
+    """A served reward model with no folder here: the prompt text then the completion,
+    sent as they are; the server counts the tokens."""
+
+    path = None
+    has_chat_template = False
+    add_special_tokens = True
+
+    def render(self, prompt: Any, completion: str, where: str = "a prompt") -> str:
+        if not isinstance(prompt, str):
+            raise RewardModelError(
+                "rl.reward.model.url: a conversation prompt needs the reward model's chat template; set "
+                "rl.reward.model.path to the served model's folder (its tokenizer renders the prompt)"
+            )
+        return prompt + completion
+
+    def token_ids(self, texts: Sequence[str], rows: Sequence[RowOrigin]) -> None:
+        return None
+
+
+class RewardScorer(Protocol):
+    """Raw scores (b,) float32 on the host for rendered texts (and their ids, where the
+    text was tokenized here): a local model or a server, chosen once per run."""
+
+    def score(
+        self, texts: Sequence[str], encoded: Sequence[list[int]] | None, rows: Sequence[RowOrigin]
+    ) -> torch.Tensor:
+        ...
+
+
+class LocalScorer:
+    """The reward model loaded in this process, scoring the token ids its text made."""
+
+    def __init__(
+        self, text: RewardText, dtype: str, batch_size: int, micro_batch_tokens: int | None = None,
+        device: str = "cpu",
+    ):
+        self.text = text
+        self.batch_size = batch_size
+        self.micro_batch_tokens = micro_batch_tokens  # S-PATH-3: length-grouped forwards instead
+        self.model = load_reward_classifier(text.path, dtype)
+        if self.model.config.pad_token_id is None:
+            # Sequence-classification pooling finds each row's last token by the pad id.
+            self.model.config.pad_token_id = text.tokenizer.pad_token_id
+        if device != "cpu":
+            self.model.to(device)  # frozen and never parked: it stays there for the run
+
+    def score(
+        self, texts: Sequence[str], encoded: Sequence[list[int]] | None, rows: Sequence[RowOrigin]
+    ) -> torch.Tensor:
+        assert encoded is not None
+        return self.score_ids(encoded)
+
     @torch.no_grad()
     def score_ids(self, encoded: Sequence[list[int]]) -> torch.Tensor:
         """Raw scores (b,) float32 on the host: `batch_size` texts per forward, or texts of
         similar length up to `micro_batch_tokens` per forward; each forward is as wide
         as its longest text."""
-        assert self.model is not None
         device = next(self.model.parameters()).device
         scores = torch.zeros(len(encoded))
-        pad = self.tokenizer.pad_token_id
+        pad = self.text.tokenizer.pad_token_id
         for positions in cut_lengths_by_tokens([len(ids) for ids in encoded], self.micro_batch_tokens, self.batch_size):
             chunk = [encoded[position] for position in positions]
             width = max(len(ids) for ids in chunk)

@@ -50,11 +50,11 @@ class RewardModelService:
 
     def __init__(self, folder: str, name: str, dtype: str = "float32", batch_size: int = 32):
         from models.fingerprint import fingerprint_folder
-        from models.reward_model import RewardModelScorer
+        from models.reward_model import LocalScorer, RewardText
 
         self.name = name
         self.fingerprint = fingerprint_folder(folder).digest
-        self.scorer = RewardModelScorer(folder, dtype, batch_size, max_length=self._context(folder))
+        self.scorer = LocalScorer(RewardText(folder, max_length=self._context(folder)), dtype, batch_size)
         self.lock = threading.Lock()
 
     @staticmethod
@@ -73,11 +73,12 @@ class RewardModelService:
         if model is not None and model != self.name:
             return 404, {"error": f"model {model!r} is not served here (serving {self.name!r})"}
         special = bool(body.get("add_special_tokens", True))  # vLLM's default: added unless the request says not
-        encoded = self.scorer.tokenizer(texts, add_special_tokens=special)["input_ids"]
+        text = self.scorer.text
+        encoded = text.tokenizer(texts, add_special_tokens=special)["input_ids"]
         for index, ids in enumerate(encoded):
-            if len(ids) > self.scorer.max_length:
+            if len(ids) > text.max_length:
                 return 400, {"error": f"input[{index}] is {len(ids)} tokens, over the model's context of "
-                                      f"{self.scorer.max_length}; it is not truncated"}
+                                      f"{text.max_length}; it is not truncated"}
         with self.lock:
             scores = self.scorer.score_ids(encoded)
         if body.get("use_activation", True):

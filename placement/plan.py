@@ -24,10 +24,12 @@ RANKED_ROLES = (*SHARDED_ROLES, "rollout")
 each) and the rollout's engines (independent, one shard each)."""
 
 DEVICE_ROLES = ("policy", "rollout", "reference", "critic")
-"""Roles that hold a model on a device; the others (data, reward, replay) stay on the host,
-except the reward role when it loads a reward model (`PlacementPlan.group_of("reward")`)."""
+"""Roles that hold a model on a device whenever they run."""
 
 HOST_ROLES = ("data", "reward", "replay")
+"""Roles that hold no model of their own. One rule places every role: a role in one of
+the plan's device groups computes there (the reward role joins one when it loads a
+reward model, `_with_reward_model`); a role in none has a host placement."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class PlacementPlan:
         takes `grid.cpu_trainer_ranks`, the reference `grid.cpu_reference_ranks` and the
         rollout `grid.cpu_rollout_engines`."""
         group = self.group_of(role)
-        if group is None or role == "reward":  # one reward actor, whatever its group holds
+        if group is None or role not in RANKED_ROLES:  # one actor for every other role
             return 1
         if group.gpus == 0:
             if role == "rollout":
@@ -126,6 +128,11 @@ class PlacementPlan:
         """The device roles this run starts: every one with a group (a critic-free
         estimator's plan has no critic group, S-OPT-2)."""
         return tuple(role for role in DEVICE_ROLES if self.group_of(role) is not None)
+
+    @property
+    def started_roles(self) -> tuple[str, ...]:
+        """Every role this run starts: its device roles and the host roles."""
+        return (*self.device_roles, *HOST_ROLES)
 
     @property
     def trainer_roles(self) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ state on the host and the engine sleeps. Reference and critic own their devices.
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """One rank of one device role, as the plan placed it."""
+    """One rank of one role, as the plan placed it."""
 
     device: str  # "cuda" when the role's device group has GPUs, otherwise "cpu"
     parks: bool  # S-RUN-4: gives the shared GPU back between its calls (policy parks, engine sleeps)
@@ -42,11 +42,11 @@ class RolePlacement:
 
 
 def role_placements(plan: PlacementPlan) -> dict[str, tuple[RolePlacement, ...]]:
-    """Every rank of every device role (`DEVICE_ROLES`), rank 0 first: one placement
-    per rank of the role's group (`RANKED_ROLES`, the frozen reference included)."""
+    """Every rank of every role the run starts, rank 0 first: one placement per rank of
+    the role's group (`RANKED_ROLES`, the frozen reference included); a role in no
+    device group (data, replay, a reward role that loads no model) one host placement."""
     placements: dict[str, tuple[RolePlacement, ...]] = {}
-    placed = (*plan.device_roles, "reward") if plan.group_of("reward") is not None else plan.device_roles
-    for role in placed:
+    for role in plan.started_roles:
         group = plan.group_of(role)
         device = "cuda" if group is not None and group.gpus else "cpu"
         parks = role in SHARING_ROLES and plan.offload_active and device != "cpu"

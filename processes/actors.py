@@ -17,7 +17,7 @@ import ray
 from configs.schema import PPOConfig
 from contracts.faults import RepeatsOnRerun, repeats_on_rerun
 from contracts.timeouts import startup_timeout as startup_timeout  # where the flow asks for it
-from placement.plan import DEVICE_ROLES, SHARDED_ROLES, plan_placement
+from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
 from processes.dead_actors import kill_quietly
@@ -163,16 +163,13 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
     plan = plan_placement(config)
     lowered = lower_placement(plan, namespace=namespace)
     _live_placements.append(lowered)
-    placements = role_placements(plan)  # the one decision every device role is built from
+    placements = role_placements(plan)  # the one decision every role is built from
     groups: dict[str, list[Any]] = {}
     engine_launches: list[EngineLaunch] = []
     for role, cls in ROLE_CLASSES.items():
-        if role in DEVICE_ROLES and role not in placements:
-            continue  # a device role this run's plan does not start (a critic-free estimator's critic)
-        if role in placements:
-            arguments = [(config, placement) for placement in placements[role]]
-        else:  # a host role (data, reward, replay) holds no device: one actor, the config alone
-            arguments = [(config,)]
+        if role not in placements:
+            continue  # a role this run's plan does not start (a critic-free estimator's critic)
+        arguments = [(config, placement) for placement in placements[role]]
         groups[role] = [
             _launch_actor(role, rank, len(arguments), cls, args, lowered.actor_options(role, rank), namespace)
             for rank, args in enumerate(arguments)

@@ -15,6 +15,7 @@ from algorithm.rewards import resolve_terminal
 from data.prompt_projection import project_prompt, project_reference, reference_key_for
 from data.sources import iter_source_rows
 from contracts.trajectory import PromptBatch
+from placement.role_placement import RolePlacement
 
 
 @dataclass
@@ -50,7 +51,8 @@ def load_rows(
 
 
 class DataRole:
-    def __init__(self, config: PPOConfig):
+    def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
+        """`placement`: always the host's (the data role holds no model)."""
         data = config.rl.data
         trusted = config.job.trusted_modules
         matcher = resolve_terminal(config.rl.reward.terminal, config.rl.reward.terminal_callable, trusted)

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from configs.schema import PPOConfig
+from placement.role_placement import RolePlacement
 from checkpoint.in_flight import load_in_flight, save_in_flight
 from contracts.scored_batch import ScoredBatch
 from contracts.experience import ExperienceReceipt, prune_experience, sample_rows, write_experience
@@ -19,7 +20,8 @@ from contracts.trajectory import PPOTargets, Trajectory, batch_identity
 
 
 class ReplayRole:
-    def __init__(self, config: PPOConfig):
+    def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
+        """`placement`: always the host's (the replay role holds no model)."""
         self.experience = config.job.experience
 
     def ready(self) -> dict[str, Any]:

@@ -15,30 +15,34 @@ from checkpoint.role_files import saving, write_file
 from algorithm.reward_model_scores import RunningMoments, first_non_finite, shape_model_scores
 from configs.schema import PPOConfig
 from contracts.trajectory import Trajectory
-from models.reward_model import RewardModelError, RewardModelScorer, RowOrigin, ensure_reward_model
+from models.reward_model import (
+    LocalScorer, PlainText, RewardModelError, RewardScorer, RewardText, RowOrigin, ensure_reward_model,
+)
 
 MOMENTS_FILE = "reward_moments.json"
 
 
 class RewardModelTerm:
+    """The text the reward model reads (rendered and length-checked by its own
+    tokenizer, or plain text for a served model with no folder here) and the scorer
+    that scores it (the model loaded here, or the server), each chosen once."""
+
     def __init__(self, config: PPOConfig, device: str = "cpu"):
         settings = config.rl.reward.model
         assert settings is not None
         self.settings = settings
         self.device = device
         folder = ensure_reward_model(settings)
-        self.scorer = (
-            RewardModelScorer(folder, settings.dtype, settings.batch_size, settings.max_length,
-                              load_model=settings.url is None, micro_batch_tokens=config.rl.micro_batch_tokens)
-            if folder is not None else None
-        )
-        if self.scorer is not None and self.scorer.model is not None and device != "cpu":
-            self.scorer.model.to(device)  # frozen and never parked: it stays there for the run
-        self.client = None
+        self.text: RewardText | PlainText = RewardText(folder, settings.max_length) if folder else PlainText()
+        self.scorer: RewardScorer
         if settings.url is not None:
-            from models.reward_client import RewardClient
+            from models.reward_client import RewardClient, ServedScorer
 
-            self.client = RewardClient.from_config(settings)
+            self.scorer = ServedScorer(RewardClient.from_config(settings), self.text.add_special_tokens)
+        else:
+            assert isinstance(self.text, RewardText)
+            self.scorer = LocalScorer(self.text, settings.dtype, settings.batch_size, config.rl.micro_batch_tokens,
+                                      device)
         self.moments = RunningMoments() if settings.normalize else None
         self.eos_token_id: int | None = None
         if settings.missing_eos_penalty is not None:
@@ -51,31 +55,17 @@ class RewardModelTerm:
 
     def raw_scores(self, trajectory: Trajectory) -> torch.Tensor:
         """(b,) float32 scores of every completion, the first NaN or infinite one
-        refused naming its row."""
+        refused naming its row. A text too long is refused before it is scored (or
+        sent), never truncated."""
         batch = trajectory.prompts
         sources = batch.sources or [None] * len(batch.prompts)
         rows = [RowOrigin(row_id, source) for row_id, source in zip(batch.row_ids, sources)]
-        if self.scorer is not None:
-            texts = [
-                self.scorer.render(p, c, f"row {row.row_id}" + (f" ({row.source})" if row.source else ""))
-                for p, c, row in zip(batch.prompts, trajectory.completions, rows)
-            ]
-        else:
-            texts = [_plain_text(p, c) for p, c in zip(batch.prompts, trajectory.completions)]
-        if self.client is not None:
-            if self.scorer is not None:
-                self.scorer.token_ids(texts, rows)  # S-RM-1: refused before sending, never truncated by the server
-            templated = self.scorer is not None and self.scorer.has_chat_template
-            raw = self.client.score(texts, rows, add_special_tokens=not templated)
-        else:
-            assert self.scorer is not None
-            raw = self.scorer.score_ids(self.scorer.token_ids(texts, rows))
+        texts = [self.text.render(p, c, row.where) for p, c, row in zip(batch.prompts, trajectory.completions, rows)]
+        raw = self.scorer.score(texts, self.text.token_ids(texts, rows), rows)
         bad = first_non_finite(raw)
         if bad is not None:
-            row = rows[bad]
-            where = f"row {row.row_id}" + (f" ({row.source})" if row.source else "")
             raise RewardModelError(
-                f"the reward model ({self.describe()}) scored {where} as {float(raw[bad])}, completion "
+                f"the reward model ({self.describe()}) scored {rows[bad].where} as {float(raw[bad])}, completion "
                 f"{trajectory.completions[bad]!r}; a NaN or infinite score cannot be trained on. Check the reward "
                 "model's dtype (rl.reward.model.dtype=float32) and weights"
             )
@@ -123,11 +113,3 @@ class RewardModelTerm:
             ) from None
         return {"moments": self.moments.state_dict()}
 
-
-def _plain_text(prompt: Any, completion: str) -> str:
-    if not isinstance(prompt, str):
-        raise RewardModelError(
-            "rl.reward.model.url: a conversation prompt needs the reward model's chat template; set "
-            "rl.reward.model.path to the served model's folder (its tokenizer renders the prompt)"
-        )
-    return prompt + completion

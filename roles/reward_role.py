@@ -23,7 +23,7 @@ from roles.reward_model_term import RewardModelTerm
 class RewardRole:
     def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
         """`placement`: where a loaded reward model computes (its own group, or beside
-        the reference); None for a host role (rules only, or a served model)."""
+        the reference), or the host's (rules only, or a served model)."""
         self.reward = config.rl.reward
         # With an environment, its step rewards are the rewards (docs/howto/environments.md):
         # no rule judges the last turn.

@@ -11,7 +11,7 @@ import torch
 
 from configs.loading import load_config
 from models.critic_source import CriticSourceError
-from models.reward_model import RewardModelScorer, RowOrigin
+from models.reward_model import LocalScorer, RewardText, RowOrigin
 from models.tiny_model import build_tokenizer
 from roles.critic_role import CriticRole
 from tests.conftest import TINY_PROFILE, first_rank
@@ -24,9 +24,9 @@ def _config(model_dir: str, critic_path: str):
 def test_the_critics_first_values_are_the_reward_models_scores(tiny_model_dir, tiny_reward_model_dir):
     config = _config(tiny_model_dir, tiny_reward_model_dir)
     critic = CriticRole(config, first_rank(config, "critic"))
-    scorer = RewardModelScorer(tiny_reward_model_dir, "float32", 4, 64)
-    texts = [scorer.render("3", "3"), scorer.render("4", "71")]
-    ids = scorer.token_ids(texts, [RowOrigin(0, None), RowOrigin(1, None)])
+    scorer = LocalScorer(RewardText(tiny_reward_model_dir, 64), "float32", 4)
+    texts = [scorer.text.render("3", "3"), scorer.text.render("4", "71")]
+    ids = scorer.text.token_ids(texts, [RowOrigin(0, None), RowOrigin(1, None)])
     expected = scorer.score_ids(ids)
     with torch.no_grad():
         for row, sequence in enumerate(ids):

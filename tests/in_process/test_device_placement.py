@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from configs.loading import load_config
-from placement.plan import DEVICE_ROLES, plan_placement
+from placement.plan import DEVICE_ROLES, HOST_ROLES, plan_placement
 from placement.role_placement import role_placements
 from contracts.trajectory import PPOTargets
 from trainer.update_runtime import UpdateRuntime, module_bytes, move_optimizer_state, targets_on
@@ -35,7 +35,9 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CU
 )
 def test_only_the_colocated_policy_and_engine_on_a_gpu_park(profile, overrides, parking_roles):
     placements = role_placements(plan_placement(load_config(profile, overrides)))
-    assert set(placements) == set(DEVICE_ROLES)
+    # One rule for every role: the host roles get a host placement, never parked.
+    assert set(placements) == set(DEVICE_ROLES) | set(HOST_ROLES)
+    assert all(p.device == "cpu" and not p.parks for role in HOST_ROLES for p in placements[role])
     assert {role for role, ranks in placements.items() if all(p.parks for p in ranks)} == parking_roles
     assert not any(p.parks for role in DEVICE_ROLES if role not in parking_roles for p in placements[role])
 

@@ -60,7 +60,7 @@ def test_the_score_is_the_models_logit_on_its_own_rendering(tiny_reward_model_di
     trajectory = _generated(["3", "3", "3"], ["3", "57", ""], ["3", "3", "3"])
     scored, metrics = role.score(trajectory)
     rendered = [f"<|im_start|>user\n3<|im_end|>\n<|im_start|>assistant\n{c}<|im_end|>\n" for c in ("3", "57", "")]
-    assert role.model_term.scorer.render("3", "57") == rendered[1]  # the reward model's own chat template
+    assert role.model_term.text.render("3", "57") == rendered[1]  # the reward model's own chat template
     expected = [_direct_score(tiny_reward_model_dir, text) for text in rendered]
     assert scored.sequence_scores.tolist() == pytest.approx(expected, abs=1e-5)
     assert metrics["reward/model_raw_mean"] == pytest.approx(sum(expected) / 3, abs=1e-5)

@@ -14,7 +14,8 @@ import pytest
 from configs.loading import load_config
 from configs.schema import RewardModelConfig
 from models.reward_client import RewardClient, RewardServerError, RewardServerRefused
-from models.reward_model import RewardModelScorer, RowOrigin
+from models.reward_client import ServedScorer
+from models.reward_model import LocalScorer, RewardText, RowOrigin
 from models.reward_server import TOKEN_ENV, UnsafeListen, serve
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
@@ -37,8 +38,8 @@ def _client(url: str, token: str | None = "s3cret", retries: int = 0, batch_size
 
 
 def test_served_scores_equal_the_local_models_in_batches(served, tiny_reward_model_dir):
-    local = RewardModelScorer(tiny_reward_model_dir, "float32", 8, 64)
-    expected = local.score_ids(local.token_ids(TEXTS, ROWS)).tolist()
+    local = LocalScorer(RewardText(tiny_reward_model_dir, 64), "float32", 8)
+    expected = local.score_ids(local.text.token_ids(TEXTS, ROWS)).tolist()
     assert _client(served, batch_size=1).score(TEXTS, ROWS).tolist() == pytest.approx(expected, abs=1e-6)
     assert _client(served, batch_size=2).score(TEXTS, ROWS).tolist() == pytest.approx(expected, abs=1e-6)
     assert _client(served).check() == "tiny-reward"
@@ -109,7 +110,8 @@ def test_the_reward_role_scores_through_the_server(served, tiny_reward_model_dir
     remote_config = base.model_copy(update={"rl": base.rl.model_copy(update={
         "reward": base.rl.reward.model_copy(update={"model": settings})})})
     remote = RewardRole(remote_config)
-    assert remote.model_term.scorer.model is None  # served: only the tokenizer is loaded here
+    assert isinstance(remote.model_term.scorer, ServedScorer)  # served: only the tokenizer is loaded here
+    assert isinstance(remote.model_term.text, RewardText)
     trajectory = _generated(["3", "4"], ["3", "57"], ["3", "4"])
     assert remote.score(trajectory)[0].sequence_scores.tolist() == pytest.approx(
         local.score(trajectory)[0].sequence_scores.tolist(), abs=1e-6)

@@ -166,9 +166,9 @@ def test_a_reward_model_whose_template_refuses_a_row_is_refused_naming_it(tmp_pa
 
 
 def test_the_reward_model_scorer_names_the_row_and_a_rerun_would_repeat_it(strict_model):
-    from models.reward_model import RewardModelScorer
+    from models.reward_model import RewardText
 
-    scorer = RewardModelScorer(str(strict_model), "float32", 4, 128, load_model=False)
+    scorer = RewardText(str(strict_model), 128)
     with pytest.raises(TemplateRenderError) as caught:
         scorer.render([USER, {"role": "system", "content": "late"}], "2", "row 5 (a.jsonl row 5)")
     assert str(caught.value).startswith("row 5 (a.jsonl row 5): the reward model's chat template")
