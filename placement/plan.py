@@ -201,9 +201,13 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
     """Every way the declared groups cannot be placed on the declared devices, as
     (key, message) pairs. Checks only what the config says: the machine running the
     check may have no GPU at all (S-RUN-3)."""
+    return [*_declared_problems(plan, config), *_shard_problems(plan, config), *_device_problems(plan)]
+
+
+def _declared_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str, str]]:
+    """Grid keys that contradict the placement the others declare."""
     problems: list[tuple[str, str]] = []
     grid = config.grid
-    tp = plan.rollout_tensor_parallel_size
     if grid.reward_gpus and (grid.reward_placement != "own" or not loads_reward_model(config)):
         why = ("grid.reward_placement is with_reference (it shares the reference's GPUs)"
                if loads_reward_model(config) else "no reward model is loaded (rl.reward.model.path without url)")
@@ -237,6 +241,14 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
              f"{rollout_group.gpus}: one engine per grid.rollout_tensor_parallel_size GPUs); "
              "it applies only on the host")
         )
+    return problems
+
+
+def _shard_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str, str]]:
+    """Batches the engines and the data-parallel ranks cannot share out equally."""
+    problems: list[tuple[str, str]] = []
+    rollout_group = plan.group_of("rollout")
+    assert rollout_group is not None  # both placements give the rollout a group
     engines = plan.ranks("rollout")
     # Prompts, not samples, are dealt to the engines: a prompt's samples stay on one (S-OPT-2).
     if engines > 1 and config.rl.batch_size % engines:
@@ -258,6 +270,15 @@ def placement_problems(plan: PlacementPlan, config: PPOConfig) -> list[tuple[str
                 ("rl.minibatch_size", f"is {config.rl.minibatch_size}, not divisible by the {ranks} data-parallel "
                  f"ranks of the {role} ({key}={ranks}); every rank needs an equal shard")
             )
+    return problems
+
+
+def _device_problems(plan: PlacementPlan) -> list[tuple[str, str]]:
+    """GPUs declared against the GPUs the nodes have."""
+    problems: list[tuple[str, str]] = []
+    tp = plan.rollout_tensor_parallel_size
+    rollout_group = plan.group_of("rollout")
+    assert rollout_group is not None
     if not plan.uses_gpus:
         for group in plan.groups:
             if group.gpus:

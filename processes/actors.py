@@ -212,29 +212,37 @@ class FreshActors:
         kill_quietly(handle)
 
 
-_source: ActorSource = FreshActors()
+@dataclass
+class _SourceSlot:
+    """Where this process's runs take their actors from: one slot, swapped by
+    `actors_from` and read at every launch (a thread-independent setting, unlike a
+    context variable, since Prefect may start the actors from another thread)."""
+
+    source: ActorSource
+
+
+_slot = _SourceSlot(FreshActors())
 
 
 @contextmanager
 def actors_from(source: ActorSource) -> Iterator[ActorSource]:
     """Runs started inside take their role actors from `source` and hand them back to it."""
-    global _source
-    previous, _source = _source, source
+    previous, _slot.source = _slot.source, source
     try:
         yield source
     finally:
-        _source = previous
+        _slot.source = previous
 
 
 def actor_source() -> ActorSource:
-    return _source
+    return _slot.source
 
 
 def _launch_actor(
     role: str, rank: int, ranks: int, cls: type, args: tuple[Any, ...], options: dict[str, Any], namespace: str
 ) -> Any:
     joins_a_group = role in SHARDED_ROLES and ranks > 1
-    return _source.launch(role, cls, args, options, actor_name(role, rank), namespace, joins_a_group)
+    return _slot.source.launch(role, cls, args, options, actor_name(role, rank), namespace, joins_a_group)
 
 
 class ActorStartupError(RuntimeError):
@@ -327,7 +335,7 @@ def _kill_launched(launched: LaunchedActors) -> None:
 
 def _end_actor(role: str, handle: Any, keep: bool) -> None:
     """Kill a run's actor, or hand it back to the source that keeps processes."""
-    _source.end(role, handle, keep)
+    _slot.source.end(role, handle, keep)
 
 
 def stop_role_actors(handles: RoleHandles | None) -> None:
