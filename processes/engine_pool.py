@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -67,6 +67,7 @@ class Engine:
     node: str = "an unknown node"  # as users read it
     outstanding: int = 0  # calls queued on it and not yet answered
     lost: bool = False
+    loss: EngineLost | None = None  # the record of its last loss, which its regenerated shards join
     # A replacement that could not read the current version (over NIXL the policy may
     # have staged the next one meanwhile): it serves no shard until the next load.
     behind: bool = False
@@ -102,6 +103,56 @@ class Faults:
         """The events, and the two metrics where `counted` (a run that may replace engines)."""
         metrics = {LOST_KEY: float(self.lost), REPLACE_SECONDS_KEY: self.replace_seconds} if counted else {}
         return {**metrics, FAULT_EVENTS: [as_event(event) for event in self.events]}
+
+
+@dataclass
+class GenerateRound:
+    """One `generate` call as a value: the batch's shard calls in flight, the shards
+    done, and what the round survived."""
+
+    prompts: Any  # ObjectRef of the PromptBatch
+    required_version: int
+    count: int  # the N logical shards
+    timeout_s: float | None
+    faults: Faults
+    calls: dict[Any, ShardCall] = field(default_factory=dict)  # by its summary's ObjectRef
+    done: dict[int, ShardCall] = field(default_factory=dict)  # by shard
+
+    def submit(self, index: int, engine: Engine, regeneration: Regeneration | None = None) -> None:
+        trajectory, summary = engine.handle.generate.options(num_returns=2).remote(
+            self.prompts, self.required_version, index, self.count
+        )
+        engine.outstanding += 1
+        now = time.monotonic()
+        deadline = float("inf") if self.timeout_s is None else now + self.timeout_s * engine.outstanding
+        self.calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, regeneration)
+
+    def wait_s(self) -> float | None:
+        """How long the next wait may last before a call is overdue (None: no deadline)."""
+        due = min(call.deadline for call in self.calls.values()) - time.monotonic()
+        return None if due == float("inf") else max(0.0, due)
+
+    def answered(self, ref: Any) -> ShardCall:
+        call = self.calls.pop(ref)
+        call.engine.outstanding -= 1
+        return call
+
+    def finished(self, call: ShardCall) -> None:
+        self.done[call.shard] = call
+        if call.regeneration is not None:
+            call.regeneration.done_after_s = time.monotonic() - call.submitted
+
+    def overdue(self) -> list[ShardCall]:
+        now = time.monotonic()
+        return [call for call in self.calls.values() if call.deadline <= now]
+
+    def take_back(self, engine: Engine) -> list[ShardCall]:
+        """Every call still queued on a lost engine, out of the round."""
+        moved = [call for call in self.calls.values() if call.engine is engine]
+        for call in moved:
+            self.calls.pop(call.summary)
+        engine.outstanding = 0
+        return moved
 
 
 def engine_deadline(config: PPOConfig) -> float | None:
@@ -147,49 +198,25 @@ class EnginePool:
         survivor; then checked row by row before anything trains on it."""
         self._finish_replacements(self.carried)  # started after an earlier loss: waited for now, not then
         faults, self.carried = self.carried, Faults()
-        count = len(self.engines)
-        prompts_ref = ray.put(prompts)
-        calls: dict[Any, ShardCall] = {}
-
-        def submit(index: int, engine: Engine, regeneration: Regeneration | None = None) -> None:
-            trajectory, summary = engine.handle.generate.options(num_returns=2).remote(
-                prompts_ref, required_version, index, count
-            )
-            engine.outstanding += 1
-            now = time.monotonic()
-            deadline = float("inf") if self.timeout_s is None else now + self.timeout_s * engine.outstanding
-            calls[summary] = ShardCall(index, engine, trajectory, summary, deadline, now, regeneration)
-
-        def lose(call: ShardCall, error: Exception) -> None:
-            moved = self._lose(call.engine, error, faults, calls)
-            self._regenerate([call, *moved], prompts.iteration, count, faults, submit)
-
+        batch = GenerateRound(ray.put(prompts), required_version, len(self.engines), self.timeout_s, faults)
         for engine in self.engines:  # shard i on engine i; a lost or lagging one's on a survivor
-            submit(engine.rank, engine if self._serves(engine) else self._least_busy())
-        done: dict[int, ShardCall] = {}
-        while calls:
-            wait_s = min(call.deadline for call in calls.values()) - time.monotonic()
-            timeout = None if wait_s == float("inf") else max(0.0, wait_s)
-            ready, _ = ray.wait(list(calls), num_returns=1, timeout=timeout)
+            batch.submit(engine.rank, engine if self._serves(engine) else self._least_busy())
+        while batch.calls:
+            ready, _ = ray.wait(list(batch.calls), num_returns=1, timeout=batch.wait_s())
             if ready:
-                call = calls.pop(ready[0])
-                call.engine.outstanding -= 1
+                call = batch.answered(ready[0])
                 try:
                     ray.get(call.summary)
                 except RayActorError as error:
-                    lose(call, error)
+                    self._regenerate(batch, call, error, prompts.iteration)
                     continue
-                done[call.shard] = call
-                if call.regeneration is not None:
-                    call.regeneration.done_after_s = time.monotonic() - call.submitted
+                batch.finished(call)
                 continue
-            now = time.monotonic()
-            for call in [c for c in calls.values() if c.deadline <= now]:
-                if call.summary not in calls:  # moved with an engine lost in this same pass
-                    continue
-                calls.pop(call.summary)
-                lose(call, GetTimeoutError())
-        trajectory, summary = self._gather([done[index] for index in range(count)], faults, calls)
+            for call in batch.overdue():
+                if call.summary in batch.calls:  # not moved with an engine lost in this same pass
+                    batch.answered(call.summary)
+                    self._regenerate(batch, call, GetTimeoutError(), prompts.iteration)
+        trajectory, summary = self._gather([batch.done[index] for index in range(batch.count)], faults)
         check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3: never train on a failed generation
         return trajectory, {**summary, **faults.summary(self.counted)}
 
@@ -205,7 +232,7 @@ class EnginePool:
             try:
                 answer = ray.get(loaded, timeout=self.timeout_s)
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, error, self.carried, {})
+                self._lose(engine, error, self.carried)
                 continue
             engine.behind = False
             metrics = metrics if metrics is not None else answer
@@ -222,7 +249,7 @@ class EnginePool:
             try:
                 answer = ray.get([trajectory, summary], timeout=self.timeout_s)
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, error, self.carried, {})
+                self._lose(engine, error, self.carried)
                 continue
             return answer[0], answer[1]
 
@@ -242,13 +269,12 @@ class EnginePool:
     def _least_busy(self) -> Engine:
         return min(self._live(), key=lambda engine: (engine.outstanding, engine.rank))
 
-    def _lose(
-        self, engine: Engine, error: Exception, faults: Faults, calls: dict[Any, ShardCall]
-    ) -> list[ShardCall]:
-        """Kill `engine`, count it against the run's bound, start its replacement, and
-        take back every call still queued on it (returned, to be given to survivors)."""
+    def _lose(self, engine: Engine, error: Exception, faults: Faults) -> EngineLost:
+        """Kill `engine`, count it against the run's bound and start its replacement;
+        returns the loss's record (the earlier one, for an engine already lost)."""
         if engine.lost:
-            return []
+            assert engine.loss is not None
+            return engine.loss
         engine.lost = True
         kill_quietly(engine.handle)
         if not self.max_replacements:  # nothing may be replaced: the engine's own failure, named as any role's
@@ -263,32 +289,23 @@ class EnginePool:
         self.replaced += 1
         faults.lost += 1
         self.pending.append(Replacement(engine, self._launch(engine.rank), time.time()))
-        moved = [call for call in calls.values() if call.engine is engine]
-        for call in moved:
-            calls.pop(call.summary)
-        engine.outstanding = 0
         faults.events.append(record)
-        return moved
+        engine.loss = record
+        return record
 
-    def _regenerate(
-        self, lost: list[ShardCall], iteration: int, count: int, faults: Faults,
-        submit: Callable[[int, Engine, Regeneration], None],
-    ) -> None:
-        """Each lost shard once more on the least busy survivor, same index, same version,
-        recorded with the loss `_lose` has just recorded."""
-        record = faults.events[-1]
-        assert isinstance(record, EngineLost)
-        for call in lost:
+    def _regenerate(self, batch: GenerateRound, call: ShardCall, error: Exception, iteration: int) -> None:
+        """`call` failed: its engine is lost, and its shard and every other one still
+        queued there go once more to the least busy survivor, same index, same version,
+        recorded with the loss."""
+        record = self._lose(call.engine, error, batch.faults)
+        for lost in [call, *batch.take_back(call.engine)]:
             survivor = self._least_busy()
-            regeneration = Regeneration(
-                iteration, call.shard, count, survivor.rank, time.monotonic() - call.submitted
-            )
+            regeneration = Regeneration(iteration, lost.shard, batch.count, survivor.rank,
+                                        time.monotonic() - lost.submitted)
             record.regenerated.append(regeneration)
-            submit(call.shard, survivor, regeneration)
+            batch.submit(lost.shard, survivor, regeneration)
 
-    def _gather(
-        self, done: list[ShardCall], faults: Faults, calls: dict[Any, ShardCall]
-    ) -> tuple[Trajectory, dict[str, Any]]:
+    def _gather(self, done: list[ShardCall], faults: Faults) -> tuple[Trajectory, dict[str, Any]]:
         """The shards merged by a live engine, exactly as engine 0 merges them."""
         parts, summaries = [call.trajectory for call in done], [call.summary for call in done]
         while True:
@@ -298,7 +315,7 @@ class EnginePool:
                 trajectory, summary = ray.get(merged, timeout=self.timeout_s)
                 return trajectory, summary
             except (RayActorError, GetTimeoutError) as error:
-                self._lose(engine, error, faults, calls)
+                self._lose(engine, error, faults)
 
     def _launch(self, rank: int) -> Any:
         launch = self.launches[rank]
@@ -333,7 +350,7 @@ class EnginePool:
             # Its own cost: start-up (launch to built) and the weight load, whatever overlapped it.
             seconds = max(0.0, built - replacement.started) + loading
             faults.replace_seconds += seconds
-            lost.handle, lost.lost, lost.behind, lost.outstanding = handle, False, behind, 0
+            lost.handle, lost.lost, lost.behind, lost.outstanding, lost.loss = handle, False, behind, 0, None
             self._locate([lost])
             faults.events.append(
                 EngineReplaced(lost.rank, lost.node, version, behind, seconds, time.monotonic() - waited)
