@@ -28,7 +28,7 @@ from contracts.faults import RepeatsOnRerun
 from contracts.trajectory import Transcript
 from data.packing import PackedPrompts
 from environments.chat_tokens import ObservationEncoder, opening_ids
-from environments.preflight import template_renders_tool_messages
+from environments.preflight import opening_too_long, template_renders_tool_messages
 from environments.protocol import EnvRow, MalformedEnvironmentOutput, Reset, Step, checked_reset, checked_step
 from environments.tool_call_formats import DEFAULT_FORMAT, ToolCallFormat, format_named
 from environments.tool_calls import ToolCall, assistant_message
@@ -153,20 +153,16 @@ class EpisodeRunner:
         return self._batch(episodes, time.perf_counter() - started, waited)
 
     def _check_opening_fits(self, episode: _Episode) -> None:
-        """S-BYO-5: the pre-flight cannot call the environment (user code), so the opening
-        (with the tools' schemas) is measured here, the first time it exists."""
+        """S-BYO-5: the pre-flight calls no user environment (S-SEC-3), so the opening (with
+        the tools' schemas) is measured here, the first time it exists."""
         budget, opening = self.limits.max_episode_tokens, len(episode.context)
         if self.positions is None or opening + budget <= self.positions:
             return
         where = episode.row.source or f"row {episode.row.row_id}"
-        raise OpeningTooLong(
-            f"the opening of the episode of row {episode.row.row_id} ({where}), from environment "
-            f"{self.limits.factory_name} (rl.env.factory), is {opening} tokens (its messages and tools' schemas "
-            f"through the chat template); with rl.env.max_episode_tokens={budget} that is {opening + budget} "
-            f"positions, beyond the model's context of {self.positions} (config.json): lower "
-            f"rl.env.max_episode_tokens to at most {max(self.positions - opening, 0)} (and rl.env.max_turn_tokens="
-            f"{self.limits.max_turn_tokens} with it), or shorten the opening or its tools"
-        )
+        raise OpeningTooLong(opening_too_long(
+            f"row {episode.row.row_id} ({where})", self.limits.factory_name, opening, budget, self.positions,
+            self.limits.max_turn_tokens,
+        ))
 
     # --- environment calls ---------------------------------------------------------
 

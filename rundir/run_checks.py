@@ -30,7 +30,7 @@ from data.prompt_projection import (
     PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
 )
 from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
-from environments.preflight import episode_context_problems
+from environments.preflight import OPENING_ROWS, episode_context_problems
 from models.model_folder import (
     HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
     model_sizes,
@@ -52,6 +52,7 @@ class ManifestReport:
     plain_text_prompts: bool = False  # the plain-text packer: a conversation prompt cannot be shaped
     profile_notes: list[str] = field(default_factory=list)  # files beside the profile named like a module
     conversation_prompt: str | None = None  # where the data's first conversation-shaped prompt is, and its column
+    opening_rows: list[tuple[Any, str]] = field(default_factory=list)  # rl.data's first rows, for the openings
 
     @property
     def ok(self) -> bool:
@@ -89,6 +90,7 @@ def check_manifest(
     matcher, resolved = _check_reward(config, report)
     _check_memory(config, plan, report)
     _check_data(config, DataSource(config.rl.data, "rl.data"), matcher, resolved, report)
+    _check_openings(config, report)
     if config.rl.validation is not None:  # the held-out rows, checked as the training rows are (S-BYO-2)
         _check_data(config, DataSource(config.rl.validation.data, "rl.validation.data"), matcher, resolved, report)
     _check_served_reward_text(config, report)
@@ -519,7 +521,37 @@ def _project(config: PPOConfig, source: DataSource, value: Any, where: str, matc
             why = f"{reason} no reference: set {key}.reference_key=null"
         report.problem(f"{key}.reference_key", f"column {column!r}: {error}; {why}")
         return None
+    if source.training and len(report.opening_rows) < OPENING_ROWS:
+        report.opening_rows.append((value, where))
     return prompt
+
+
+def _check_openings(config: PPOConfig, report: ManifestReport) -> None:
+    """S-BYO-5: an environment's episode openings (messages and tools' schemas through the
+    chat template) plus rl.env.max_episode_tokens against the model's positions. Only
+    the project's own environments are called here (S-SEC-3); a user's is measured by
+    the first episode, which refuses the same way."""
+    env = config.rl.env
+    if env is None or not report.opening_rows or any(key.startswith(("rl.env", "model.")) for key in report.keys()):
+        return  # nothing to measure, or the template or model is refused already
+    folder = Path(config.model.path)
+    if not within(env.factory.partition(":")[0], PROJECT_CALLABLE_MODULES):
+        report.notes.append(
+            f"rl.env.factory={env.factory}: user code, which this check does not call; the first episode measures "
+            "its opening (messages and tools' schemas) plus rl.env.max_episode_tokens against the model's context"
+        )
+        return
+    if not (folder / "config.json").is_file():
+        return  # built at start-up: its rollout actor measures the openings
+    positions = config_value(json.loads((folder / "config.json").read_text()), *POSITIONS)
+    if not isinstance(positions, int):
+        return
+    from environments.preflight import measured_openings
+
+    problems, line = measured_openings(config, report.opening_rows, positions)
+    report.problems.extend(Problem(key, message) for key, message in problems)
+    if line:
+        report.summary.append(line)
 
 
 def _check_data_file(

@@ -4,7 +4,8 @@ format's parser, runs the tool and renders the answer in the format's role; malf
 calls are answered and counted; the template pre-flight names the role it could not
 render and the fix; an unknown format is refused listing the known ones. And the
 context checks of episodes: pre-flight refuses `rl.env.max_episode_tokens` at or beyond
-the model's positions, the rollout refuses an opening that leaves too few.
+the model's positions, the rollout refuses an opening that leaves too few, and the pre-flight
+measures the openings of the project's own environments (never a user's).
 
 The templates below are written for these tests to reproduce each family's documented
 format (Qwen's Hermes-style tool use; Meta's Llama 3.1 JSON tool calling with the
@@ -478,3 +479,80 @@ def test_only_the_assistants_turn_must_end_with_eos():
     mistral.chat_template = MISTRAL_TEMPLATE.replace("{{- message.content + eos_token }}", "{{- message.content }}")
     with pytest.raises(TemplateError, match="does not close the assistant's turn with its EOS token '</s>'"):
         ObservationEncoder(mistral, mistral.eos_token)
+
+
+@pytest.fixture(scope="module")
+def qwen3_family_model(tmp_path_factory):
+    """A GPT-2 of 512 positions with the Qwen3-family template and tokenizer above."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("qwen3-family") / "model"
+    tokenizer = FAMILIES["qwen3"]()
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_layer=1, n_embd=16, n_head=2, n_positions=512,
+                               eos_token_id=tokenizer.eos_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _key_lookup_opening(folder) -> int:
+    """The opening of the key-lookup environment's row 0, rendered here as the rollout does."""
+    from data.synthetic import key_lookup_split
+    from environments.key_lookup import GET_TOOL
+
+    row = next(key_lookup_split(num_rows=20000, seed=0, split="train"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tools=[GET_TOOL],
+                                         add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _tools_manifest(tmp_path, folder, budget: int):
+    from rundir.run_checks import check_manifest
+
+    return check_manifest(load_config(REPO_ROOT / "configs" / "ppo_tiny_tools_cpu.py", [
+        f"model.path={folder}", "model.tiny=null", "rl.validation=null", f"job.output_root={tmp_path}",
+        f"rl.env.max_episode_tokens={budget}", f"rl.env.max_turn_tokens={min(budget, 64)}",
+    ]))
+
+
+def test_pre_flight_measures_the_projects_own_environments_opening_with_its_tools(tmp_path, qwen3_family_model):
+    """S-BYO-5: the key-lookup environment (the project's own code) is opened on row 0 at
+    pre-flight; its opening with the tool's schema plus the episode budget must fit."""
+    opening = _key_lookup_opening(qwen3_family_model)
+    assert 200 < opening < 400  # the schema is most of it
+    refused = _tools_manifest(tmp_path, qwen3_family_model, 512 - opening + 1)
+    [problem] = [p for p in refused.problems if p.key == "rl.env.max_episode_tokens"]
+    assert problem.message.startswith(
+        "the opening of the episode of row 0 (rl.data.factory data.synthetic:key_lookup_split row 0), from environment "
+        f"environments.key_lookup:make_environment (rl.env.factory), is {opening} tokens")
+    assert "that is 513 positions, beyond the model's context of 512" in problem.message
+    assert f"lower rl.env.max_episode_tokens to at most {512 - opening}" in problem.message
+    fits = _tools_manifest(tmp_path, qwen3_family_model, 512 - opening)
+    assert "rl.env.max_episode_tokens" not in fits.keys(), fits.problems
+    assert (f"episode openings: the longest of 1 measured is {opening} tokens (rl.data.factory "
+            "data.synthetic:key_lookup_split row 0); with rl.env.max_episode_tokens="
+            f"{512 - opening}, 512 of the model's 512 positions") in fits.summary
+
+
+def test_pre_flight_never_opens_a_users_environment_and_says_who_measures_it(tmp_path, qwen3_family_model):
+    """S-SEC-3: a user's environment is user code, which the pre-flight does not call; the
+    manifest says the first episode measures its opening instead."""
+    from rundir.run_checks import check_manifest
+
+    marker = tmp_path / "opened"
+    (tmp_path / "my_env.py").write_text(
+        "from environments.key_lookup import KeyLookup\n\n"
+        f"def make():\n    open({str(marker)!r}, 'w').close()\n    return KeyLookup()\n"
+    )
+    profile = tmp_path / "my_tools.py"
+    profile.write_text(
+        "from configs.ppo_tiny_tools_cpu import CONFIG as BASE\n\n"
+        "CONFIG = BASE.model_copy(update={'rl': BASE.rl.model_copy(update={\n"
+        "    'env': BASE.rl.env.model_copy(update={'factory': 'my_env:make'}), 'validation': None})})\n"
+    )
+    report = check_manifest(load_config(profile, [f"model.path={qwen3_family_model}", "model.tiny=null",
+                                                  f"job.output_root={tmp_path / 'out'}"]))
+    assert not marker.exists()
+    assert any(note.startswith("rl.env.factory=my_env:make: user code, which this check does not call; the first "
+                               "episode measures its opening") for note in report.notes), report.notes
