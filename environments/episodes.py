@@ -120,6 +120,11 @@ class EpisodeRunner:
         template_renders_tool_messages(tokenizer, self.tool_format)
         self.observations = ObservationEncoder(tokenizer, tokenizer.eos_token)
         self.eos = tokenizer.eos_token_id
+        # The format's other turn ends that this tokenizer has as single tokens (Llama's <|eom_id|>).
+        vocabulary = tokenizer.get_vocab()
+        self.stops = tuple(vocabulary[token] for token in self.tool_format.turn_ends
+                           if token in vocabulary and vocabulary[token] != self.eos)
+        self.turn_ends = {self.eos, *self.stops}
         self.pad = tokenizer.pad_token_id
 
     def run(
@@ -246,6 +251,7 @@ class EpisodeRunner:
             temperature=temperature,
             seed=generation_seed + 104_729 * turn,
             greedy=greedy,
+            **({"stop_token_ids": self.stops} if self.stops else {}),
         )
         for i, (episode, budget) in enumerate(zip(going, budgets)):
             kept = result.response_mask[i].bool()
@@ -253,7 +259,7 @@ class EpisodeRunner:
             logprobs = result.logprobs[i][kept].tolist()[: len(ids)]
             episode.append(ids, action=True, logprobs=logprobs)
             episode.turns = turn
-            ended = bool(ids) and ids[-1] == self.eos
+            ended = bool(ids) and ids[-1] in self.turn_ends
             text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
             episode.last_answer = text
             # A format whose call marker is a special token (Mistral's) reads the turn with it.
