@@ -474,8 +474,9 @@ def _check_data(
         assert data.name is not None
         problem = dataset_name_problem(data.name, data.split)
         if problem is not None:
+            # The reader words it for rl.data; the held-out rows' keys are rl.validation.data's.
             report.problem(f"{key}.split" if "(rl.data.split)" in problem else f"{key}.name",
-                           problem.replace("(rl.data.split)", f"({key}.split)"))
+                           problem.replace("rl.data.", f"{key}."))
             return
         report.summary.append(source.label(f"data: dataset {data.name}[{data.split}]"))
         report.notes.append(

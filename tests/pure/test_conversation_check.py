@@ -215,3 +215,13 @@ def test_good_held_out_rows_are_counted_beside_the_training_rows(tmp_path):
     assert report.ok, report.problems
     assert report.data_rows == 2 and "data_rows: 2" in report.summary and "validation rows: 3" in report.summary
     assert any(line.startswith(f"validation data: {held_out}, every row read") for line in report.summary)
+
+
+def test_a_held_out_dataset_name_that_cannot_give_rows_is_refused_under_its_own_keys(tmp_path):
+    train = _rows(tmp_path / "train.jsonl", [[USER]])
+    overrides = [f"job.output_root={tmp_path / 'outputs'}", f"model.path={tmp_path / 'tiny-model'}",
+                 f"rl.data.path={train}", "rl.data.prompt_key=messages", "rl.data.reference_key=answer",
+                 "rl.validation.data.name=parquet", "rl.validation.data.factory=null"]
+    (problem,) = check_manifest(load_config(TINY_PROFILE, overrides)).problems
+    assert problem.key == "rl.validation.data.name"
+    assert "rl.validation.data.path" in problem.message and "rl.data.path" not in problem.message
