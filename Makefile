@@ -9,7 +9,7 @@ ARGS ?=
 PRODUCTION_DIRS = $(filter-out tests/ bench/,$(dir $(wildcard */__init__.py)))
 
 .PHONY: setup setup-gpu run lint test test-slow test-vllm test-gpu-lock-versions test-gpu-env lock lock-cpu lock-gpu \
-	clean-runs serve stop deploy bench bench-learning bench-overhead bench-arith
+	clean-runs serve stop deploy watch bench bench-learning bench-overhead bench-arith
 
 setup: $(STAMP)
 
@@ -140,11 +140,18 @@ stop:
 
 # Your own profile as the deployment ppo/$(NAME), on the stack `make serve` started
 # (docs/howto/your-own-model.md): make deploy PROFILE=my-project/my_profile.py NAME=my-gpt2
-PPO_PREFECT_STATE_DIR ?= $(CURDIR)/.prefect/local
+# The stack is found as `make serve` recorded it (deployments/serve_record.py), or at
+# the PPO_PREFECT_STATE_DIR given here.
 deploy: setup
 	@test -n "$(PROFILE)" -a -n "$(NAME)" || { echo "usage: make deploy PROFILE=path/to/my_profile.py NAME=my-name" >&2; exit 2; }
-	@test -f "$(PPO_PREFECT_STATE_DIR)/env.sh" || { echo "no local Prefect stack at $(PPO_PREFECT_STATE_DIR): run make serve first" >&2; exit 2; }
-	. "$(PPO_PREFECT_STATE_DIR)/env.sh" && $(VPY) -m deployments.own --profile "$(PROFILE)" --name "$(NAME)"
+	@env_sh="$$($(VPY) -m deployments.serve_record env-file)" || exit 2; \
+		. "$$env_sh" && $(VPY) -m deployments.own --profile "$(PROFILE)" --name "$(NAME)"
+
+# Follow a deployment's flow run on that stack to its end, which it prints with the
+# run's error lines: make watch RUN=<flow run id or name> (default: the newest run).
+watch: setup
+	@env_sh="$$($(VPY) -m deployments.serve_record env-file)" || exit 2; \
+		. "$$env_sh" && $(VPY) -m deployments.watch $(RUN)
 
 # The figures of docs/performance.md (minutes each; run one at a time on a small machine).
 bench: bench-learning bench-overhead bench-arith

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1  # a stage failed: resumable
 EXIT_REFUSED = 2  # config, resume point or checkpoint refused: nothing ran
 RESUME_HINT = "run it again to resume from the last committed boundary"
-REPEATS_HINT = "a rerun would fail the same way: fix what the line above names first"
 HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")  # and legacy name
 
 
@@ -147,7 +146,7 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     from checkpoint.boundary import CheckpointError
     from prefect.exceptions import CancelledRun
 
-    from flows.failures import StageFailed
+    from flows.failures import StageFailed, failure_lines
     from rundir.resume import ResumeError
     from rundir.run_lock import RunLocked
     from flows.launch import handed_to_the_flow
@@ -180,7 +179,7 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     except (StageFailed, ActorStartupError) as error:
         # The traceback is above (Prefect logs it) and in the UI; end on where it broke,
         # and on what to do: resume past a fault, fix what a rerun would hit again (S-BYO-3).
-        print(f"error: {error}\n  {REPEATS_HINT if error.repeats else RESUME_HINT}", file=sys.stderr, flush=True)
+        print("\n".join(failure_lines(error, RESUME_HINT) or [f"error: {error}"]), file=sys.stderr, flush=True)
         return EXIT_FAILED
     print_summary(summary)
     return 0

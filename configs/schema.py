@@ -712,7 +712,8 @@ class EnvConfig(Section):
         description="How the model writes tool calls and in which role its chat template takes a tool's answer, "
         f"one of: {', '.join(f'`{name}`' for name in FORMATS)} (`qwen3`: `<tool_call>` blocks, Qwen and "
         "Hermes-style templates; `llama3_json`: a bare JSON object with `parameters`, answers in role `ipython`, "
-        "Llama 3.1-3.3; `mistral`: `[TOOL_CALLS]` and a JSON list, Mistral's v3 tokenizers). "
+        "Llama 3.1-3.3; `mistral`: `[TOOL_CALLS]` and a JSON list, Mistral's v3 tokenizers, or "
+        "`[TOOL_CALLS]name[ARGS]{...}`, its v11+ tokenizers). "
         "docs/howto/environments.md, \"Your model family's tool calls\".",
     )
 

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     deployment_id = deploy(profile, args.name, args.pool, args.auto_resume_attempts)
     print(f"deployment ppo/{args.name} ({deployment_id}) runs {profile} on pool {args.pool!r}")
     print(f"  run it: prefect deployment run ppo/{args.name} --watch   (or Run in the UI)")
+    print("  follow a run to its end and why it ended: make watch RUN=<its run_name or id>")
     return 0
 
 

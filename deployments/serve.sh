@@ -15,17 +15,20 @@
 # password fails here, naming host and port, before the server starts.
 # Pids and logs go to $PPO_PREFECT_STATE_DIR (default .prefect/local); stop it all
 # with deployments/stop.sh (`make stop`: worker first, then server). Running this
-# again with the stack up redeploys and leaves running processes alone.
+# again with the stack up redeploys and leaves running processes alone. The state
+# directory and the API's URL are recorded (.prefect/serve.json) for the commands
+# run after it without PPO_PREFECT_STATE_DIR (deployments/serve_record.py).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
-STATE_DIR="${PPO_PREFECT_STATE_DIR:-$REPO_ROOT/.prefect/local}"
+PYTHON="${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}"
+# PPO_PREFECT_STATE_DIR, else the stack the last `make serve` recorded, else .prefect/local
+STATE_DIR="${PPO_PREFECT_STATE_DIR:-$("$PYTHON" -m deployments.serve_record state-dir)}"
 HOST="${PPO_PREFECT_HOST:-127.0.0.1}"
 PORT="${PPO_PREFECT_PORT:-4200}"
 POOL="ppo-process"
-PYTHON="${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}"
 STARTUP_TIMEOUT="${PPO_PREFECT_STARTUP_TIMEOUT:-180}"
 
 # S-SEC-1: whoever reaches the API can run deployments (code) on the worker, so an
@@ -54,7 +57,7 @@ mkdir -p "$STATE_DIR/home"
 # The server and Ray tuning the CLI run applies too (cli/environment.py).
 TUNING="$("$PYTHON" -m cli.environment --export-tuning)"
 # Everything below (server, CLI, worker, the flow runs the worker starts) shares
-# this environment; env.sh lets a user's shell talk to the same server.
+# this environment; env.sh (POSIX sh: make's recipes source it) lets a user's shell talk to the same server.
 cat > "$STATE_DIR/env.sh" <<EOF
 export PATH="$(dirname "$PYTHON"):\$PATH"
 export PREFECT_HOME="$STATE_DIR/home"
@@ -65,7 +68,7 @@ export RAY_USAGE_STATS_ENABLED="\${RAY_USAGE_STATS_ENABLED:-0}"
 export TOKENIZERS_PARALLELISM=false
 # The server's auth string, when set, is what the CLI and the worker authenticate
 # with; read from the environment when sourced, never written to this file.
-if [[ -n "\${PREFECT_SERVER_API_AUTH_STRING:-}" ]]; then export PREFECT_API_AUTH_STRING="\$PREFECT_SERVER_API_AUTH_STRING"; fi
+if [ -n "\${PREFECT_SERVER_API_AUTH_STRING:-}" ]; then export PREFECT_API_AUTH_STRING="\$PREFECT_SERVER_API_AUTH_STRING"; fi
 $TUNING
 EOF
 # shellcheck source=/dev/null
@@ -112,8 +115,11 @@ else
     echo "serve: port $PORT on $HOST is in use; choose another with PPO_PREFECT_PORT=NNNN" >&2
     exit 1
   fi
-  # The database URL (it may hold a password) goes to the server's environment only,
-  # never to env.sh or a log.
+  # The server streams each flow run's logs out as they arrive: without it (Prefect's
+  # default), `prefect deployment run --watch` shows only state changes, never a run's
+  # `error:` line. The database URL (it may hold a password) goes to the server's
+  # environment only, never to env.sh or a log.
+  export PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true
   if [[ -n "$DATABASE_URL" ]]; then
     PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" setsid "$PYTHON" -m prefect server start --host "$HOST" \
       --port "$PORT" >"$STATE_DIR/server.log" 2>&1 </dev/null &
@@ -139,6 +145,9 @@ until api_healthy; do
   sleep 1
 done
 echo "serve: server healthy at $API_URL"
+# Where this stack is, for `make deploy`, `make stop` and `make watch` run without
+# PPO_PREFECT_STATE_DIR (deployments/serve_record.py).
+"$PYTHON" -m deployments.serve_record write "$STATE_DIR" "$API_URL"
 
 # 2. work pool
 if prefect_cli work-pool inspect "$POOL" >/dev/null 2>&1; then
@@ -186,5 +195,7 @@ Run from a shell:
   source $STATE_DIR/env.sh
   prefect deployment run ppo/tiny-cpu --watch
   prefect deployment run ppo/tiny-cpu --param 'overrides=["rl.max_steps=5"]' --param run_name=try1 --watch
+Why a run ended (its error: lines): make watch RUN=try1
+Your own profile: make deploy PROFILE=my-project/my_profile.py NAME=my-name
 Stop: make stop   (or deployments/stop.sh)
 EOF

@@ -14,7 +14,9 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE_DIR="${PPO_PREFECT_STATE_DIR:-$REPO_ROOT/.prefect/local}"
+PYTHON="${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}"
+# PPO_PREFECT_STATE_DIR, else the stack the last `make serve` recorded, else .prefect/local
+STATE_DIR="${PPO_PREFECT_STATE_DIR:-$(cd "$REPO_ROOT" && "$PYTHON" -m deployments.serve_record state-dir)}"
 GRACE_SECONDS="${PPO_PREFECT_STOP_GRACE:-30}"  # for flow runs and the server to exit on SIGTERM
 
 signal_tree() {  # signal_tree SIG PID: PID's process group and each child's own group
@@ -71,6 +73,6 @@ stop_group server
 # The local PostgreSQL of `make serve PPO_PREFECT_DB=postgres` (S-TEAM-1), after the server
 # that used it; a team's own database is never touched.
 if [[ -d "$STATE_DIR/postgres/data" ]]; then
-  (cd "$REPO_ROOT" && "${PPO_PYTHON:-$REPO_ROOT/.venv/bin/python}" -m deployments.local_postgres stop \
+  (cd "$REPO_ROOT" && "$PYTHON" -m deployments.local_postgres stop \
     "$STATE_DIR/postgres") || exit 1
 fi

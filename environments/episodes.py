@@ -28,7 +28,7 @@ from contracts.faults import RepeatsOnRerun
 from contracts.trajectory import Transcript
 from data.packing import PackedPrompts
 from environments.chat_tokens import ObservationEncoder, opening_ids
-from environments.preflight import template_renders_tool_messages
+from environments.preflight import opening_too_long, template_renders_tool_messages
 from environments.protocol import EnvRow, MalformedEnvironmentOutput, Reset, Step, checked_reset, checked_step
 from environments.tool_call_formats import DEFAULT_FORMAT, ToolCallFormat, format_named
 from environments.tool_calls import ToolCall, assistant_message
@@ -120,6 +120,11 @@ class EpisodeRunner:
         template_renders_tool_messages(tokenizer, self.tool_format)
         self.observations = ObservationEncoder(tokenizer, tokenizer.eos_token)
         self.eos = tokenizer.eos_token_id
+        # The format's other turn ends that this tokenizer has as single tokens (Llama's <|eom_id|>).
+        vocabulary = tokenizer.get_vocab()
+        self.stops = tuple(vocabulary[token] for token in self.tool_format.turn_ends
+                           if token in vocabulary and vocabulary[token] != self.eos)
+        self.turn_ends = {self.eos, *self.stops}
         self.pad = tokenizer.pad_token_id
 
     def run(
@@ -153,20 +158,16 @@ class EpisodeRunner:
         return self._batch(episodes, time.perf_counter() - started, waited)
 
     def _check_opening_fits(self, episode: _Episode) -> None:
-        """S-BYO-5: the pre-flight cannot call the environment (user code), so the opening
-        (with the tools' schemas) is measured here, the first time it exists."""
+        """S-BYO-5: the pre-flight calls no user environment (S-SEC-3), so the opening (with
+        the tools' schemas) is measured here, the first time it exists."""
         budget, opening = self.limits.max_episode_tokens, len(episode.context)
         if self.positions is None or opening + budget <= self.positions:
             return
         where = episode.row.source or f"row {episode.row.row_id}"
-        raise OpeningTooLong(
-            f"the opening of the episode of row {episode.row.row_id} ({where}), from environment "
-            f"{self.limits.factory_name} (rl.env.factory), is {opening} tokens (its messages and tools' schemas "
-            f"through the chat template); with rl.env.max_episode_tokens={budget} that is {opening + budget} "
-            f"positions, beyond the model's context of {self.positions} (config.json): lower "
-            f"rl.env.max_episode_tokens to at most {max(self.positions - opening, 0)} (and rl.env.max_turn_tokens="
-            f"{self.limits.max_turn_tokens} with it), or shorten the opening or its tools"
-        )
+        raise OpeningTooLong(opening_too_long(
+            f"row {episode.row.row_id} ({where})", self.limits.factory_name, opening, budget, self.positions,
+            self.limits.max_turn_tokens,
+        ))
 
     # --- environment calls ---------------------------------------------------------
 
@@ -250,6 +251,7 @@ class EpisodeRunner:
             temperature=temperature,
             seed=generation_seed + 104_729 * turn,
             greedy=greedy,
+            **({"stop_token_ids": self.stops} if self.stops else {}),
         )
         for i, (episode, budget) in enumerate(zip(going, budgets)):
             kept = result.response_mask[i].bool()
@@ -257,7 +259,7 @@ class EpisodeRunner:
             logprobs = result.logprobs[i][kept].tolist()[: len(ids)]
             episode.append(ids, action=True, logprobs=logprobs)
             episode.turns = turn
-            ended = bool(ids) and ids[-1] == self.eos
+            ended = bool(ids) and ids[-1] in self.turn_ends
             text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
             episode.last_answer = text
             # A format whose call marker is a special token (Mistral's) reads the turn with it.

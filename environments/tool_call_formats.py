@@ -29,8 +29,10 @@ class ToolCallFormat:
     `reads_special_tokens`: the parser reads the turn decoded with its special tokens
     (the call's marker is one in the family's tokenizer), not the plain text.
     `answers_carry_call_ids`: a tool answer must name the call it answers
-    (`tool_call_id`), as the family's template requires. `written_as` and `family`: the
-    docs table's words (markdown)."""
+    (`tool_call_id`), as the family's template requires. `turn_ends`: tokens besides the
+    tokenizer's EOS with which the family's model ends a turn to hear a tool's answer
+    (the engine stops there, and the turn is read and answered as after EOS).
+    `written_as` and `family`: the docs table's words (markdown)."""
 
     name: str
     parse: Parser
@@ -39,6 +41,7 @@ class ToolCallFormat:
     written_as: str
     reads_special_tokens: bool = False
     answers_carry_call_ids: bool = False
+    turn_ends: tuple[str, ...] = ()
 
     def rendered_answers(self, messages: list[dict[str, Any]], calls: list[ToolCall]) -> list[dict[str, Any]]:
         """An environment's observation messages as the template renders them: each
@@ -64,7 +67,7 @@ DEFAULT_FORMAT = "qwen3"
 
 def tool_call_format(
     name: str, *, tool_role: str, family: str, written_as: str, reads_special_tokens: bool = False,
-    answers_carry_call_ids: bool = False,
+    answers_carry_call_ids: bool = False, turn_ends: tuple[str, ...] = (),
 ) -> Callable[[Parser], Parser]:
     """Registers the decorated parser as the format `name` (`rl.env.tool_call_format=name`)."""
 
@@ -72,7 +75,7 @@ def tool_call_format(
         if name in FORMATS:
             raise ValueError(f"tool-call format {name!r} is registered twice")
         FORMATS[name] = ToolCallFormat(
-            name, parse, tool_role, family, written_as, reads_special_tokens, answers_carry_call_ids
+            name, parse, tool_role, family, written_as, reads_special_tokens, answers_carry_call_ids, turn_ends
         )
         return parse
 
@@ -112,13 +115,16 @@ def parse_qwen3(text: str) -> ParsedTurn:
 
 
 PYTHON_TAG = "<|python_tag|>"
+END_OF_MESSAGE = "<|eom_id|>"
 
 
 @tool_call_format(
     "llama3_json",
     tool_role="ipython",
     family="Llama 3.1, 3.2 and 3.3 instruct models (JSON tool calling)",
-    written_as='`{"name": ..., "parameters": {...}}` as the whole turn, optionally after `<|python_tag|>`',
+    written_as='`{"name": ..., "parameters": {...}}` as the whole turn, optionally after `<|python_tag|>`, ending '
+    'with `<|eot_id|>` or `<|eom_id|>`',
+    turn_ends=(END_OF_MESSAGE,),
 )
 def parse_llama3_json(text: str) -> ParsedTurn:
     """Llama 3.1's JSON tool calls: the assistant's turn is a bare JSON object
@@ -135,7 +141,12 @@ def parse_llama3_json(text: str) -> ParsedTurn:
     follows the last one is the content. `"arguments"` is accepted in place of
     `"parameters"`. Any other turn is a plain answer. The tag is a special token in
     Llama's tokenizer, so the decoded text has lost it; a tokenizer that keeps it
-    as text gives it here, and it is skipped."""
+    as text gives it here, and it is skipped.
+
+    A turn ends with `<|eot_id|>` (the tokenizer's EOS), or with `<|eom_id|>` ("end of
+    message"), with which Llama 3.1 ends a `<|python_tag|>` call when it expects the
+    tool's output (`Environment: ipython` in the system prompt); both end the turn, and the
+    `ipython` answer follows either."""
     body = text.strip()
     tagged = body.startswith(PYTHON_TAG)
     if tagged:
@@ -168,29 +179,40 @@ def parse_llama3_json(text: str) -> ParsedTurn:
 
 
 TOOL_CALLS = "[TOOL_CALLS]"
+ARGS, CALL_ID = "[ARGS]", "[CALL_ID]"  # the v11+ tokenizers' markers inside a call
 MISTRAL_CALL_ID = re.compile(r"^[A-Za-z0-9]{9}$")
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 @tool_call_format(
     "mistral",
     tool_role="tool",
-    family="Mistral 7B Instruct v0.3, Mixtral 8x22B, Mistral Nemo and other v3-tokenizer models",
-    written_as='`[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]`, the id optional',
+    family="Mistral 7B Instruct v0.3, Mixtral 8x22B, Mistral Nemo and other v3-tokenizer models; Mistral Small "
+    "3.1/3.2, Magistral, Devstral and Ministral 3 (v11+ tokenizers)",
+    written_as='v3: `[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]`, the id optional; v11+: '
+    '`[TOOL_CALLS]name[ARGS]{...}` per call',
     reads_special_tokens=True,
     answers_carry_call_ids=True,
 )
 def parse_mistral(text: str) -> ParsedTurn:
-    """Mistral's tool calls: the control token `[TOOL_CALLS]` followed by a JSON list of
-    `{"name": ..., "arguments": {...}}` objects, each optionally with an `"id"` of nine
-    letters and digits; the tool's answer comes back in role `tool`, naming the call it
-    answers (`tool_call_id`, rendered between `[TOOL_RESULTS]` and `[/TOOL_RESULTS]`).
-    Source: Mistral's tokenization guide, "Tool calling" for the v3 tokenizer
+    """Mistral's tool calls, in both of its tokenizers' forms; the tool's answer comes
+    back in role `tool`, rendered between `[TOOL_RESULTS]` and `[/TOOL_RESULTS]`.
+
+    v3 (Mistral 7B v0.3, Mixtral, Nemo): the control token `[TOOL_CALLS]` followed by a
+    JSON list of `{"name": ..., "arguments": {...}}` objects, each optionally with an
+    `"id"` of nine letters and digits, which the answer names (`tool_call_id`). Source:
+    Mistral's tokenization guide, "Tool calling" for the v3 tokenizer
     (https://docs.mistral.ai/guides/tokenization/ and
     https://docs.mistral.ai/cookbook/concept-deep-dive-tokenization-tool_calling).
+    v11 and later (Mistral Small 3.1/3.2, Magistral, Devstral, Ministral 3): each call is
+    `[TOOL_CALLS]` then the tool's name, `[ARGS]` and the arguments' JSON object, calls
+    written one after another, as those models' chat templates write them; an optional
+    `[CALL_ID]` and id between name and `[ARGS]` is read as the call's id. Their templates
+    render an answer without the id, so the id the answers carry is ignored there.
 
-    `[TOOL_CALLS]` is a control (special) token in Mistral's tokenizers, so the turn is
+    The markers are control (special) tokens in Mistral's tokenizers, so the turn is
     read decoded with its special tokens. Text before the first marker, and after a
-    list, is the content; several markers give their calls in order."""
+    call, is the content; several markers give their calls in order."""
     content: list[str] = []
     calls: list[ToolCall] = []
     errors: list[str] = []
@@ -201,6 +223,14 @@ def parse_mistral(text: str) -> ParsedTurn:
         start = marker + len(TOOL_CALLS)
         while start < len(text) and text[start].isspace():
             start += 1
+        if _names_a_tool(text, start):  # v11+: a name, not JSON
+            number += 1
+            position, call = _mistral_named_call(text, start, decoder)
+            if isinstance(call, ToolCall):
+                calls.append(call)
+            else:
+                errors.append(f"tool call {number}: {call}")
+            continue
         try:
             value, end = decoder.raw_decode(text, start)
         except json.JSONDecodeError as error:
@@ -233,6 +263,40 @@ def parse_mistral(text: str) -> ParsedTurn:
                 errors.append(f"tool call {number}: {call}: {quote(json.dumps(entry))}")
     content.append(text[position:])
     return ParsedTurn("".join(content).strip(), calls, errors)
+
+
+def _names_a_tool(text: str, start: int) -> bool:
+    """Whether the call at `start` is in the v11+ form: `[ARGS]` comes before the next
+    `[TOOL_CALLS]`, or what follows the marker does not start like JSON."""
+    following = text.find(TOOL_CALLS, start)
+    if text.find(ARGS, start, len(text) if following < 0 else following) >= 0:
+        return True
+    return start < len(text) and not (text[start] in '[{"-' or text[start].isdigit())
+
+
+def _mistral_named_call(text: str, start: int, decoder: json.JSONDecoder) -> tuple[int, ToolCall | str]:
+    """A v11+ call `name[ARGS]{...}` (or `name[CALL_ID]id[ARGS]{...}`) at `start`: where
+    reading stopped, and the call or what is wrong with it (quoting it)."""
+    following = text.find(TOOL_CALLS, start)
+    end = len(text) if following < 0 else following
+    args = text.find(ARGS, start, end)
+    if args < 0:
+        return end, f"expected the tool's name, {ARGS} and a JSON object after {TOOL_CALLS}: {quote(text[start:end])}"
+    name, _, call_id = text[start:args].partition(CALL_ID)
+    name, call_id = name.strip(), call_id.strip() or None
+    if not TOOL_NAME.match(name):
+        return end, f"the tool's name before {ARGS} must be letters, digits, '_', '.' or '-', got {quote(name)}"
+    body = args + len(ARGS)
+    while body < end and text[body].isspace():
+        body += 1
+    try:
+        arguments, stop = decoder.raw_decode(text, body)
+    except json.JSONDecodeError as error:
+        return end, f"the JSON after {ARGS} of {name!r} does not parse ({error}): {quote(text[body:end])}"
+    call = call_from_json({"name": name, "arguments": arguments})
+    if isinstance(call, ToolCall) and call_id is not None:
+        call = ToolCall(call.name, call.arguments, call_id)
+    return stop, call
 
 
 def formats_table() -> str:

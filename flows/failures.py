@@ -14,6 +14,8 @@ from typing import Callable, Iterator
 
 from contracts.faults import repeats_on_rerun
 
+REPEATS_HINT = "a rerun would fail the same way: fix what the line above names first"
+
 
 class StageFailed(RuntimeError):
     """A stage of an iteration raised; the original error is chained. `repeats`: the
@@ -56,3 +58,33 @@ def _actor_cause(error: Exception) -> BaseException:
     if isinstance(error, RayTaskError) and error.cause is not None:
         return error.cause
     return error
+
+
+def failure_lines(error: BaseException, resume_hint: str) -> list[str] | None:
+    """The lines a failed run ends on, as the command line prints them: `error: <cause>`
+    (one per config problem), then for a failed stage what to do next, `resume_hint`
+    for a fault a rerun gets past. None for an error the project does not know, whose
+    traceback is its story. A deployment's run logs the same lines last (S-BYO-2), so
+    `prefect deployment run --watch` and `python -m deployments.watch` end on them."""
+    from configs.loading import ConfigError
+
+    if isinstance(error, ConfigError):  # every problem, each under its key
+        return [f"error: {problem}" for problem in error.problems]
+    if isinstance(error, RuntimeError) and isinstance(getattr(error, "repeats", None), bool):
+        # a failed stage, or role actors that never started (StageFailed, ActorStartupError)
+        return [f"error: {error}", f"  {REPEATS_HINT if error.repeats else resume_hint}"]
+    if isinstance(error, _refusals()):  # the run's own state or the cluster's: the message is the story
+        return [f"error: {error}"]
+    return None
+
+
+def _refusals() -> tuple[type[BaseException], ...]:
+    """Refusals about the run's own state or the cluster's (none of their modules
+    imports Ray or torch)."""
+    from checkpoint.boundary import CheckpointError
+    from placement.ray_lowering import PlacementError
+    from processes.ray_session import RayAuthRefused
+    from rundir.resume import ResumeError
+    from rundir.run_lock import RunLocked
+
+    return ResumeError, CheckpointError, RunLocked, PlacementError, RayAuthRefused

@@ -25,7 +25,7 @@ from compat.prefect_compat import quiet_cancelled_run_error
 from checkpoint.boundary import CommittedBoundary
 from contracts.artifact_keys import artifact_key
 from flows.auto_resume import crash_resumes
-from flows.failures import StageFailed
+from flows.failures import StageFailed, failure_lines
 from flows.run_report import model_build_line, progress_line, run_summary, say, stopped_summary
 from views.history import RunHistory
 from flows.iteration import first_step
@@ -88,6 +88,35 @@ def ppo(
             committed boundary, up to this many times, within this flow run.
             Refusals (config, checkpoint, a live run of the same name) are never retried.
     """
+    try:
+        return _run(profile, overrides, critic_warmup_iterations, resume, run_name, resume_from, auto_resume_attempts)
+    except Exception as error:
+        if handed_launch() is None:  # a deployment's run; the command line prints the same lines itself
+            _log_failure(error)
+        raise
+
+
+def _log_failure(error: Exception) -> None:
+    """S-BYO-2: a deployment's failed run logs, last, the lines a command-line run ends
+    on (`error: <cause>` and what to do), sent before the run is marked Failed: so
+    `prefect deployment run --watch` shows them just above its last line, rather than
+    a state name alone, and the UI's logs end on them."""
+    lines = failure_lines(error, f"{RESUME_IN_THE_UI} to resume from the last committed boundary")
+    if lines is None:
+        return
+    try:
+        get_run_logger().error("\n".join(lines))
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler().flush()
+    except Exception as logging_error:  # noqa: BLE001  (the run's own error is what it raises)
+        print(f"could not log the run's failure: {logging_error!r}", file=sys.stderr, flush=True)
+
+
+def _run(
+    profile: str, overrides: list[str] | None, critic_warmup_iterations: int | None, resume: bool,
+    run_name: str | None, resume_from: str | None, auto_resume_attempts: int,
+) -> Any:
     say(f"prefect: flow run {_flow_run_label()} started")
     # A run the automation rescheduled after a crash resumes, whatever it was started with.
     attempt = crash_resumes(auto_resume_attempts)

@@ -24,13 +24,13 @@ from configs.callables import PROJECT_CALLABLE_MODULES, within
 from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
 from configs.loading import ConfigError
 from configs.profile_folder import shadowing_notes
-from configs.schema import PPOConfig
+from configs.schema import DataConfig, PPOConfig
 from data.chat_render import first_rows_by_roles, render_each_sequence, render_prompt, render_scored, role_sequence
 from data.prompt_projection import (
     PromptError, conversation_without_template, project_prompt, project_reference, reference_key_for,
 )
 from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
-from environments.preflight import episode_context_problems
+from environments.preflight import OPENING_ROWS, episode_context_problems
 from models.model_folder import (
     HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
     model_sizes,
@@ -52,7 +52,8 @@ class ManifestReport:
     packer: str | None = None  # which DataPacker shapes the prompts, as the launch's first lines say it
     plain_text_prompts: bool = False  # the plain-text packer: a conversation prompt cannot be shaped
     profile_notes: list[str] = field(default_factory=list)  # files beside the profile named like a module
-    conversation_prompt: str | None = None  # where the data's first conversation-shaped prompt is, if one was read
+    conversation_prompt: str | None = None  # where the data's first conversation-shaped prompt is, and its column
+    opening_rows: list[tuple[Any, str]] = field(default_factory=list)  # rl.data's first rows, for the openings
 
     @property
     def ok(self) -> bool:
@@ -89,7 +90,10 @@ def check_manifest(
     _check_critic_start(config, report)
     matcher, resolved = _check_reward(config, report)
     _check_memory(config, plan, report)
-    _check_data(config, matcher, resolved, report)
+    _check_data(config, DataSource(config.rl.data, "rl.data"), matcher, resolved, report)
+    _check_openings(config, report)
+    if config.rl.validation is not None:  # the held-out rows, checked as the training rows are (S-BYO-2)
+        _check_data(config, DataSource(config.rl.validation.data, "rl.validation.data"), matcher, resolved, report)
     _check_served_reward_text(config, report)
     _check_checkpoints(config, report, resume=not launching_here)
     _check_options(config, plan, report)
@@ -436,8 +440,8 @@ def _check_served_reward_text(config: PPOConfig, report: ManifestReport) -> None
         return
     report.problem(
         "rl.reward.model.path",
-        f"is not set, but the prompts are conversations ({report.conversation_prompt}, column "
-        f"{config.rl.data.prompt_key!r}) and the reward model served at rl.reward.model.url={settings.url} is sent "
+        f"is not set, but the prompts are conversations ({report.conversation_prompt}) and the reward model "
+        f"served at rl.reward.model.url={settings.url} is sent "
         "text: a conversation needs the reward model's chat template to become that text. Set rl.reward.model.path "
         "to the served model's folder or hub id (only its tokenizer and chat template are loaded), or give plain-text "
         "prompts",
@@ -454,58 +458,78 @@ def _rule_text(config: PPOConfig, matcher: TerminalMatcher) -> str:
     return f"rule {matcher.name!r} (rl.reward.terminal)"
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """A data section and the key it sits under: rl.data, or rl.validation.data, whose
+    rows the data role reads and projects the same way at start-up."""
+
+    data: DataConfig
+    key: str
+
+    @property
+    def training(self) -> bool:
+        return self.key == "rl.data"
+
+    def label(self, line: str) -> str:
+        """A summary line, named after the evaluation rows when it is about them."""
+        return line if self.training else f"validation {line}"
+
+
 def _check_data(
-    config: PPOConfig, matcher: TerminalMatcher | None, reward_resolved: bool, report: ManifestReport
+    config: PPOConfig, source: DataSource, matcher: TerminalMatcher | None, reward_resolved: bool,
+    report: ManifestReport,
 ) -> None:
-    data = config.rl.data
+    data, key = source.data, source.key
     needs_reference = matcher is not None and matcher.needs_reference
     if needs_reference and data.reference_key is None:
         report.problem(
-            "rl.data.reference_key",
+            f"{key}.reference_key",
             f"is null, but the reward {_rule_text(config, matcher)} needs a reference answer in every row; "
-            "set rl.data.reference_key to the column that holds it, or choose a rule that needs none "
+            f"set {key}.reference_key to the column that holds it, or choose a rule that needs none "
             "(nonempty, constant)",
         )
     if data.path:
-        _check_data_file(config, matcher, reward_resolved, report)
+        _check_data_file(config, source, matcher, reward_resolved, report)
     elif data.factory:
-        _check_data_factory(config, matcher, reward_resolved, report)
+        _check_data_factory(config, source, matcher, reward_resolved, report)
     else:
         from data.sources import dataset_name_problem
 
         assert data.name is not None
         problem = dataset_name_problem(data.name, data.split)
         if problem is not None:
-            report.problem("rl.data.split" if "(rl.data.split)" in problem else "rl.data.name", problem)
+            # The reader words it for rl.data; the held-out rows' keys are rl.validation.data's.
+            report.problem(f"{key}.split" if "(rl.data.split)" in problem else f"{key}.name",
+                           problem.replace("rl.data.", f"{key}."))
             return
-        report.summary.append(f"data: dataset {data.name}[{data.split}]")
+        report.summary.append(source.label(f"data: dataset {data.name}[{data.split}]"))
         report.notes.append(
-            f"rl.data.name={data.name!r}: its rows are read by the data role at start-up (row 0 is projected "
+            f"{key}.name={data.name!r}: its rows are read by the data role at start-up (row 0 is projected "
             "there); this check finds its split but does not load its rows"
             if os.path.isdir(data.name) else
-            f"rl.data.name={data.name!r}: hub datasets are read by the data role at start-up (row 0 is projected "
+            f"{key}.name={data.name!r}: hub datasets are read by the data role at start-up (row 0 is projected "
             "there); this check does not load them"
         )
 
 
-def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher | None, reward_resolved: bool,
-             source_key: str, report: ManifestReport) -> Any | None:
+def _project(config: PPOConfig, source: DataSource, value: Any, where: str, matcher: TerminalMatcher | None,
+             reward_resolved: bool, source_key: str, report: ManifestReport) -> Any | None:
     """Project one row exactly as the data role will: its prompt, or None (with a
     problem recorded) when the data role would refuse it."""
-    data = config.rl.data
+    data, key = source.data, source.key
     try:
         prompt = project_prompt(value, prompt_key=data.prompt_key, where=where)
     except PromptError as error:
-        key = (
-            "rl.data.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
+        problem_key = (
+            f"{key}.prompt_key" if error.key_path == data.prompt_key and "is missing" in error.problem else source_key
         )
-        report.problem(key, str(error))
+        report.problem(problem_key, str(error))
         return None
     if report.plain_text_prompts and not isinstance(prompt, str):  # S-BYO-1
-        report.problem("rl.data.prompt_key", conversation_without_template(where, data.prompt_key, config.model.path))
+        report.problem(f"{key}.prompt_key", conversation_without_template(where, data.prompt_key, config.model.path))
         return None
     if not isinstance(prompt, str) and report.conversation_prompt is None:
-        report.conversation_prompt = where
+        report.conversation_prompt = f"{where}, column {data.prompt_key!r}"
     try:
         required = not reward_resolved or (matcher is not None and matcher.needs_reference)
         project_reference(
@@ -519,86 +543,126 @@ def _project(config: PPOConfig, value: Any, where: str, matcher: TerminalMatcher
             why = f"the reward {_rule_text(config, matcher)} needs it"
         else:
             reason = f"{_rule_text(config, matcher)} needs" if matcher is not None else "rl.reward.terminal=none needs"
-            why = f"{reason} no reference: set rl.data.reference_key=null"
-        report.problem("rl.data.reference_key", f"column {column!r}: {error}; {why}")
+            why = f"{reason} no reference: set {key}.reference_key=null"
+        report.problem(f"{key}.reference_key", f"column {column!r}: {error}; {why}")
         return None
+    if source.training and len(report.opening_rows) < OPENING_ROWS:
+        report.opening_rows.append((value, where))
     return prompt
 
 
-def _check_data_file(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
+def _check_openings(config: PPOConfig, report: ManifestReport) -> None:
+    """S-BYO-5: an environment's episode openings (messages and tools' schemas through the
+    chat template) plus rl.env.max_episode_tokens against the model's positions. Only
+    the project's own environments are called here (S-SEC-3); a user's is measured by
+    the first episode, which refuses the same way."""
+    env = config.rl.env
+    if env is None or not report.opening_rows or any(key.startswith(("rl.env", "model.")) for key in report.keys()):
+        return  # nothing to measure, or the template or model is refused already
+    folder = Path(config.model.path)
+    if not within(env.factory.partition(":")[0], PROJECT_CALLABLE_MODULES):
+        report.notes.append(
+            f"rl.env.factory={env.factory}: user code, which this check does not call; the first episode measures "
+            "its opening (messages and tools' schemas) plus rl.env.max_episode_tokens against the model's context"
+        )
+        return
+    if not (folder / "config.json").is_file():
+        return  # built at start-up: its rollout actor measures the openings
+    positions = config_value(json.loads((folder / "config.json").read_text()), *POSITIONS)
+    if not isinstance(positions, int):
+        return
+    from environments.preflight import measured_openings
+
+    problems, line = measured_openings(config, report.opening_rows, positions)
+    report.problems.extend(Problem(key, message) for key, message in problems)
+    if line:
+        report.summary.append(line)
+
+
+def _check_data_file(
+    config: PPOConfig, source: DataSource, matcher, reward_resolved: bool, report: ManifestReport
+) -> None:
     from data.sources import iter_path_rows
 
-    path = config.rl.data.path
+    path, path_key = source.data.path, f"{source.key}.path"
     assert path is not None
     rows = 0
     first_rows: dict[tuple[str, ...], tuple[str, Any]] = {}
     started = time.perf_counter()
     try:
         # The data role's own reader: JSON rows, parquet or a saved dataset (S-BYO-4).
-        for row in iter_path_rows(path, config.rl.data.split):
+        for row in iter_path_rows(path, source.data.split):
             # Every row, in file order, with the data role's own projection: a bad
             # row 90 000 fails here, not an hour into the run (S-DATA-4, S-DATA-5).
-            prompt = _project(config, row.value, row.where, matcher, reward_resolved, "rl.data.path", report)
+            prompt = _project(config, source, row.value, row.where, matcher, reward_resolved, path_key, report)
             if prompt is None:
                 return
             if isinstance(prompt, list):  # S-BYO-4: the first row of each role sequence is rendered below
                 first_rows.setdefault(role_sequence(prompt), (row.where, prompt))
             rows += 1
     except (ValueError, OSError) as error:  # the readers' errors name the row (and line and column in JSON)
-        report.problem("rl.data.path", str(error))
+        report.problem(path_key, str(error))
         return
     if rows == 0:
-        report.problem("rl.data.path", f"{path} holds no rows")
+        report.problem(path_key, f"{path} holds no rows")
         return
-    report.data_rows = rows
-    report.summary.append(f"data: {path}, every row read and projected in {time.perf_counter() - started:.2f} s")
-    report.summary.append(f"data_rows: {rows}")
-    _check_templates(config, first_rows, "rl.data.path", report)
+    report.summary.append(
+        source.label(f"data: {path}, every row read and projected in {time.perf_counter() - started:.2f} s")
+    )
+    if source.training:
+        report.data_rows = rows
+        report.summary.append(f"data_rows: {rows}")
+    else:
+        report.summary.append(f"validation rows: {rows}")
+    _check_templates(config, first_rows, path_key, source.data.prompt_key, report)
 
 
-def _check_data_factory(config: PPOConfig, matcher, reward_resolved: bool, report: ManifestReport) -> None:
+def _check_data_factory(
+    config: PPOConfig, source: DataSource, matcher, reward_resolved: bool, report: ManifestReport
+) -> None:
     from data.sources import import_callable
 
-    data = config.rl.data
+    data, factory_key = source.data, f"{source.key}.factory"
     assert data.factory is not None
-    if "rl.data.factory" in report.keys():  # already refused: its module cannot be found
+    if factory_key in report.keys():  # already refused: its module cannot be found
         return
     if not within(data.factory.partition(":")[0], PROJECT_CALLABLE_MODULES):
         # Validation never calls user code in the driver (S-SEC-3): the data role reads
         # and projects its rows, row 0 first, when it starts.
-        report.summary.append(
+        report.summary.append(source.label(
             f"data: factory {data.factory} (user code: its rows are checked when the data role starts)"
-        )
+        ))
         return
     try:
-        factory = import_callable(data.factory, key="rl.data.factory")
+        factory = import_callable(data.factory, key=factory_key)
     except ValueError as error:
-        report.problem("rl.data.factory", str(error).removeprefix("rl.data.factory: "))
+        report.problem(factory_key, str(error).removeprefix(f"{factory_key}: "))
         return
     try:
         first = list(itertools.islice(iter(factory(**data.factory_kwargs)), 1))
     except TypeError as error:
-        report.problem("rl.data.factory_kwargs", f"{data.factory}({data.factory_kwargs}) fails: {error}")
+        report.problem(f"{factory_key}_kwargs", f"{data.factory}({data.factory_kwargs}) fails: {error}")
         return
     except Exception as error:  # user code: any failure is reported, not raised
-        report.problem("rl.data.factory", f"{data.factory} raised {type(error).__name__}: {error}")
+        report.problem(factory_key, f"{data.factory} raised {type(error).__name__}: {error}")
         return
     if not first:
-        report.problem("rl.data.factory", f"{data.factory} yielded no rows")
+        report.problem(factory_key, f"{data.factory} yielded no rows")
         return
-    where = f"rl.data.factory {data.factory} row 0"
+    where = f"{factory_key} {data.factory} row 0"
     if not isinstance(first[0], dict):
-        report.problem("rl.data.factory", f"{where}: expected a dict row, got {type(first[0]).__name__}")
+        report.problem(factory_key, f"{where}: expected a dict row, got {type(first[0]).__name__}")
         return
     # Only row 0: a factory may be large or endless; the data role projects the rest.
-    prompt = _project(config, first[0], where, matcher, reward_resolved, "rl.data.factory", report)
+    prompt = _project(config, source, first[0], where, matcher, reward_resolved, factory_key, report)
     if prompt is not None:
-        report.summary.append(f"data: factory {data.factory}, row 0 projected")
-        _check_templates(config, first_rows_by_roles([(where, prompt)]), "rl.data.factory", report)
+        report.summary.append(source.label(f"data: factory {data.factory}, row 0 projected"))
+        _check_templates(config, first_rows_by_roles([(where, prompt)]), factory_key, data.prompt_key, report)
 
 
 def _check_templates(
-    config: PPOConfig, first_rows: dict[tuple[str, ...], tuple[str, Any]], source_key: str, report: ManifestReport
+    config: PPOConfig, first_rows: dict[tuple[str, ...], tuple[str, Any]], source_key: str, prompt_key: str,
+    report: ManifestReport,
 ) -> None:
     """S-BYO-4: each distinct role sequence of the conversation rows, rendered once (its
     first row) through the policy's chat template, as the packer renders prompts, and
@@ -607,7 +671,6 @@ def _check_templates(
         return
     rendered: list[str] = []
     skipped: list[str] = []
-    prompt_key = config.rl.data.prompt_key
     policy = _policy_template_folder(config, report, skipped)
     policy_tokenizer = _load_tokenizer(policy, "model.path", report) if policy is not None else None
     if policy_tokenizer is not None:
@@ -637,7 +700,8 @@ def _check_templates(
                 f"{where}: {prompt_key} is a conversation, but {folder}'s tokenizer has no chat template to render it "
                 "for the reward model; use a reward model with a chat template, or string prompts"
             ))
-    line = f"conversations: {len(first_rows)} distinct role sequence{'s' if len(first_rows) != 1 else ''}"
+    rows = "validation conversations" if source_key.startswith("rl.validation.") else "conversations"
+    line = f"{rows}: {len(first_rows)} distinct role sequence{'s' if len(first_rows) != 1 else ''}"
     if rendered:
         line += f", each rendered once through {' and '.join(rendered)} chat template"
     if skipped:

@@ -7,7 +7,7 @@ Notation: b = batch, p = padded prompt length, r = padded response length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -34,10 +34,13 @@ class RolloutEngine(Protocol):
     device: torch.device | None
 
     def generate(
-        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> GenerationResult:
         """`greedy` (held-out evaluation, S-OPS-2) takes the most likely token and ignores
-        `temperature` and `seed`; its log-probs are then at temperature 1."""
+        `temperature` and `seed`; its log-probs are then at temperature 1.
+        `stop_token_ids`: tokens besides EOS that end a response as EOS does (kept in it,
+        mask 1.0 through the first): an episode's turn ends (Llama's `<|eom_id|>`)."""
         ...
 
     def weight_names(self) -> list[str] | None:
@@ -58,8 +61,10 @@ class RolloutEngine(Protocol):
     def wake_up(self) -> None: ...
 
 
-def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1.0 up to and including the first EOS of each row; everything after is padding."""
-    is_eos = response_ids == eos_token_id
+def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> torch.Tensor:
+    """1.0 up to and including the first EOS (any of several) of each row; everything
+    after is padding."""
+    ends = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    is_eos = torch.isin(response_ids, torch.tensor(ends, dtype=response_ids.dtype, device=response_ids.device))
     eos_seen_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
     return (~eos_seen_before).float()

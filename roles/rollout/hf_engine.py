@@ -24,7 +24,8 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> GenerationResult:
         input_ids = prompts.input_ids.to(self.device)
         attention_mask = prompts.attention_mask.to(self.device)
@@ -36,6 +37,7 @@ class HFEngine:
             never_generate = prompts.multimodal.never_generate
         if never_generate:
             extra["suppress_tokens"] = list(never_generate)
+        ends = [self.eos_token_id, *stop_token_ids] if stop_token_ids else self.eos_token_id
         sampling: dict = {"do_sample": False}
         if not greedy:
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
@@ -49,7 +51,7 @@ class HFEngine:
                 attention_mask=attention_mask,
                 **sampling,
                 max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_token_id,
+                eos_token_id=ends,
                 pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,
                 output_logits=True,
@@ -59,7 +61,7 @@ class HFEngine:
         # Raw logits, not `scores`: processed scores are not the sampling distribution.
         logits = torch.stack(output.logits, dim=1)
         logprobs = logprobs_from_logits(logits, response_ids, 1.0 if greedy else temperature, never_generate)
-        response_mask = response_mask_from_ids(response_ids, self.eos_token_id)
+        response_mask = response_mask_from_ids(response_ids, ends)
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, self.pad_token_id))
         return GenerationResult(response_ids.cpu(), response_mask.cpu(), (logprobs * response_mask).cpu())
 

@@ -125,7 +125,8 @@ class VLLMEngine:
         self.executor = executor_backend(self.llm)  # None: staged through a file, whichever it is
 
     def generate(
-        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False
+        self, prompts: PackedPrompts, *, max_new_tokens: int, temperature: float, seed: int, greedy: bool = False,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -146,6 +147,8 @@ class VLLMEngine:
                 max_tokens=max_new_tokens,
                 logprobs=0,
                 seed=(seed * 1_000_003 + index) % (2**63),
+                # Ends a response as EOS does, the token kept in token_ids (an episode's turn end).
+                stop_token_ids=list(stop_token_ids),
             )
             for index in range(len(requests))
         ]

@@ -189,3 +189,20 @@ def test_a_tool_call_that_does_not_parse_is_answered_not_raised(tokenizer):
     assert not step.done and step.reward == 0.0 and episode.parse_errors == 1
     assert step.messages[0]["role"] == "tool" and step.messages[0]["content"].startswith("error:")
     assert episode.env.turn == 0  # the environment never saw the unreadable turn
+
+
+def test_the_engine_ends_a_response_at_a_stop_token_as_at_eos(tokenizer, engine):
+    """An episode's other turn ends (Llama's <|eom_id|>) stop the real engine, kept in the
+    response with mask 1.0 and nothing after it (S-ENV-2, S-BYO-5). The stop token is one
+    the untrained model samples after its first token (same seed: the same draws), so it
+    is met for sure."""
+    from data.packing import PackedPrompts
+
+    prompt = torch.tensor([tokenizer("7", add_special_tokens=False)["input_ids"]])
+    packed = PackedPrompts(prompt, torch.ones_like(prompt))
+    free = engine.generate(packed, max_new_tokens=12, temperature=1.0, seed=3)
+    sampled = free.response_ids[0][free.response_mask[0].bool()].tolist()
+    at = next(k for k in range(1, len(sampled) - 1) if sampled[k] not in sampled[:k])
+    stopped = engine.generate(packed, max_new_tokens=12, temperature=1.0, seed=3, stop_token_ids=(sampled[at],))
+    kept = stopped.response_ids[0][stopped.response_mask[0].bool()].tolist()
+    assert kept == sampled[: at + 1] and len(kept) < len(sampled)

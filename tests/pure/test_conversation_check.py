@@ -181,3 +181,47 @@ def test_a_reward_model_without_a_template_is_refused_for_conversation_rows(tmp_
     messages = [p.message for p in report.problems if p.key == "rl.reward.model.path"]
     assert any(m.startswith(f"{data} row 0 (line 1, column 1): messages is a conversation") and "no chat template" in m
                for m in messages), messages
+
+
+def _validation_report(tmp_path, train, held_out, *extra):
+    """The tiny profile with both sources files: rl.data and rl.validation.data (S-BYO-2)."""
+    overrides = [
+        f"job.output_root={tmp_path / 'outputs'}", f"model.path={tmp_path / 'tiny-model'}", f"rl.data.path={train}",
+        "rl.data.prompt_key=messages", "rl.data.reference_key=answer", f"rl.validation.data.path={held_out}",
+        "rl.validation.data.factory=null", "rl.validation.data.prompt_key=messages",
+        "rl.validation.data.reference_key=answer", *extra,
+    ]
+    return check_manifest(load_config(TINY_PROFILE, overrides))
+
+
+def test_the_held_out_rows_are_checked_at_pre_flight_as_the_training_rows_are(tmp_path):
+    train = _rows(tmp_path / "train.jsonl", [[USER], [SYSTEM, USER]])
+    held_out = _rows(tmp_path / "held_out.jsonl", [[USER], [USER], [SYSTEM, {"role": "usr", "content": "3?"}]])
+    (problem,) = _validation_report(tmp_path, train, held_out).problems
+    assert problem.key == "rl.validation.data.path"
+    assert problem.message == (
+        f"{held_out} row 2 (line 3, column 1): `messages[1].role` is 'usr'; "
+        "accepted: a role among system, user, assistant, tool"
+    )
+    (tmp_path / "held_out.jsonl").write_text(json.dumps({"question": "3?", "answer": "3"}) + "\n")
+    (missing,) = _validation_report(tmp_path, train, held_out).problems
+    assert missing.key == "rl.validation.data.prompt_key" and "messages" in missing.message
+
+
+def test_good_held_out_rows_are_counted_beside_the_training_rows(tmp_path):
+    train = _rows(tmp_path / "train.jsonl", [[USER], [SYSTEM, USER]])
+    held_out = _rows(tmp_path / "held_out.jsonl", [[USER], [USER], [USER]])
+    report = _validation_report(tmp_path, train, held_out)
+    assert report.ok, report.problems
+    assert report.data_rows == 2 and "data_rows: 2" in report.summary and "validation rows: 3" in report.summary
+    assert any(line.startswith(f"validation data: {held_out}, every row read") for line in report.summary)
+
+
+def test_a_held_out_dataset_name_that_cannot_give_rows_is_refused_under_its_own_keys(tmp_path):
+    train = _rows(tmp_path / "train.jsonl", [[USER]])
+    overrides = [f"job.output_root={tmp_path / 'outputs'}", f"model.path={tmp_path / 'tiny-model'}",
+                 f"rl.data.path={train}", "rl.data.prompt_key=messages", "rl.data.reference_key=answer",
+                 "rl.validation.data.name=parquet", "rl.validation.data.factory=null"]
+    (problem,) = check_manifest(load_config(TINY_PROFILE, overrides)).problems
+    assert problem.key == "rl.validation.data.name"
+    assert "rl.validation.data.path" in problem.message and "rl.data.path" not in problem.message

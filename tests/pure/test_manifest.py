@@ -441,7 +441,9 @@ def test_a_mesh_over_two_whole_nodes_is_hsdp(public_overrides):
 
 # --- a manifest that describes the run it will start (issue 59 items 5 and 6) ------------------
 
-ENV_OVERRIDES = ["rl.env.factory=data.synthetic:addition_split", "rl.env.factory_kwargs={\"seed\": 3}",
+# The project's own environment and its rows: the pre-flight opens its episodes (S-BYO-5).
+ENV_OVERRIDES = ["rl.env.factory=environments.key_lookup:make_environment",
+                 "rl.data.factory=data.synthetic:key_lookup_split", "rl.data.factory_kwargs={\"num_rows\": 8}",
                  "rl.env.max_turns=3", "rl.env.max_turn_tokens=40", "rl.env.max_episode_tokens=200"]
 
 
@@ -458,11 +460,12 @@ def test_an_environment_run_is_described_by_its_episodes_not_by_max_new_tokens(t
     assert code == 0, err
     rollout = next(line for line in out.splitlines() if line.startswith("rollout:"))
     assert "one completion per prompt" not in rollout and "max_new_tokens 512" not in rollout
-    assert "environment data.synthetic:addition_split(seed=3)" in rollout
+    assert "environment environments.key_lookup:make_environment()" in rollout
     assert "at most 3 assistant turns (rl.env.max_turns)" in rollout
     assert "40 tokens each (rl.env.max_turn_tokens)" in rollout
     assert "200 tokens after the opening (rl.env.max_episode_tokens)" in rollout
     assert "tool calls in the qwen3 format (rl.env.tool_call_format)" in rollout
+    assert "episode openings: the longest of 1 measured is " in out  # row 0 of the factory, opened here
     # The same key still refuses a single-turn run.
     code, _, err = run_validate(TINY_PROFILE, overrides[:4])
     assert code != 0 and error_keys(err) == ["rl.rollout.max_new_tokens"]

@@ -4,7 +4,8 @@ format's parser, runs the tool and renders the answer in the format's role; malf
 calls are answered and counted; the template pre-flight names the role it could not
 render and the fix; an unknown format is refused listing the known ones. And the
 context checks of episodes: pre-flight refuses `rl.env.max_episode_tokens` at or beyond
-the model's positions, the rollout refuses an opening that leaves too few.
+the model's positions, the rollout refuses an opening that leaves too few, and the pre-flight
+measures the openings of the project's own environments (never a user's).
 
 The templates below are written for these tests to reproduce each family's documented
 format (Qwen's Hermes-style tool use; Meta's Llama 3.1 JSON tool calling with the
@@ -112,6 +113,27 @@ MISTRAL_TEMPLATE = (
     "{%- endfor %}"
 )
 
+# Mistral's v11+ tokenizers (Mistral Small 3.1/3.2, Magistral, Devstral, Ministral 3): the
+# tools in [AVAILABLE_TOOLS] before the user turns, [INST] ... [/INST] user turns, each call
+# of an assistant turn written [TOOL_CALLS]name[ARGS]{arguments} one after another before
+# its EOS, a tool's answer [TOOL_RESULTS]content[/TOOL_RESULTS] without a call id.
+MISTRAL_V11_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if tools %}{{- '[AVAILABLE_TOOLS]' }}{{- tools | tojson }}{{- '[/AVAILABLE_TOOLS]' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' %}{{- '[INST]' + message.content + '[/INST]' }}"
+    "{%- elif message.role == 'assistant' %}{{- message.content or '' }}"
+    "{%- for entry in message.tool_calls or [] %}"
+    "{%- set arguments = entry.function.arguments %}"
+    "{%- if arguments is not string %}{%- set arguments = arguments | tojson %}{%- endif %}"
+    "{{- '[TOOL_CALLS]' + entry.function.name + '[ARGS]' + arguments }}"
+    "{%- endfor %}{{- eos_token }}"
+    "{%- elif message.role == 'tool' %}{{- '[TOOL_RESULTS]' + message.content + '[/TOOL_RESULTS]' }}"
+    "{%- else %}{{- raise_exception('Only user, assistant and tool roles are supported, got ' + message.role) }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+
 
 def char_tokenizer(template: str, specials: list[str], eos: str, bos: str) -> PreTrainedTokenizerFast:
     """One token per printable character, and each of `specials` whole (special tokens)."""
@@ -134,7 +156,8 @@ FAMILIES = {
     "qwen3": lambda: char_tokenizer(QWEN3_TEMPLATE, ["<|im_start|>", "<|im_end|>"], "<|im_end|>", "<|im_start|>"),
     "llama3_json": lambda: char_tokenizer(
         LLAMA3_TEMPLATE,
-        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"],
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>",
+         "<|eom_id|>"],
         "<|eot_id|>", "<|begin_of_text|>",
     ),
     "mistral": lambda: char_tokenizer(
@@ -143,13 +166,25 @@ FAMILIES = {
          "[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
         "</s>", "<s>",
     ),
+    "mistral_v11": lambda: char_tokenizer(
+        MISTRAL_V11_TEMPLATE,
+        ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[ARGS]",
+         "[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
+        "</s>", "<s>",
+    ),
 }
+FORMAT_OF = {"mistral_v11": "mistral"}  # a family whose format is registered under another name
 # What each family's template writes where a tool's answer starts.
 ANSWER_OPENS = {
     "qwen3": "<|im_start|>user\n<tool_response>\n",
     "llama3_json": "<|start_header_id|>ipython<|end_header_id|>\n\n",
     "mistral": "[TOOL_RESULTS] {\"content\": ",
+    "mistral_v11": "[TOOL_RESULTS]",
 }
+
+
+def _format(family: str):
+    return format_named(FORMAT_OF.get(family, family))
 
 
 # --- the tool task ----------------------------------------------------------------------
@@ -202,8 +237,10 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer, scripts: list[list[str]]):
         self.tokenizer, self.scripts, self.turn = tokenizer, scripts, 0
+        self.stops: list[tuple[int, ...]] = []  # the stop_token_ids of each call
 
-    def generate(self, prompts, *, max_new_tokens, temperature, seed, greedy=False):
+    def generate(self, prompts, *, max_new_tokens, temperature, seed, greedy=False, stop_token_ids=()):
+        self.stops.append(tuple(stop_token_ids))
         going = [script for script in self.scripts if len(script) > self.turn]
         ids = [self.tokenizer(script[self.turn], add_special_tokens=False)["input_ids"] for script in going]
         self.turn += 1
@@ -258,7 +295,7 @@ def test_the_docs_list_every_format():
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_template_writes_a_call_the_format_reads_back(name):
-    tokenizer, tool_format = FAMILIES[name](), format_named(name)
+    tokenizer, tool_format = FAMILIES[name](), _format(name)
     call_id = "a1b2c3d4e" if name == "mistral" else None
     calls = [ToolCall("get", {"key": "GN"}, call_id)]
     written = call_turn(tokenizer, calls)
@@ -272,13 +309,14 @@ def test_the_template_writes_a_call_the_format_reads_back(name):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_an_episode_calls_the_tool_and_reads_its_answer_in_the_formats_role(name):
-    tokenizer, tool_format = FAMILIES[name](), format_named(name)
+    tokenizer, tool_format = FAMILIES[name](), _format(name)
     call_id = "k3y5l00ku" if name == "mistral" else None
     good = call_turn(tokenizer, [ToolCall("get", {"key": "GN"}, call_id)])
     broken = {
         "qwen3": '<tool_call>\n{"name": "get", "arguments": {"key": \n</tool_call>',
         "llama3_json": '{"name": "get", "parameters": {"key": ',
         "mistral": '[TOOL_CALLS] [{"name": "get", "arguments": {"key": "GN"}',
+        "mistral_v11": '[TOOL_CALLS]get[ARGS]{"key": ',
     }[name] + tokenizer.eos_token
     answer = "813" + tokenizer.eos_token
     engine = ScriptedEngine(tokenizer, [[good, answer], [broken, answer]])
@@ -306,13 +344,13 @@ def test_an_episode_calls_the_tool_and_reads_its_answer_in_the_formats_role(name
     assert batch.transcripts[1].tool_calls == 0
     # Transcripts keep the protocol's role; the assistant's turn as the format read it.
     assert [m["role"] for m in batch.transcripts[0].messages] == ["user", "assistant", "tool", "assistant"]
-    if name == "mistral":
+    if name.startswith("mistral"):
         assert batch.transcripts[0].messages[1]["content"].startswith("[TOOL_CALLS]")
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_each_familys_template_passes_the_pre_flight_in_its_own_format(name):
-    template_renders_tool_messages(FAMILIES[name](), format_named(name))
+    template_renders_tool_messages(FAMILIES[name](), _format(name))
 
 
 def test_a_template_that_knows_only_ipython_is_refused_naming_the_role_and_the_fix():
@@ -478,3 +516,126 @@ def test_only_the_assistants_turn_must_end_with_eos():
     mistral.chat_template = MISTRAL_TEMPLATE.replace("{{- message.content + eos_token }}", "{{- message.content }}")
     with pytest.raises(TemplateError, match="does not close the assistant's turn with its EOS token '</s>'"):
         ObservationEncoder(mistral, mistral.eos_token)
+
+
+@pytest.fixture(scope="module")
+def qwen3_family_model(tmp_path_factory):
+    """A GPT-2 of 512 positions with the Qwen3-family template and tokenizer above."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("qwen3-family") / "model"
+    tokenizer = FAMILIES["qwen3"]()
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_layer=1, n_embd=16, n_head=2, n_positions=512,
+                               eos_token_id=tokenizer.eos_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _key_lookup_opening(folder) -> int:
+    """The opening of the key-lookup environment's row 0, rendered here as the rollout does."""
+    from data.synthetic import key_lookup_split
+    from environments.key_lookup import GET_TOOL
+
+    row = next(key_lookup_split(num_rows=20000, seed=0, split="train"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], tools=[GET_TOOL],
+                                         add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _tools_manifest(tmp_path, folder, budget: int):
+    from rundir.run_checks import check_manifest
+
+    return check_manifest(load_config(REPO_ROOT / "configs" / "ppo_tiny_tools_cpu.py", [
+        f"model.path={folder}", "model.tiny=null", "rl.validation=null", f"job.output_root={tmp_path}",
+        f"rl.env.max_episode_tokens={budget}", f"rl.env.max_turn_tokens={min(budget, 64)}",
+    ]))
+
+
+def test_pre_flight_measures_the_projects_own_environments_opening_with_its_tools(tmp_path, qwen3_family_model):
+    """S-BYO-5: the key-lookup environment (the project's own code) is opened on row 0 at
+    pre-flight; its opening with the tool's schema plus the episode budget must fit."""
+    opening = _key_lookup_opening(qwen3_family_model)
+    assert 200 < opening < 400  # the schema is most of it
+    refused = _tools_manifest(tmp_path, qwen3_family_model, 512 - opening + 1)
+    [problem] = [p for p in refused.problems if p.key == "rl.env.max_episode_tokens"]
+    assert problem.message.startswith(
+        "the opening of the episode of row 0 (rl.data.factory data.synthetic:key_lookup_split row 0), from environment "
+        f"environments.key_lookup:make_environment (rl.env.factory), is {opening} tokens")
+    assert "that is 513 positions, beyond the model's context of 512" in problem.message
+    assert f"lower rl.env.max_episode_tokens to at most {512 - opening}" in problem.message
+    fits = _tools_manifest(tmp_path, qwen3_family_model, 512 - opening)
+    assert "rl.env.max_episode_tokens" not in fits.keys(), fits.problems
+    assert (f"episode openings: the longest of 1 measured is {opening} tokens (rl.data.factory "
+            "data.synthetic:key_lookup_split row 0); with rl.env.max_episode_tokens="
+            f"{512 - opening}, 512 of the model's 512 positions") in fits.summary
+
+
+def test_pre_flight_never_opens_a_users_environment_and_says_who_measures_it(tmp_path, qwen3_family_model):
+    """S-SEC-3: a user's environment is user code, which the pre-flight does not call; the
+    manifest says the first episode measures its opening instead."""
+    from rundir.run_checks import check_manifest
+
+    marker = tmp_path / "opened"
+    (tmp_path / "my_env.py").write_text(
+        "from environments.key_lookup import KeyLookup\n\n"
+        f"def make():\n    open({str(marker)!r}, 'w').close()\n    return KeyLookup()\n"
+    )
+    profile = tmp_path / "my_tools.py"
+    profile.write_text(
+        "from configs.ppo_tiny_tools_cpu import CONFIG as BASE\n\n"
+        "CONFIG = BASE.model_copy(update={'rl': BASE.rl.model_copy(update={\n"
+        "    'env': BASE.rl.env.model_copy(update={'factory': 'my_env:make'}), 'validation': None})})\n"
+    )
+    report = check_manifest(load_config(profile, [f"model.path={qwen3_family_model}", "model.tiny=null",
+                                                  f"job.output_root={tmp_path / 'out'}"]))
+    assert not marker.exists()
+    assert any(note.startswith("rl.env.factory=my_env:make: user code, which this check does not call; the first "
+                               "episode measures its opening") for note in report.notes), report.notes
+
+
+@pytest.mark.parametrize("text, calls, content, errors", [
+    ('Looking.[TOOL_CALLS]get[ARGS]{"key": "GN"}[TOOL_CALLS]get[ARGS]{"key": "QX"}',
+     [ToolCall("get", {"key": "GN"}), ToolCall("get", {"key": "QX"})], "Looking.", []),
+    ('[TOOL_CALLS]get[CALL_ID]Zz9Zz9Zz9[ARGS]{"key": "GN"}', [ToolCall("get", {"key": "GN"}, "Zz9Zz9Zz9")], "", []),
+    ('[TOOL_CALLS]get{"key": "GN"}', [], "", ["expected the tool's name, [ARGS] and a JSON object"]),
+    ('[TOOL_CALLS]get[ARGS]{"key": ', [], "", ["the JSON after [ARGS] of 'get' does not parse"]),
+    ('[TOOL_CALLS]get[ARGS]["GN"]', [], "", ['"arguments" of \'get\' must be a JSON object']),
+    ('[TOOL_CALLS]get me[ARGS]{}[TOOL_CALLS]get[ARGS]{"key": "GN"}', [ToolCall("get", {"key": "GN"})], "",
+     ["the tool's name before [ARGS] must be letters, digits"]),
+])
+def test_mistral_reads_the_v11_form_call_by_call_and_reports_what_is_not_a_call(text, calls, content, errors):
+    """Mistral's v11+ tokenizers write `[TOOL_CALLS]name[ARGS]{...}` per call (S-BYO-5)."""
+    parsed = format_named("mistral").parse(text)
+    assert parsed.tool_calls == calls and parsed.content == content
+    assert len(parsed.errors) == len(errors), parsed.errors
+    for error, expected in zip(parsed.errors, errors):
+        assert expected in error
+
+
+def test_a_llama_turn_ending_with_end_of_message_is_a_call_the_ipython_answer_follows():
+    """Llama 3.1 ends a `<|python_tag|>` call with `<|eom_id|>` when it waits for the
+    tool's output: the engine is told to stop there too, the call is read and answered."""
+    tokenizer = FAMILIES["llama3_json"]()
+    eom = tokenizer.convert_tokens_to_ids("<|eom_id|>")
+    call = '<|python_tag|>{"name": "get", "parameters": {"key": "GN"}}<|eom_id|>'
+    engine = ScriptedEngine(tokenizer, [[call, "813<|eot_id|>"]])
+    runner = EpisodeRunner(tokenizer, Lookup, _limits(), format_named("llama3_json"))
+    batch = runner.run(engine, _rows(1), [0], temperature=1.0, generation_seed=0, greedy=False)
+    assert engine.stops == [(eom,), (eom,)]
+    n = int(batch.response_mask[0].sum())
+    tokens, actions = batch.response_ids[0, :n].tolist(), batch.action_mask[0, :n].tolist()
+    assert actions[tokens.index(eom)] == 1.0  # sampled, kept in the episode, trained on
+    after = tokenizer.decode(tokens[tokens.index(eom) + 1:])
+    assert after.startswith(ANSWER_OPENS["llama3_json"] + "813")
+    assert batch.transcripts[0].tool_calls == 1 and batch.turn_rewards[0].sum().item() == 1.0
+    assert batch.metrics["env/tool_call_parse_errors"] == 0.0
+
+
+def test_several_end_tokens_end_a_response_at_the_first():
+    from roles.rollout.engine import response_mask_from_ids
+
+    ids = torch.tensor([[5, 7, 9, 7, 3], [5, 8, 9, 9, 9]])
+    assert response_mask_from_ids(ids, 7).tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert response_mask_from_ids(ids, [7, 8]).tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0]]

@@ -79,6 +79,7 @@ def stack(request, tmp_path_factory) -> Stack:
         PPO_PREFECT_PORT=str(port),
         PPO_PYTHON=sys.executable,
         PPO_PREFECT_DB=database,
+        PPO_PREFECT_SERVE_RECORD=str(state_dir / "serve-record.json"),
         **{MARKER_VARIABLE: marker},
     )
     env.pop("PREFECT_API_URL", None)
@@ -91,6 +92,8 @@ def stack(request, tmp_path_factory) -> Stack:
         print(f"\nserve.sh on {database}: {time.monotonic() - started:.1f} s")
         # The temporary PREFECT_HOME holds the database, or no database at all.
         assert (state_dir / "home" / "prefect.db").exists() == (database == "sqlite")
+        recorded = json.loads((state_dir / "serve-record.json").read_text())  # for make deploy/watch/stop
+        assert (recorded["state_dir"], recorded["api_url"]) == (str(state_dir.resolve()), api_url)
         if database == "postgres":
             _a_wrong_password_is_refused_by_host_and_port(state_dir, env)
         yield Stack(
@@ -210,8 +213,17 @@ def test_a_deployment_parameter_naming_code_runs_nothing(stack, tmp_path):
     with _client(stack) as client:
         state = client.read_flow_run(uuid.UUID(flow_run_id)).state
     assert state.is_failed(), state
-    assert "rl.data.factory: 'os:system' names code in module 'os'" in (state.message or ""), state.message
+    refusal = "rl.data.factory: 'os:system' names code in module 'os'"
+    assert refusal in (state.message or ""), state.message
     assert not marker.exists() and not (tmp_path / "outputs").exists()
+    # S-BYO-2: `--watch` shows the run's own error line (the server streams logs out), and
+    # `make watch` ends on it, finding the stack from the record `make serve` left.
+    assert f"error: {refusal}" in " ".join(result.stdout.split()), result.stdout[-3000:]  # rich wraps its lines
+    env = {key: value for key, value in stack.env.items() if key not in ("PPO_PREFECT_STATE_DIR", "PREFECT_API_URL")}
+    watched = subprocess.run(["make", "--no-print-directory", "watch", f"RUN={flow_run_id}"], cwd=REPO_ROOT,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert watched.returncode != 0 and f"Failed:\nerror: {refusal}" in watched.stderr, watched.stderr[-2000:]
+    assert "not found" not in watched.stderr  # env.sh is POSIX sh, as make's recipes source it
 
 
 def test_deployment_run_completes_and_names_every_stage_of_every_iteration(stack, three_iterations):

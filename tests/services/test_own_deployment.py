@@ -53,8 +53,12 @@ def test_make_deploy_creates_your_own_deployment_and_it_runs(tmp_path, user_mode
     serve = run_script("serve.sh", env, timeout=600)
     try:
         assert serve.returncode == 0, serve.stdout[-3000:] + serve.stderr[-3000:]
-        deployed = subprocess.run(["make", "deploy", f"PROFILE={profile}", "NAME=my-gpt2"], cwd=REPO_ROOT, env=env,
-                                  capture_output=True, text=True, timeout=300)
+        # Without PPO_PREFECT_STATE_DIR: make deploy finds the stack from the record serve.sh left
+        # (tests/support/prefect_stack.py puts it beside the stack's state).
+        found_by_record = {key: value for key, value in env.items() if key != "PPO_PREFECT_STATE_DIR"}
+        found_by_record["PPO_PREFECT_SERVE_RECORD"] = str(state_dir / "serve-record.json")
+        deployed = subprocess.run(["make", "deploy", f"PROFILE={profile}", "NAME=my-gpt2"], cwd=REPO_ROOT,
+                                  env=found_by_record, capture_output=True, text=True, timeout=300)
         assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
         assert "deployment ppo/my-gpt2 (" in deployed.stdout and str(profile) in deployed.stdout
 

@@ -40,7 +40,11 @@ def kill_pids(pids: list[int]) -> None:
 
 
 def run_script(name: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
-    """deployments/NAME (serve.sh, stop.sh) from the repository root."""
+    """deployments/NAME (serve.sh, stop.sh) from the repository root. The stack's record
+    goes beside its state (unless the test names a file), never over the one a
+    developer's own `make serve` left in the repository."""
+    if "PPO_PREFECT_STATE_DIR" in env and "PPO_PREFECT_SERVE_RECORD" not in env:
+        env = dict(env, PPO_PREFECT_SERVE_RECORD=str(Path(env["PPO_PREFECT_STATE_DIR"]) / "serve-record.json"))
     return subprocess.run(
         [str(REPO_ROOT / "deployments" / name)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
