@@ -114,7 +114,9 @@ def test_the_placement_plan_puts_a_loaded_reward_model_beside_the_reference_or_o
     from placement.role_placement import role_placements
 
     plain = plan_placement(load_config(GPU_PROFILE))
-    assert plain.group_of("reward") is None and "reward" not in role_placements(plain)  # rules only: unchanged
+    # Rules only: no group; like every role in none, a host placement (one rule for all roles).
+    assert plain.group_of("reward") is None
+    assert [(p.device, p.parks, p.rank, p.ranks) for p in role_placements(plain)["reward"]] == [("cpu", False, 0, 1)]
     beside = plan_placement(load_config(GPU_PROFILE, ["rl.reward.terminal=none", "rl.reward.model.path=/m"]))
     assert beside.describe() == "colocated [policy+rollout: 2 GPUs; reference+reward: 1 GPU; critic: 1 GPU]"
     assert [(p.device, p.rank) for p in role_placements(beside)["reward"]] == [("cuda", 0)]
