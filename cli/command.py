@@ -93,23 +93,33 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
     api = start_temporary_api(early_api)
     stop = launch.stop
     stop.hard_stop = _hard_stop(launch)  # until the flow sets its own, which also kills the run's actors
-    # S-STOP-4: a signal from here on asks the run to stop, start-up included; the flow
-    # installs the same handler again over the one Prefect's engine installs.
-    with stop_signals(stop), temporary_api_settings(api):
-        try:
-            return _run_flow(args, overrides, launch, api)
-        finally:
-            drain_prefect()  # on every way out, before the temporary API (if any) stops
-            unadopted = launch.adopt_actors()
-            if unadopted is not None:  # a flow refused (or stopped) before it took them
-                from processes.actors import discard_launched
+    # One stack owns what this command started, closed in reverse on every way out, as
+    # the flow's own stack closes what an attempt started (flows/training.py `_train`).
+    with contextlib.ExitStack() as owned:
+        # S-STOP-4: a signal from here on asks the run to stop, start-up included; the flow
+        # installs the same handler again over the one Prefect's engine installs.
+        owned.enter_context(stop_signals(stop))
+        owned.enter_context(temporary_api_settings(api))
+        owned.callback(stop.done)  # last: the run has ended, the grace timer with it
+        if api is not None:
+            owned.callback(api.stop)
+        owned.callback(_close_ray, launch)
+        owned.callback(_discard_unadopted, launch)
+        owned.callback(drain_prefect)  # first: before the temporary API (if any) stops
+        return _run_flow(args, overrides, launch, api)
 
-                discard_launched(unadopted)
-            if launch.ray is not None:  # started or joined by this command
-                launch.ray.close()
-            if api is not None:
-                api.stop()
-            stop.done()  # the run has ended: the grace timer with it
+
+def _close_ray(launch: Launch) -> None:
+    if launch.ray is not None:  # started or joined by this command
+        launch.ray.close()
+
+
+def _discard_unadopted(launch: Launch) -> None:
+    unadopted = launch.adopt_actors()
+    if unadopted is not None:  # a flow refused (or stopped) before it took them
+        from processes.actors import discard_launched
+
+        discard_launched(unadopted)
 
 
 def _hard_stop(launch: Launch):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from configs.schema import PPOConfig
+from flows.launch_mode import ByCommand, ByDeployment, LaunchMode
 from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
 from rundir.run_checks import require_runnable
@@ -51,7 +52,7 @@ class Launch:
     profile_notes: tuple[str, ...] = ()  # files beside the profile named like a module (configs/profile_folder.py)
     # Decided once, by whoever launched it: the command line (which hands the launch to the
     # flow it runs in-process) or a deployment's flow run planning its own.
-    by_command: bool = False
+    mode: LaunchMode = field(default_factory=ByDeployment)
     ray: RaySession | None = None  # the Ray connected for it, closed by whoever connected it
     identity: RunIdentity | None = None  # what the run is, read once here; every commit records it (S-CKPT-4)
 
@@ -104,7 +105,7 @@ _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)
 @contextlib.contextmanager
 def handed_to_the_flow(launch: Launch) -> Iterator[None]:
     """The `ppo` flow called inside takes `launch` instead of planning its own."""
-    launch.by_command = True
+    launch.mode = ByCommand()
     token = _handed.set(launch)
     try:
         yield
@@ -114,6 +115,12 @@ def handed_to_the_flow(launch: Launch) -> Iterator[None]:
 
 def handed_launch() -> Launch | None:
     return _handed.get()
+
+
+def current_mode() -> LaunchMode:
+    """How this flow run was launched, also before (or without) its launch being planned."""
+    handed = handed_launch()
+    return handed.mode if handed is not None else ByDeployment()
 
 
 def take_launch(

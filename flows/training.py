@@ -13,7 +13,6 @@ from processes import ray_auth_first  # noqa: F401  (before anything below impor
 import contextlib
 import dataclasses
 import os
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -21,16 +20,15 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Completed
 
-from compat.prefect_compat import quiet_cancelled_run_error
 from checkpoint.boundary import CommittedBoundary
 from contracts.artifact_keys import artifact_key
 from flows.auto_resume import crash_resumes
-from flows.failures import StageFailed, failure_lines
+from flows.failures import StageFailed
 from flows.run_report import model_build_line, progress_line, run_summary, say, stopped_summary
 from views.history import RunHistory
 from flows.iteration import first_step
-from flows.launch import Launch, handed_launch, take_launch
-from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped, StopSignalled, stop_signals, take_sigterm_back
+from flows.launch import Launch, current_mode, handed_launch, take_launch
+from flows.stopping import Stopped, StopSignalled, stop_signals, take_sigterm_back
 from rundir.resume import ResumePoint, find_resume_point, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
 from rundir.run_lock import RunLock
@@ -41,7 +39,6 @@ from views.trackers import open_trackers
 from placement.nodes import describe_layout, node_addresses
 from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
-from processes.ray_session import connect_ray
 
 
 def _flow_run_name() -> str:
@@ -91,26 +88,8 @@ def ppo(
     try:
         return _run(profile, overrides, critic_warmup_iterations, resume, run_name, resume_from, auto_resume_attempts)
     except Exception as error:
-        if handed_launch() is None:  # a deployment's run; the command line prints the same lines itself
-            _log_failure(error)
+        current_mode().failed(error)  # a deployment's run logs its last lines; the command line prints them
         raise
-
-
-def _log_failure(error: Exception) -> None:
-    """S-BYO-2: a deployment's failed run logs, last, the lines a command-line run ends
-    on (`error: <cause>` and what to do), sent before the run is marked Failed: so
-    `prefect deployment run --watch` shows them just above its last line, rather than
-    a state name alone, and the UI's logs end on them."""
-    lines = failure_lines(error, f"{RESUME_IN_THE_UI} to resume from the last committed boundary")
-    if lines is None:
-        return
-    try:
-        get_run_logger().error("\n".join(lines))
-        from prefect.logging.handlers import APILogHandler
-
-        APILogHandler().flush()
-    except Exception as logging_error:  # noqa: BLE001  (the run's own error is what it raises)
-        print(f"could not log the run's failure: {logging_error!r}", file=sys.stderr, flush=True)
 
 
 def _run(
@@ -125,11 +104,7 @@ def _run(
     if launch.finished:  # nothing to train or export; Ray is never started
         say(f"done: {launch.finished_line()}")
         return Completed(message=launch.finished_line())
-    if not launch.by_command and launch.packer:
-        say(f"packer: {launch.packer}")
-    if not launch.by_command:
-        for note in launch.profile_notes:
-            say(f"note: {note}")
+    launch.mode.announce(launch.packer, launch.profile_notes)
     if building := model_build_line(launch.config):
         say(building)
     lock = _hold_run_lock(launch)
@@ -139,8 +114,7 @@ def _run(
             return _attempts(launch, lock, attempt, auto_resume_attempts)
     finally:
         lock.release()
-        if not launch.by_command:  # a deployment's run ends here; the command line ends it itself
-            launch.stop.done()
+        launch.mode.ended(launch.stop)
 
 
 def _hold_run_lock(launch: Launch) -> RunLock:
@@ -173,40 +147,9 @@ def _attempts(launch: Launch, lock: RunLock, attempt: int, allowed: int) -> Any:
         stopped = summary.get("stopped")
         if not stopped:
             return summary
-        if not launch.by_command:  # a deployment's run: no ERROR in its logs for a clean stop
-            quiet_cancelled_run_error()
+        launch.mode.clean_stop()
         # S-STOP-2: a stopped run ends Cancelled, which the crash automation never restarts.
-        return Cancelled(message=Stopped(**stopped).line(_resume_hint(launch)))
-
-
-def _resume_hint(launch: Launch) -> str:
-    """How to run a stopped run again, as its reader can: a command-line run's reader has
-    the command; a deployment's reads the Prefect UI."""
-    return RESUME_BY_COMMAND if launch.by_command else RESUME_IN_THE_UI
-
-
-def _report_stop_now(launch: Launch, lock: RunLock, stopped: Stopped) -> None:
-    """S-STOP-2: a deployment's stopped run is marked Cancelled, with its stop line, as
-    soon as what it keeps is known, before its records, actors and Ray close: a worker
-    that runs out of grace (30 s) while they close then kills a run that already says
-    what it committed, instead of ending it with a line of its own. The flow's return
-    states it again. A rerun pressed meanwhile waits for the close (`RunLock.closing`)."""
-    if not launch.by_command:
-        lock.closing()
-        _mark_cancelled(stopped.line(RESUME_IN_THE_UI))
-
-
-def _mark_cancelled(line: str) -> None:
-    from prefect import get_client
-    from prefect.runtime import flow_run
-
-    if not flow_run.id:
-        return
-    try:
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run.id, Cancelled(message=line))
-    except Exception as error:  # the flow's own return (or the worker) still ends the run
-        print(f"stop: could not mark the flow run Cancelled ahead of its close: {error}", file=sys.stderr, flush=True)
+        return Cancelled(message=Stopped(**stopped).line(launch.mode.resume_hint))
 
 
 def _flow_run_label() -> str:
@@ -235,7 +178,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
             resumed = _restore(runner, roles, launch, point)
         except StopSignalled:
             stopped = stop.stopped_at(stop.progress.committed, stop.progress.boundary)
-            _report_stop_now(launch, lock, stopped)
+            launch.mode.stopped(lock, stopped)
             return stopped_summary(config, paths, stopped)
         summary = _iterate(owned, launch, lock, runner, roles, resumed)
         summary["resumed_from"] = point.boundary if point else None
@@ -245,7 +188,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
 def _connect_ray(owned: contextlib.ExitStack, launch: Launch) -> None:
     """Ray is connected once: by the command line that handed this launch over, else here."""
     started = time.perf_counter()
-    session = None if launch.by_command else connect_ray(launch.config)
+    session = launch.mode.connect_ray(launch.config)
     take_sigterm_back(launch.stop)
     if session is not None:
         launch.ray = session
@@ -321,8 +264,8 @@ def _iterate(
     summary = run_summary(config, paths, roles, runner, policy_version, last_boundary, exported)
     if loop.stopped is not None:
         summary["stopped"] = dataclasses.asdict(loop.stopped)
-        logger.warning(loop.stopped.line(_resume_hint(launch)))
-        _report_stop_now(launch, lock, loop.stopped)
+        logger.warning(loop.stopped.line(launch.mode.resume_hint))
+        launch.mode.stopped(lock, loop.stopped)
     history.finish(summary)
     runner.wait_recorded()  # the last block's task runs, recorded while the run closed (FlowRunner.block_ran)
     return summary
@@ -390,10 +333,8 @@ def hard_stop_of(launch: Launch) -> Callable[[str], None]:
         # must happen whatever the cluster says. A deployment's run says first, on its
         # flow run, what it kept or lost (S-STOP-4): its worker's SIGKILL follows.
         jobs = [threading.Thread(target=_quietly, args=(kill_run_actors, launch.config.job.name), daemon=True)]
-        if not launch.by_command:
-            stop = launch.stop
-            line = stop.outcome.line(RESUME_IN_THE_UI) if stop.outcome else stop.progress.lost(why, RESUME_IN_THE_UI)
-            jobs.append(threading.Thread(target=_quietly, args=(_mark_cancelled, line), daemon=True))
+        jobs += [threading.Thread(target=_quietly, args=(says,), daemon=True)
+                 for says in launch.mode.hard_stop_says(launch.stop, why)]
         deadline = time.monotonic() + HARD_STOP_KILL_S
         for job in jobs:
             job.start()

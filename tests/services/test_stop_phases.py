@@ -72,6 +72,7 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
 ):
     import flows.iteration_loop
     import flows.training
+    import processes.ray_session
     from flows.flow_runner import FlowRunner
 
     overrides = short_run_overrides(tmp_path, tiny_model_dir) + [
@@ -83,7 +84,7 @@ def test_a_stop_in_every_phase_keeps_the_last_finished_iteration(
     kept = f"committed {run_dir}/checkpoints/iter_000001; {RESUME_HINT} to resume from it"
 
     with pytest.MonkeyPatch.context() as patch:  # while Ray starts, before the first actor (tests/services/
-        signal_during(patch, flows.training, "connect_ray")  # test_group_stop.py: while they start, slow)
+        signal_during(patch, processes.ray_session, "connect_ray")  # test_group_stop.py: while they start, slow)
         line = _stopped(overrides)
     assert line == f"stopped by SIGTERM before its first iteration finished: nothing to keep; {RESUME_HINT} to start it"
     assert _committed(run_dir) == [] and metric_records(run_dir) == []
