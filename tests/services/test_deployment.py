@@ -129,6 +129,18 @@ def _a_wrong_password_is_refused_by_host_and_port(state_dir: Path, env: dict[str
 
 
 @contextmanager
+def _waiting_reference(client) -> list:
+    """The reference_score task runs now Running: the stage waits on the reference."""
+    from prefect.client.schemas.filters import (
+        TaskRunFilter, TaskRunFilterName, TaskRunFilterState, TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    running = TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))
+    return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="reference_score"),
+                                                               state=running))
+
+
 def _client(stack: Stack):
     """A sync client on the stack's server, whatever API the test session set up."""
     from prefect.client.orchestration import get_client
@@ -561,8 +573,12 @@ def test_a_cancel_that_runs_out_of_grace_says_on_the_flow_run_what_was_lost(stac
         _poll(lambda: latest.exists(), bool, timeout=600, every=0.1)
         pid = _poll(lambda: _actor_process("ray::ReferenceRole", stack.marker), bool, timeout=60)
         os.kill(pid, signal.SIGSTOP)
-        kept = latest.read_text().strip()
         with _client(stack) as client:
+            # An event, not a moment: the iteration in flight when the reference froze may
+            # still commit; once a reference_score task waits (it can never finish), every
+            # earlier iteration has committed and the pointer stays where it is.
+            _poll(lambda: _waiting_reference(client), bool, timeout=120)
+            kept = latest.read_text().strip()
             client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling(message="Cancel from the UI"), force=True)
             final = _poll(lambda: client.read_flow_run(uuid.UUID(flow_run_id)), lambda r: r.state.is_final(),
                           timeout=120)

@@ -54,7 +54,9 @@ def test_sigterm_at_random_moments_commits_the_finished_iteration_and_the_rerun_
         start = _rows(run_dir)
         while _rows(run_dir) <= start and process.poll() is None:
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.0))
+        # A random moment of the next iteration, whatever this machine's speed: a fraction
+        # of the iteration that just finished (a fixed second ran past several on a quiet one).
+        time.sleep(rng.uniform(0.0, 1.0) * metric_records(run_dir)[-1]["time/iteration_seconds"])
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         assert process.wait(timeout=GRACE_S + 30) == 143, log.read_text()[-3000:]
