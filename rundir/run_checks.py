@@ -31,7 +31,7 @@ from data.prompt_projection import (
 )
 from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
 from environments.preflight import OPENING_ROWS, episode_context_problems
-from models.model_folder import (
+from files.model_folder import (
     HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
     model_sizes,
 )
