@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from configs.schema import PPOConfig
 from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
-from rundir.run_checks import require_runnable
+from rundir.preflight_checks import require_runnable
 from rundir.run_config import resolve_config
 from rundir.run_identity import RunIdentity
 from rundir.run_lock import RunLock
