@@ -7,14 +7,18 @@ with `rl.kl_in=loss` they are the scores alone) and returns per-token advantages
 the returns the critic regresses on (critic-free estimators return the advantages
 again; nothing reads them). Formulas, sources and costs: docs/reference/ppo-options.md.
 
-The config and the placement plan read the registry's traits without torch (the
-pre-flight imports none), so the formulas import it when they run.
+An entry's traits (needs a critic, needs groups, whitens) are in
+configs/estimator_traits.py, below this room, where the config and the placement plan
+read them; this module pairs each with its formula and refuses to import when the two
+lists differ. The pre-flight imports no torch, so the formulas import it when they run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
+
+from configs.estimator_traits import ESTIMATOR_TRAITS, EstimatorTraits, estimator_traits
 
 if TYPE_CHECKING:
     import torch
@@ -42,13 +46,10 @@ class EstimatorInputs:
 
 
 @dataclass(frozen=True)
-class AdvantageEstimator:
-    name: str
+class AdvantageEstimator(EstimatorTraits):
+    """An entry's traits (configs/estimator_traits.py) and its formula."""
+
     compute: Callable[[EstimatorInputs], tuple[torch.Tensor, torch.Tensor]]
-    uses_critic: bool  # False: the run starts, trains and commits no critic
-    uses_groups: bool  # True: needs several samples per prompt (rl.rollout.samples_per_prompt > 1)
-    whitens: bool  # what rl.whiten_advantages=null means for it
-    source: str
 
 
 def _gae(inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,30 +131,22 @@ def _reinforce_plus_plus(inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.T
     return returns, returns
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    entry.name: entry
-    for entry in (
-        AdvantageEstimator("gae", _gae, uses_critic=True, uses_groups=False, whitens=True,
-                           source="Schulman et al. 2016"),
-        AdvantageEstimator("grpo", _grpo, uses_critic=False, uses_groups=True, whitens=False,
-                           source="Shao et al. 2024 (DeepSeekMath)"),
-        AdvantageEstimator("rloo", _rloo, uses_critic=False, uses_groups=True, whitens=False,
-                           source="Ahmadian et al. 2024"),
-        AdvantageEstimator("reinforce_plus_plus", _reinforce_plus_plus, uses_critic=False, uses_groups=False,
-                           whitens=True, source="Hu 2025"),
+_FORMULAS: dict[str, Callable[[EstimatorInputs], tuple[torch.Tensor, torch.Tensor]]] = {
+    "gae": _gae,
+    "grpo": _grpo,
+    "rloo": _rloo,
+    "reinforce_plus_plus": _reinforce_plus_plus,
+}
+if list(_FORMULAS) != list(ESTIMATOR_TRAITS):
+    raise RuntimeError(
+        f"the estimators with a formula ({', '.join(_FORMULAS)}) are not those configs/estimator_traits.py lists "
+        f"({', '.join(ESTIMATOR_TRAITS)})"
     )
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    name: AdvantageEstimator(**vars(traits), compute=_FORMULAS[name]) for name, traits in ESTIMATOR_TRAITS.items()
 }
 
 
 def advantage_estimator(name: str) -> AdvantageEstimator:
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"rl.advantage_estimator: unknown estimator {name!r}; known: {', '.join(ADVANTAGE_ESTIMATORS)}"
-        ) from None
-
-
-def uses_critic(name: str) -> bool:
-    """Whether a run with this estimator has a critic role at all (S-OPT-2)."""
-    return advantage_estimator(name).uses_critic
+    """The entry `name`; an unknown name is refused listing the known ones."""
+    return ADVANTAGE_ESTIMATORS[estimator_traits(name).name]

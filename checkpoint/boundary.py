@@ -15,7 +15,7 @@ from typing import Any
 import fsspec
 from pydantic import BaseModel, Field
 
-from checkpoint.durable import replace_durably, sync_folder
+from files.durable import replace_durably, sync_folder
 
 MARKER_NAME = "_SUCCESS"
 LATEST_POINTER = "latest_checkpoint.txt"
@@ -46,7 +46,7 @@ def boundary_path(checkpoints_root: str, iteration: int) -> str:
 
 def atomic_write_text(path: str, text: str) -> None:
     """Readers see the old content or the new, never a torn file, and the new survives
-    a power cut once this returns (checkpoint/durable.py)."""
+    a power cut once this returns (files/durable.py)."""
     replace_durably(path, text)
 
 

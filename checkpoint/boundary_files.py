@@ -9,30 +9,17 @@ neither the file nor the boundary.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import fsspec
 
 from checkpoint.boundary import MARKER_NAME, CheckpointError
 from checkpoint.role_layout import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE, SHARDED_OPTIMIZER_DIR
-
-CHUNK_BYTES = 1 << 20
+from files.digest import file_digest
 
 
 class BoundaryCorrupt(CheckpointError):
     """A committed boundary whose files differ from what its marker recorded."""
-
-
-def file_digest(fs: Any, path: str) -> dict[str, Any]:
-    """Size and sha256 of one file, read in chunks so a large shard never sits in memory."""
-    digest = hashlib.sha256()
-    size = 0
-    with fs.open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def boundary_files(boundary: str, *, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from checkpoint.boundary import CheckpointError, read_marker
 from checkpoint.dcp_io import load_tensors
-from checkpoint.durable import sync_folder, sync_tree
+from files.durable import sync_folder, sync_tree
 from checkpoint.role_layout import BASE_MODEL_FILE, BASE_MODEL_KEY
 from models.lora_targets import ADAPTER_CONFIG_FILE
 from checkpoint.role_state import MODEL_FILE, load_model_tensors, trained_names

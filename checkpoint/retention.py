@@ -11,7 +11,7 @@ from __future__ import annotations
 import fsspec
 
 from checkpoint.boundary import read_marker
-from checkpoint.durable import replace_durably, sync_folder
+from files.durable import replace_durably, sync_folder
 from checkpoint.role_layout import OPTIMIZER_FILE, OPTIMIZER_PRUNED_NOTE, SHARDED_OPTIMIZER_DIR
 from placement.plan import TRAINER_ROLES
 

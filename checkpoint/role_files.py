@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import fsspec
 import torch
 
-from checkpoint.durable import write_synced
+from files.durable import write_synced
 
 
 class RoleCheckpointError(RuntimeError):

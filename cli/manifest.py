@@ -1,4 +1,4 @@
-"""`--validate-manifest`: the run's pre-flight (rundir/run_checks.py), printed (S-RUN-3).
+"""`--validate-manifest`: the run's pre-flight (rundir/preflight_checks.py), printed (S-RUN-3).
 
 A summary and `bind_check: ok` (exit 0), or every problem with its key path. It never
 starts or imports Ray, loads weights or downloads; docs/launch.md section 1 lists the
@@ -12,7 +12,8 @@ import time
 from typing import TextIO
 
 from configs.loading import ConfigError, load_config
-from rundir.run_checks import ManifestReport, check_manifest, describe_transport
+from rundir.preflight_checks import check_manifest
+from rundir.run_checks import ManifestReport, describe_transport
 
 __all__ = ["ManifestReport", "check_manifest", "describe_transport", "validate_manifest"]
 

@@ -15,7 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from configs.callables import DOTTED_NAME, CallablePath
-from environments.tool_call_formats import DEFAULT_FORMAT, FORMATS, format_named
+from configs.estimator_traits import estimator_traits, uses_critic
+from configs.tool_call_format_names import DEFAULT_FORMAT, FORMAT_NAMES, known_format
 
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -710,7 +711,7 @@ class EnvConfig(Section):
     tool_call_format: str = Field(
         DEFAULT_FORMAT,
         description="How the model writes tool calls and in which role its chat template takes a tool's answer, "
-        f"one of: {', '.join(f'`{name}`' for name in FORMATS)} (`qwen3`: `<tool_call>` blocks, Qwen and "
+        f"one of: {', '.join(f'`{name}`' for name in FORMAT_NAMES)} (`qwen3`: `<tool_call>` blocks, Qwen and "
         "Hermes-style templates; `llama3_json`: a bare JSON object with `parameters`, answers in role `ipython`, "
         "Llama 3.1-3.3; `mistral`: `[TOOL_CALLS]` and a JSON list, Mistral's v3 tokenizers, or "
         "`[TOOL_CALLS]name[ARGS]{...}`, its v11+ tokenizers). "
@@ -720,7 +721,7 @@ class EnvConfig(Section):
     @field_validator("tool_call_format")
     @classmethod
     def _known_format(cls, name: str) -> str:
-        format_named(name)  # S-BYO-5: an unknown name is refused listing the known ones
+        known_format(name)  # S-BYO-5: an unknown name is refused listing the known ones
         return name
 
     @model_validator(mode="after")
@@ -952,9 +953,7 @@ class RLConfig(Section):
 
     def _estimator_options(self) -> None:
         """An estimator's needs against the keys that contradict them, both keys named (S-OPT-2)."""
-        from algorithm.advantage_estimators import advantage_estimator
-
-        estimator = advantage_estimator(self.advantage_estimator)  # an unknown name lists the known ones
+        estimator = estimator_traits(self.advantage_estimator)  # an unknown name lists the known ones
         name = f"rl.advantage_estimator={estimator.name}"
         samples = self.rollout.samples_per_prompt
         if estimator.uses_groups and samples < 2:
@@ -1079,8 +1078,6 @@ class PPOConfig(Section):
     @model_validator(mode="after")
     def _critic_keys_need_a_critic(self) -> "PPOConfig":
         """A critic-free estimator refuses the keys that only a critic reads, both named (S-OPT-2)."""
-        from algorithm.advantage_estimators import uses_critic
-
         if uses_critic(self.rl.advantage_estimator):
             return self
         name = f"rl.advantage_estimator={self.rl.advantage_estimator}"

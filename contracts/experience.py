@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from checkpoint.durable import make_folders, replace_durably, sync_folder
+from files.durable import make_folders, replace_durably, sync_folder
 
 if TYPE_CHECKING:  # the resume check reads experience files before any torch import
     from contracts.trajectory import PPOTargets, Trajectory

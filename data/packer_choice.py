@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from data.packing import DataPacker, text_packer
 from data.vision_packer import qwen_vl_packer
-from models.model_folder import QWEN_VL_MODEL_TYPES
+from files.model_folder import QWEN_VL_MODEL_TYPES
 
 
 def build_packer(

@@ -38,7 +38,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def checked_profile(profile: Path) -> list[str]:
     """The problems `--validate-manifest` would print for this profile, as `key: message`."""
     from configs.loading import ConfigError, load_config
-    from rundir.run_checks import check_manifest
+    from rundir.preflight_checks import check_manifest
 
     try:
         config = load_config(profile)

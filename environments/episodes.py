@@ -30,7 +30,8 @@ from data.packing import PackedPrompts
 from environments.chat_tokens import ObservationEncoder, opening_ids
 from environments.preflight import opening_too_long, template_renders_tool_messages
 from environments.protocol import EnvRow, MalformedEnvironmentOutput, Reset, Step, checked_reset, checked_step
-from environments.tool_call_formats import DEFAULT_FORMAT, ToolCallFormat, format_named
+from configs.tool_call_format_names import DEFAULT_FORMAT
+from environments.tool_call_formats import ToolCallFormat, format_named
 from environments.tool_calls import ToolCall, assistant_message
 
 

@@ -13,7 +13,7 @@ from contracts.trajectory import PromptBatch
 from environments.episodes import EpisodeLimits, EpisodeRunner
 from environments.protocol import EnvRow
 from environments.tool_call_formats import format_named
-from models.model_folder import POSITIONS, cached_hub_file, config_value
+from files.model_folder import POSITIONS, cached_hub_file, config_value
 
 
 class EnvironmentConfigError(ValueError, RepeatsOnRerun):

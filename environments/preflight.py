@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from configs.schema import EnvConfig, PPOConfig
 from environments.chat_tokens import ObservationEncoder, TemplateError
-from environments.tool_call_formats import DEFAULT_FORMAT, ToolCallFormat, format_named, role_hint
+from configs.tool_call_format_names import DEFAULT_FORMAT
+from environments.tool_call_formats import ToolCallFormat, format_named, role_hint
 
 PROBE = "tool-answer-7"
 
@@ -56,9 +57,9 @@ def episode_context_problems(env: EnvConfig, positions: int) -> list[tuple[str, 
 @functools.lru_cache(maxsize=2)
 def _tokenizer(folder: str):
     """The policy's tokenizer, loaded once for the template check and the openings."""
-    from models.model_io import load_tokenizer  # transformers, only for a multi-turn run
+    from data.packing import load_chat_tokenizer  # transformers, only for a multi-turn run
 
-    return load_tokenizer(folder)
+    return load_chat_tokenizer(folder)
 
 
 def opening_too_long(

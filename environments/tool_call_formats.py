@@ -7,7 +7,9 @@ token the decode must keep. Environments always answer in role `tool`
 (environments/protocol.py); the episode loop renders those answers in the format's
 role. Adding a format is one function under `@tool_call_format(...)`, whose entry also
 writes its row of docs/howto/environments.md's table
-(`python -m environments.tool_call_formats`).
+(`python -m environments.tool_call_formats`), and its name in
+configs/tool_call_format_names.py, where the config (a room below) reads the names; this
+module refuses to import when the two lists differ.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from configs.tool_call_format_names import FORMAT_NAMES, known_format
 from environments.tool_calls import ParsedTurn, ToolCall, call_from_json, json_type, parse_tool_calls, quote
 
 Parser = Callable[[str], ParsedTurn]
@@ -62,7 +65,6 @@ class ToolCallFormat:
 
 
 FORMATS: dict[str, ToolCallFormat] = {}  # name -> entry, in the order the docs list them
-DEFAULT_FORMAT = "qwen3"
 
 
 def tool_call_format(
@@ -84,12 +86,7 @@ def tool_call_format(
 
 def format_named(name: str) -> ToolCallFormat:
     """The entry `name`; an unknown name is refused listing the known ones."""
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown tool-call format {name!r}; the known formats are: {', '.join(FORMATS)}"
-        ) from None
+    return FORMATS[known_format(name)]
 
 
 def role_hint() -> str:
@@ -297,6 +294,12 @@ def _mistral_named_call(text: str, start: int, decoder: json.JSONDecoder) -> tup
     if isinstance(call, ToolCall) and call_id is not None:
         call = ToolCall(call.name, call.arguments, call_id)
     return stop, call
+
+if tuple(FORMATS) != FORMAT_NAMES:
+    raise RuntimeError(
+        f"the registered tool-call formats ({', '.join(FORMATS)}) are not those configs/tool_call_format_names.py "
+        f"lists ({', '.join(FORMAT_NAMES)})"
+    )
 
 
 def formats_table() -> str:

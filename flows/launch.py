@@ -15,7 +15,7 @@ from configs.schema import PPOConfig
 from flows.launch_mode import ByCommand, ByDeployment, LaunchMode
 from rundir.base_model import pin_hub_model
 from rundir.resume import ResumePoint, resume_boundary
-from rundir.run_checks import require_runnable
+from rundir.preflight_checks import require_runnable
 from rundir.run_config import resolve_config
 from rundir.run_identity import RunIdentity
 from rundir.run_lock import RunLock

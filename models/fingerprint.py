@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-from checkpoint.boundary_files import file_digest
+from files.digest import file_digest
 
 _LOCAL = fsspec.filesystem("file")
 # Files that say nothing about the weights the roles load: our own build records (the

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.schema import RewardModelConfig
-from models.model_folder import HUB_ID, POSITIONS, TOKENIZER_FILES, WEIGHT_FILES, config_value
+from files.model_folder import HUB_ID, POSITIONS, TOKENIZER_FILES, WEIGHT_FILES, config_value
 
 KEY = "rl.reward.model.path"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.model_folder import HEADS, HUB_ID, KV_HEADS, cached_hub_file, config_value
+from files.model_folder import HEADS, HUB_ID, KV_HEADS, cached_hub_file, config_value
 
 Shapes = dict[str, tuple[int, ...]]
 HIDDEN = ("hidden_size", "n_embd", "d_model")

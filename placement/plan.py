@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from algorithm.advantage_estimators import uses_critic
+from configs.estimator_traits import uses_critic
 from configs.schema import PPOConfig
 
 TRAINER_ROLES = ("policy", "critic")

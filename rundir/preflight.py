@@ -1,7 +1,7 @@
 """The config-only checks every launch path makes, in one place (S-RUN-3).
 
 The CLI, a deployment's flow run and `--validate-manifest` all call `config_problems`
-through the one pre-flight (rundir/run_checks.py), so they refuse the same configs with
+through the one pre-flight (rundir/preflight_checks.py), so they refuse the same configs with
 the same `key: message` lines; single-section rules are the schema's own validators.
 Nothing here imports Prefect, Ray or torch.
 """

@@ -1,7 +1,8 @@
-"""The pre-flight: check a whole run before anything is allocated (S-RUN-3, S-BYO-2).
-
-`--validate-manifest` prints it (cli/manifest.py); every launch, on the command line
-and in a deployment's flow run, refuses with it before Ray starts (flows/launch.py).
+"""The pre-flight's checks: check a whole run before anything is allocated (S-RUN-3,
+S-BYO-2). rundir/preflight_checks.py lists them in the order they run, each a function
+of one ManifestRun; `--validate-manifest` prints the report (cli/manifest.py); every
+launch, on the command line and in a deployment's flow run, refuses with it before Ray
+starts (flows/launch.py).
 
 A GPU node's hours cost money, so every mistake the config, the data and the model's
 config file can show is found here, on a laptop, all at once (each problem starting
@@ -18,11 +19,10 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from configs.callables import PROJECT_CALLABLE_MODULES, within
 from algorithm.rewards import SHARED_RULE_NAMES, RewardConfigError, TerminalMatcher, resolve_terminal
-from configs.loading import ConfigError
 from configs.profile_folder import shadowing_notes
 from configs.schema import DataConfig, PPOConfig
 from data.chat_render import first_rows_by_roles, render_each_sequence, render_prompt, render_scored, role_sequence
@@ -31,7 +31,7 @@ from data.prompt_projection import (
 )
 from rundir.preflight import Problem, config_problems, joins_cluster, machine_problems
 from environments.preflight import OPENING_ROWS, episode_context_problems
-from models.model_folder import (
+from files.model_folder import (
     HEADS, HUB_ID, KV_HEADS, POSITIONS, QWEN_VL_MODEL_TYPES, cached_hub_file, check_model_folder, config_value,
     model_sizes,
 )
@@ -66,64 +66,38 @@ class ManifestReport:
         return [p.key for p in self.problems]
 
 
-def check_manifest(
-    config: PPOConfig, *, environ: dict[str, str] | None = None, launching_here: bool = False,
-    profile: str | Path | None = None,
-) -> ManifestReport:
-    """Every check that needs no worker; collects all problems instead of stopping.
+@dataclass
+class ManifestRun:
+    """What the checks of one pre-flight share (rundir/preflight_checks.py runs them in
+    order): the config, its placement plan, the report they fill, where it is checked,
+    and what the reward check hands the data checks (the resolved rule)."""
 
-    `launching_here`: the launch's own pre-flight, on the machine it starts Ray on, so
-    a placement this machine cannot hold is a problem (a manifest checked from a laptop
-    notes it); the launch then finds its resume point itself (rundir/resume.py), which
-    the manifest calls here so that it refuses what the launch refuses (S-BYO-2).
-    `profile`: the profile file, whose folder's file names are checked (notes only)."""
-    env = os.environ if environ is None else environ
-    report = ManifestReport()
-    report.summary.append(
+    config: PPOConfig
+    plan: PlacementPlan
+    report: ManifestReport
+    environ: Mapping[str, str]
+    launching_here: bool  # the launch's own pre-flight, on the machine it starts Ray on
+    profile: str | Path | None = None
+    matcher: TerminalMatcher | None = None  # set by check_reward
+    reward_resolved: bool = False
+
+
+def describe_run(run: ManifestRun) -> None:
+    config = run.config
+    run.report.summary.append(
         f"run: {config.job.name}, {config.rl.max_steps} iterations, batch {describe_batch(config)}, "
         f"critic warmup {config.rl.critic_warmup_iterations}"
     )
-    plan = plan_placement(config)
-    _check_placement(config, plan, report, env, launching_here)
-    _check_model(config, plan, report)
-    _describe_update(config, report)
-    _check_critic_start(config, report)
-    matcher, resolved = _check_reward(config, report)
-    _check_memory(config, plan, report)
-    _check_data(config, DataSource(config.rl.data, "rl.data"), matcher, resolved, report)
-    _check_openings(config, report)
-    if config.rl.validation is not None:  # the held-out rows, checked as the training rows are (S-BYO-2)
-        _check_data(config, DataSource(config.rl.validation.data, "rl.validation.data"), matcher, resolved, report)
-    _check_served_reward_text(config, report)
-    _check_checkpoints(config, report, resume=not launching_here)
-    _check_options(config, plan, report)
-    if profile is not None:  # S-BYO-3: the launch prints these notes too
-        report.profile_notes = shadowing_notes(profile)
-        report.notes.extend(report.profile_notes)
-    return report
-
-
-def require_runnable(
-    config: PPOConfig, *, environ: dict[str, str] | None = None, profile: str | Path | None = None
-) -> ManifestReport:
-    """The launch's pre-flight (CLI and deployment alike): raise ConfigError naming
-    every problem that would stop this run, before Prefect or Ray start; else the
-    report, whose packer line and notes on the profile's folder the launch prints."""
-    report = check_manifest(config, environ=environ, launching_here=True, profile=profile)
-    if report.problems:
-        raise ConfigError([str(problem) for problem in report.problems])
-    return report
 
 
 # --- placement ---------------------------------------------------------------------
 
 
-def _check_placement(
-    config: PPOConfig, plan: PlacementPlan, report: ManifestReport, env, launching_here: bool
-) -> None:
+def check_placement(run: ManifestRun) -> None:
+    config, plan, report = run.config, run.plan, run.report
     report.problems.extend(config_problems(config, plan))
-    for problem in machine_problems(config, plan, environ=env):
-        if launching_here:
+    for problem in machine_problems(config, plan, environ=run.environ):
+        if run.launching_here:
             report.problems.append(problem)
             continue
         # A manifest checks a launch meant for another machine too (a 4-GPU node,
@@ -155,7 +129,7 @@ def _check_placement(
         for group in plan.groups:
             if group.gpus == 0 and not {"policy", "rollout"} & set(group.roles):
                 report.notes.append(f"{group.key}=0: the {'+'.join(group.roles)} runs on the host in this GPU run")
-    address = joins_cluster(config, env)
+    address = joins_cluster(config, run.environ)
     if address:
         source = "grid.ray_address" if config.grid.ray_address else "RAY_ADDRESS"
         report.summary.append(f"ray: joins the cluster at {address} ({source}; not contacted by this check)")
@@ -171,7 +145,8 @@ def _check_placement(
 # --- model -------------------------------------------------------------------------
 
 
-def _check_model(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+def check_model(run: ManifestRun) -> None:
+    config, plan, report = run.config, run.plan, run.report
     model_config = _read_model_config(config, report)
     rollout = config.rl.rollout
     report.summary.append(describe_rollout(config))
@@ -232,9 +207,10 @@ def describe_rollout(config: PPOConfig) -> str:
     )
 
 
-def _describe_update(config: PPOConfig, report: ManifestReport) -> None:
+def describe_update(run: ManifestRun) -> None:
     """The update's keys a reader should see when they are not the defaults (S-RUN-3):
     how the loss is reduced (S-PATH-2) and how minibatches are cut (S-PATH-3)."""
+    config, report = run.config, run.report
     rl = config.rl
     defaults = type(rl).model_fields
     if rl.loss_aggregation != defaults["loss_aggregation"].default:
@@ -260,8 +236,9 @@ def _describe_update(config: PPOConfig, report: ManifestReport) -> None:
         )
 
 
-def _check_critic_start(config: PPOConfig, report: ManifestReport) -> None:
+def check_critic_start(run: ManifestRun) -> None:
     """S-RM-2: a critic started from another folder must read the policy's token ids."""
+    config, report = run.config, run.report
     source = config.model.critic_path
     if source is None:
         return
@@ -349,9 +326,10 @@ def _read_model_config(config: PPOConfig, report: ManifestReport) -> dict[str, A
     return model_config
 
 
-def _check_memory(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+def check_memory(run: ManifestRun) -> None:
     """What each device group holds, from the models' parameter counts (S-RM-1: the reward
     model's weights in its group); compared with grid.gpu_memory_gib where it is set."""
+    config, plan, report = run.config, run.plan, run.report
     estimates = estimate_memory(config, plan)
     report.summary.extend(memory_lines(estimates))
     report.notes.extend(memory_notes(config, estimates))
@@ -360,7 +338,12 @@ def _check_memory(config: PPOConfig, plan: PlacementPlan, report: ManifestReport
 # --- reward vs. data ---------------------------------------------------------------
 
 
-def _check_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMatcher | None, bool]:
+def check_reward(run: ManifestRun) -> None:
+    """The terminal reward rule or callable resolves; the data checks then read it."""
+    run.matcher, run.reward_resolved = _resolve_reward(run.config, run.report)
+
+
+def _resolve_reward(config: PPOConfig, report: ManifestReport) -> tuple[TerminalMatcher | None, bool]:
     reward = config.rl.reward
     if "rl.reward.terminal_callable" in report.keys():  # already refused: its module cannot be found
         return None, False
@@ -431,7 +414,8 @@ def _check_reward_server(settings, report: ManifestReport) -> None:
     report.summary.append(f"reward model served at {settings.url}: {served}")
 
 
-def _check_served_reward_text(config: PPOConfig, report: ManifestReport) -> None:
+def check_served_reward_text(run: ManifestRun) -> None:
+    config, report = run.config, run.report
     """S-RM-1: a served reward model without a folder receives plain text, and a
     conversation prompt has no plain text without a chat template to render it. The reward
     role would refuse it at the first batch, after Ray and the models have started."""
@@ -473,6 +457,24 @@ class DataSource:
     def label(self, line: str) -> str:
         """A summary line, named after the evaluation rows when it is about them."""
         return line if self.training else f"validation {line}"
+
+
+def check_training_data(run: ManifestRun) -> None:
+    _check_data(run.config, DataSource(run.config.rl.data, "rl.data"), run.matcher, run.reward_resolved, run.report)
+
+
+def check_validation_data(run: ManifestRun) -> None:
+    """The held-out rows, checked as the training rows are (S-BYO-2)."""
+    if run.config.rl.validation is not None:
+        _check_data(run.config, DataSource(run.config.rl.validation.data, "rl.validation.data"), run.matcher,
+                    run.reward_resolved, run.report)
+
+
+def note_profile_folder(run: ManifestRun) -> None:
+    """S-BYO-3: files beside the profile named like a module (notes; the launch prints them too)."""
+    if run.profile is not None:
+        run.report.profile_notes = shadowing_notes(run.profile)
+        run.report.notes.extend(run.report.profile_notes)
 
 
 def _check_data(
@@ -551,7 +553,8 @@ def _project(config: PPOConfig, source: DataSource, value: Any, where: str, matc
     return prompt
 
 
-def _check_openings(config: PPOConfig, report: ManifestReport) -> None:
+def check_openings(run: ManifestRun) -> None:
+    config, report = run.config, run.report
     """S-BYO-5: an environment's episode openings (messages and tools' schemas through the
     chat template) plus rl.env.max_episode_tokens against the model's positions. Only
     the project's own environments are called here (S-SEC-3); a user's is measured by
@@ -740,7 +743,9 @@ def _load_tokenizer(folder: Path, key: str, report: ManifestReport):
 # --- checkpoints -------------------------------------------------------------------
 
 
-def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: bool) -> None:
+def check_checkpoints(run: ManifestRun) -> None:
+    # The launch's own pre-flight finds its resume point itself next; a manifest asks here.
+    config, report, resume = run.config, run.report, not run.launching_here
     # The schema admits filesystem paths only (S-CKPT-7, S-SEC-5); what is left to
     # check is that the root can be written and what a launch would resume.
     root = config.job.output_root
@@ -787,7 +792,8 @@ def _check_checkpoints(config: PPOConfig, report: ManifestReport, *, resume: boo
 # --- options that contradict each other --------------------------------------------
 
 
-def _check_options(config: PPOConfig, plan: PlacementPlan, report: ManifestReport) -> None:
+def check_options(run: ManifestRun) -> None:
+    config, plan, report = run.config, run.plan, run.report
     rl = config.rl
     if rl.rollout.engine == "vllm" and not plan.uses_gpus:
         report.notes.append(

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkpoint.durable import make_folders, replace_durably, sync_file, sync_folder
+from files.durable import make_folders, replace_durably, sync_file, sync_folder
 from contracts.timeouts import STARTUP_FLOOR_SECONDS
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import Any
 
 import fsspec
 
-from checkpoint.durable import append_synced, make_folders
+from files.durable import append_synced, make_folders
 from configs.schema import PPOConfig
 
 

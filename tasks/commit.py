@@ -7,7 +7,7 @@ from typing import Any
 
 from checkpoint.boundary import MARKER_NAME, CommittedBoundary, update_latest, write_marker, write_metrics_row
 from checkpoint.boundary_files import boundary_files
-from checkpoint.durable import sync_boundary
+from files.durable import sync_boundary
 from checkpoint.retention import prune_optimizer_state
 from placement.plan import TRAINER_ROLES
 from tasks.stages import stage_log

@@ -42,7 +42,7 @@ def test_a_critic_source_with_another_vocabulary_is_refused_by_key(tiny_model_di
     with pytest.raises(CriticSourceError, match=r"^model.critic_path: .*vocabulary differs from the policy's"):
         CriticRole(config, first_rank(config, "critic"))
 
-    from rundir.run_checks import check_manifest
+    from rundir.preflight_checks import check_manifest
 
     report = check_manifest(config)
     assert [p.key for p in report.problems] == ["model.critic_path"]

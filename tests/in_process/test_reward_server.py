@@ -75,7 +75,7 @@ def test_the_command_refuses_to_listen_beyond_loopback_without_a_token(tiny_rewa
 
 
 def test_the_preflight_checks_that_the_url_answers(served, tiny_reward_model_dir, monkeypatch):
-    from rundir.run_checks import check_manifest
+    from rundir.preflight_checks import check_manifest
 
     monkeypatch.setenv("PPO_TEST_REWARD_TOKEN", "s3cret")
     base = load_config(TINY_PROFILE, ["rl.reward.terminal=none"])

@@ -13,7 +13,7 @@ from algorithm.advantage_estimators import ADVANTAGE_ESTIMATORS, EstimatorInputs
 from algorithm.ppo_math import generalized_advantage_estimate, whiten
 from configs.loading import ConfigError, load_config
 from placement.plan import plan_placement
-from rundir.run_checks import check_manifest
+from rundir.preflight_checks import check_manifest
 from tests.conftest import TINY_PROFILE
 
 F64 = torch.float64

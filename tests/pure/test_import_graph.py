@@ -59,12 +59,18 @@ def test_no_module_imports_itself_back():
     assert cycles == [], " -> ".join(cycles[0])
 
 
-# The command line sits above the flow: `python -m flows.ppo` is only its entry point,
-# the one module of flows/ allowed to name cli/ (flows/ppo/__init__.py says so).
+# The rooms' floors, bottom to top (docs/architecture.md, "Import direction"): a module
+# imports only modules of its own room or of a room below. The command line sits above
+# the flow: `python -m flows.ppo` is only its entry point, the one module allowed to name
+# a room above its own (flows/ppo/__init__.py says so). Role bodies are driven from
+# above (the flow's runners, the actor launcher): the rooms below them share
+# contracts/, never a role module.
+FLOORS = (
+    "compat", "files", "contracts", "configs", "algorithm", "data", "environments", "models", "placement",
+    "checkpoint", "weights", "trainer", "rundir", "views", "tasks", "deployments", "roles", "processes", "flows",
+    "cli",
+)
 ENTRY_POINT = "flows.ppo.__main__"
-# Role bodies are driven from above (the flow's runners, the actor launcher); the rooms
-# below them share contracts/, never a role module.
-ABOVE_ROLES = {"flows", "processes", "roles"}
 
 
 def _folder_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str, str, str]]:
@@ -75,14 +81,32 @@ def _folder_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str, str, str]]
     }
 
 
-def test_no_arrow_runs_back_up_from_flows_to_cli_or_from_a_lower_room_to_roles():
-    arrows = _folder_arrows(_import_graph())
-    back_up = sorted(
-        f"{module} -> {target}" for source, folder, module, target in arrows
-        if (source == "flows" and folder == "cli" and module != ENTRY_POINT)
-        or (folder == "roles" and source not in ABOVE_ROLES)
+def _up_the_floors(arrows: set[tuple[str, str, str, str]]) -> list[str]:
+    floor = {room: number for number, room in enumerate(FLOORS)}
+    return sorted(
+        f"{module} -> {target} ({source}/ is below {folder}/)" for source, folder, module, target in arrows
+        if floor[source] < floor[folder] and module != ENTRY_POINT
     )
-    assert back_up == []
+
+
+def test_every_room_has_a_floor():
+    """A new top-level package is given its place in FLOORS (and in the docs) first."""
+    assert sorted(FLOORS) == sorted(PACKAGES)
+
+
+def test_no_module_imports_a_module_of_a_higher_room():
+    assert _up_the_floors(_folder_arrows(_import_graph())) == []
+
+
+def test_the_floor_check_names_an_import_up_and_lets_the_entry_point_through():
+    arrows = _folder_arrows({
+        "contracts.experience": {"checkpoint.boundary"},
+        ENTRY_POINT: {"cli.command"},
+        "checkpoint.boundary": {"contracts.experience"},
+    })
+    assert _up_the_floors(arrows) == [
+        "contracts.experience -> checkpoint.boundary (contracts/ is below checkpoint/)"
+    ]
 
 
 def test_the_cycle_finder_finds_a_cycle():

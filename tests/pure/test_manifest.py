@@ -325,7 +325,7 @@ def write_model_config(folder, **fields) -> str:
     }
     config.update(fields)
     (folder / "config.json").write_text(json.dumps(config))
-    # The rest of a folder the pre-flight asks for (models/model_folder.py): weights it
+    # The rest of a folder the pre-flight asks for (files/model_folder.py): weights it
     # does not open, a tokenizer it does.
     from tokenizers import Tokenizer, models
 

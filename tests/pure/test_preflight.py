@@ -14,7 +14,7 @@ import pytest
 from configs.loading import ConfigError, load_config
 from cli.manifest import check_manifest, validate_manifest
 from rundir.preflight import config_problems, machine_problems, visible_gpus
-from rundir.run_checks import require_runnable
+from rundir.preflight_checks import require_runnable
 from tests.conftest import REPO_ROOT, TINY_PROFILE
 
 PUBLIC_PROFILE = str(REPO_ROOT / "configs" / "ppo_qwen06b_public_4gpu.py")

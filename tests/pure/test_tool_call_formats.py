@@ -485,7 +485,7 @@ def test_pre_flight_refuses_an_episode_budget_the_models_positions_cannot_hold()
 
 
 def test_the_manifest_refuses_it_by_key_for_the_tiny_model_too():
-    from rundir.run_checks import check_manifest
+    from rundir.preflight_checks import check_manifest
 
     env = ["rl.env.factory=data.synthetic:addition_split"]
     refused = check_manifest(load_config(TINY_PROFILE, env + ["rl.env.max_episode_tokens=256"]))
@@ -545,7 +545,7 @@ def _key_lookup_opening(folder) -> int:
 
 
 def _tools_manifest(tmp_path, folder, budget: int):
-    from rundir.run_checks import check_manifest
+    from rundir.preflight_checks import check_manifest
 
     return check_manifest(load_config(REPO_ROOT / "configs" / "ppo_tiny_tools_cpu.py", [
         f"model.path={folder}", "model.tiny=null", "rl.validation=null", f"job.output_root={tmp_path}",
@@ -575,7 +575,7 @@ def test_pre_flight_measures_the_projects_own_environments_opening_with_its_tool
 def test_pre_flight_never_opens_a_users_environment_and_says_who_measures_it(tmp_path, qwen3_family_model):
     """S-SEC-3: a user's environment is user code, which the pre-flight does not call; the
     manifest says the first episode measures its opening instead."""
-    from rundir.run_checks import check_manifest
+    from rundir.preflight_checks import check_manifest
 
     marker = tmp_path / "opened"
     (tmp_path / "my_env.py").write_text(

@@ -114,7 +114,7 @@ def test_the_manifest_prints_the_packer_and_takes_about_a_second(tmp_path, user_
 @pytest.mark.parametrize("bad", ["no_tokenizer"])
 def test_the_launch_preflight_refuses_what_the_manifest_refuses(tmp_path, user_models, bad):
     from configs.loading import ConfigError
-    from rundir.run_checks import require_runnable
+    from rundir.preflight_checks import require_runnable
 
     config = load_config(TINY_PROFILE, _overrides(tmp_path, getattr(user_models, bad), _questions(tmp_path)))
     with pytest.raises(ConfigError) as refused:
