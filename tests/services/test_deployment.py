@@ -128,7 +128,6 @@ def _a_wrong_password_is_refused_by_host_and_port(state_dir: Path, env: dict[str
         shutil.rmtree(other, ignore_errors=True)
 
 
-@contextmanager
 def _waiting_reference(client) -> list:
     """The reference_score task runs now Running: the stage waits on the reference."""
     from prefect.client.schemas.filters import (
@@ -141,6 +140,7 @@ def _waiting_reference(client) -> list:
                                                                state=running))
 
 
+@contextmanager
 def _client(stack: Stack):
     """A sync client on the stack's server, whatever API the test session set up."""
     from prefect.client.orchestration import get_client
