@@ -271,7 +271,10 @@ def _iterate(
         f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
         f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
     )
-    history = RunHistory.start(config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start)
+    history = RunHistory.start(
+        config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start,
+        commit_every=config.rl.save_every or 0,
+    )
     owned.push(_on_failure(history.fail))
     trackers = open_trackers(config, paths, first_step(config, start))
     owned.callback(trackers.close)
@@ -285,7 +288,7 @@ def _iterate(
         print(line, flush=True)
         logger.info(line)
 
-    loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=stop)
+    loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=stop, on_block_end=history.end_block)
     loop.in_flight = resumed.in_flight
     policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, resumed.policy_version or 0)
     exported, last_boundary = _export(launch, roles, loop, last_commit)
