@@ -21,7 +21,7 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Completed
 
-from compat.prefect_compat import quiet_cancelled_run_error
+from compat.prefect_compat import quiet_cancelled_run_error, quiet_completed_task_lines
 from checkpoint.boundary import CommittedBoundary
 from contracts.artifact_keys import artifact_key
 from flows.auto_resume import crash_resumes
@@ -89,6 +89,7 @@ def ppo(
             Refusals (config, checkpoint, a live run of the same name) are never retried.
     """
     say(f"prefect: flow run {_flow_run_label()} started")
+    quiet_completed_task_lines()
     # A run the automation rescheduled after a crash resumes, whatever it was started with.
     attempt = crash_resumes(auto_resume_attempts)
     launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume or attempt > 0,

@@ -39,3 +39,35 @@ def test_the_embedded_api_stores_no_events_unless_the_user_says_so(monkeypatch):
     monkeypatch.setenv(key, "true")
     temporary_api.launch_early()
     assert [env[key] for env in launched] == ["false", "true"]
+
+
+def test_a_completed_task_runs_engine_line_is_dropped_and_every_other_line_kept():
+    """Half a tiny iteration's log rows were Prefect's `Finished in state Completed()`,
+    which the task run's state already shows; a failure's line and the task's own
+    metrics stay."""
+    import logging
+
+    from compat.prefect_compat import quiet_completed_task_lines
+
+    quiet_completed_task_lines()
+    quiet_completed_task_lines()  # once is enough, twice changes nothing
+    kept: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: kept.append(record.getMessage())
+    logger = logging.getLogger("prefect.task_runs")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("Finished in state Completed()")
+        logger.info("train/kl=0.01, train/reward_mean=0.5")
+        logger.error("Finished in state Failed('Task run encountered an exception RuntimeError')")
+        logger.info("Finished in state Cancelled()")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert kept == [
+        "train/kl=0.01, train/reward_mean=0.5",
+        "Finished in state Failed('Task run encountered an exception RuntimeError')",
+        "Finished in state Cancelled()",
+    ]
