@@ -3,10 +3,21 @@ measured" gives the figures of. Each is a default only: a user's own setting win
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import sys
 
 from processes.ray_session import RAY_DEFAULTS
+
+# The event kinds a training run sends every iteration (docs/prefect-ui.md, "What a long
+# run keeps"); a failed or crashed task run's event is not among them.
+PER_ITERATION_EVENTS = (
+    "prefect.task-run.Pending", "prefect.task-run.Running", "prefect.task-run.Completed",
+    "prefect.artifact.created", "prefect.artifact.updated", "prefect.artifact-collection.updated",
+)
+EVENT_RETENTION_S = 600
+VACUUM_LOOP_S = 300
 
 DEFAULTS = {
     # A fresh embedded-API database can take longer to start on a small machine than
@@ -24,6 +35,15 @@ DEFAULTS = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "20",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+    # S-FOOT-1: a server that keeps events (`make serve`, a team's PostgreSQL) keeps the
+    # per-iteration kinds (three task-run states per stage, artifact updates) for
+    # EVENT_RETENTION_S, vacuumed every VACUUM_LOOP_S, instead of Prefect's 7 days:
+    # they were 78 % of a long run's database. Flow-run, deployment and failure events
+    # keep the 7 days. The embedded API keeps none (processes/temporary_api.py).
+    "PREFECT_SERVER_SERVICES_DB_VACUUM_EVENT_RETENTION_OVERRIDES": json.dumps(
+        dict.fromkeys(PER_ITERATION_EVENTS, EVENT_RETENTION_S), separators=(",", ":")
+    ),
+    "PREFECT_SERVER_SERVICES_DB_VACUUM_LOOP_SECONDS": str(VACUUM_LOOP_S),
     **RAY_DEFAULTS,
 }
 
@@ -46,8 +66,10 @@ def tuning_exports() -> str:
     """Shell `export` lines for the server and Ray tuning, each keeping a value the
     user's shell already set: `deployments/serve.sh` gives a standing server and its
     worker the settings the embedded run uses."""
-    keys = [k for k in DEFAULTS if k.startswith(("PREFECT_SERVER_SERVICES_", "RAY_ENABLE_ZERO_COPY"))]
-    return "\n".join(f'export {k}="${{{k}:-{DEFAULTS[k]}}}"' for k in keys)
+    served = ("PREFECT_SERVER_SERVICES_", "RAY_ENABLE_ZERO_COPY", "RAY_task_events")
+    keys = [k for k in DEFAULTS if k.startswith(served)]
+    # POSIX sh: the lines go into env.sh, which make's recipes source with /bin/sh.
+    return "\n".join(f'[ -n "${{{k}:-}}" ] || {k}={shlex.quote(DEFAULTS[k])}; export {k}' for k in keys)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--export-tuning"]:

@@ -307,7 +307,11 @@ class FlowIterationLoop(IterationLoop):
         show a green `iterations 1-30` that ran 1-9 (the UI shows this docstring)."""
         self.run.task_runs = 0  # the count of this block's task runs only (the parent's evaluate[iter=0] is not)
         with stop_signals(self.stop, in_a_flow=True):  # over the handler Prefect's engine installed for this block
-            reached = IterationLoop.block(self, first, last, policy_version)
+            try:
+                reached = IterationLoop.block(self, first, last, policy_version)
+            finally:  # finished, stopped or failed: the block's table goes out once, on its own run
+                if self.on_block_end is not None:
+                    self.on_block_end()
             stopped = self.stopped
             self.run.block_ran(last_block=last == self.config.rl.max_steps or stopped is not None)
             if stopped is None:

@@ -57,6 +57,7 @@ class IterationLoop:
     on_record: Callable[[dict[str, Any]], None] | None = None
     in_flight: Batch | None = None  # one step off: the next iteration's batch (S-ASYNC-3)
     stop: StopRequest | None = None  # asked at every iteration end (S-STOP)
+    on_block_end: Callable[[], None] | None = None  # inside a block's subflow run, as it ends (S-FOOT-1)
 
     @property
     def stopped(self) -> Stopped | None:

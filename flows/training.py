@@ -20,6 +20,7 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Completed
 
+from compat.prefect_compat import quiet_completed_task_lines
 from checkpoint.boundary import CommittedBoundary
 from contracts.artifact_keys import artifact_key
 from flows.auto_resume import crash_resumes
@@ -97,6 +98,7 @@ def _run(
     run_name: str | None, resume_from: str | None, auto_resume_attempts: int,
 ) -> Any:
     say(f"prefect: flow run {_flow_run_label()} started")
+    quiet_completed_task_lines()
     # A run the automation rescheduled after a crash resumes, whatever it was started with.
     attempt = crash_resumes(auto_resume_attempts)
     launch = take_launch(profile, overrides, critic_warmup_iterations, run_name, resume=resume or attempt > 0,
@@ -243,7 +245,10 @@ def _iterate(
         f"run {config.job.name}: iterations {start}..{config.rl.max_steps}, "
         f"critic warmup {config.rl.critic_warmup_iterations}, outputs {paths.run_dir}"
     )
-    history = RunHistory.start(config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start)
+    history = RunHistory.start(
+        config.job.name, config.rl.max_steps, read_metrics(paths.metrics), start_iteration=start,
+        commit_every=config.rl.save_every or 0,
+    )
     owned.push(_on_failure(history.fail))
     trackers = open_trackers(config, paths, first_step(config, start))
     owned.callback(trackers.close)
@@ -257,7 +262,7 @@ def _iterate(
         print(line, flush=True)
         logger.info(line)
 
-    loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=stop)
+    loop = FlowIterationLoop(runner, roles, config, paths, record_iteration, stop=stop, on_block_end=history.end_block)
     loop.in_flight, loop.identity = resumed.in_flight, launch.identity
     policy_version, last_commit = loop.run_iterations(start, config.rl.max_steps, resumed.policy_version or 0)
     exported, last_boundary = _export(launch, roles, loop, last_commit)

@@ -24,6 +24,10 @@ from deployments.database import DatabaseUnavailable, check, connection_url
 from processes.parent_death import parent_death_signal_setter
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+# S-FOOT-1: the temporary API serves no UI, and nothing else reads Prefect's event log
+# (automations act on events as they arrive, not on stored ones), so it stores none:
+# they were 78 % of a long run's database. A user's own setting wins.
+TEMPORARY_API_DEFAULTS = {"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false"}
 DATABASE_CHECK_TIMEOUT_S = 5.0  # the server has already exited: this only says why
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code for a failed start: a taken port (pick another) or a broken app
 
@@ -114,7 +118,7 @@ def launch_early() -> TemporaryApi | None:
     would hand it, so its settings are the ones a later launch would pass."""
     if standing_api_possible(os.environ, Path.cwd()) or not temporary_api_supported():
         return None
-    return _launch_api(server_command(), {**os.environ, **SERVER_ENV})
+    return _launch_api(server_command(), {**TEMPORARY_API_DEFAULTS, **os.environ, **SERVER_ENV})
 
 
 def server_command() -> list[str]:
@@ -144,7 +148,10 @@ def start_temporary_api(early: TemporaryApi | None = None) -> TemporaryApi | Non
         return None
     api = early or _launch_api(
         server_command(),
-        {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)},
+        {
+            **TEMPORARY_API_DEFAULTS, **os.environ, **SERVER_ENV,
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        },
     )
     return api  # this process's settings name it for the command (cli/command.py)
 

@@ -1,8 +1,10 @@
 """A run's history as Prefect artifacts: what a user reads in the UI instead of a terminal.
 
 Keys carry the run name (artifact keys are global) and every artifact attaches to the
-`ppo` flow run, not to the block that wrote it. Updated in place, so an iteration costs
-the same however long the run. Best effort: metrics.jsonl and the boundaries are the
+`ppo` flow run, not to the block that wrote it. Updated in place, and no per-iteration
+write carries a table that grows with the run: Prefect records each update as an event
+holding the whole table, so a 100-row table re-sent every iteration was most of a long
+run's database (S-FOOT-1). Best effort: metrics.jsonl and the boundaries are the
 record, so a failed write is a warning. docs/prefect-ui.md "Read a run" lists them.
 """
 
@@ -53,6 +55,10 @@ INLINE_CURVE_MAX_BYTES = 300_000
 # Rows of the run's iteration table: the newest iterations, so each update sends the
 # same amount however long the run (S-OPS-1); block tables hold the rest.
 TABLE_WINDOW = 100
+# The run's table is re-sent every TABLE_EVERY iterations, at every commit cadence, at a
+# block's end and at the run's end; the progress (one number) every iteration; a block's
+# table once, when the block ends (S-FOOT-1).
+TABLE_EVERY = 10
 _TIME_KEY = re.compile(r"^time/(?P<stage>.+)_seconds$")
 
 
@@ -227,15 +233,19 @@ class RunHistory:
 
     Every write costs the same at iteration 5,000 as at iteration 5 (S-OPS-1): the
     run's table holds the newest `TABLE_WINDOW` rows, a block's table only that
-    block's rows, and each is updated in place."""
+    block's rows, and each is updated in place. Per iteration only the progress goes
+    out; the run's table every `TABLE_EVERY` iterations and at every `commit_every`
+    (the save cadence), a block's table when `end_block` is called (S-FOOT-1)."""
 
     run_name: str
     max_steps: int
+    commit_every: int = 0  # rl.save_every: the table is re-sent at each commit too
     rows: list[dict[str, Any]] = field(default_factory=list)  # the run table's window, oldest first
     table_id: UUID | None = None
     progress_id: UUID | None = None
     flow_run_id: UUID | None = None  # the `ppo` flow run: every artifact of the run attaches to it
     block: BlockTable | None = None
+    table_unsent: bool = False  # rows added since the run's table last went out
 
     @property
     def table_key(self) -> str:
@@ -251,7 +261,8 @@ class RunHistory:
 
     @classmethod
     def start(
-        cls, run_name: str, max_steps: int, earlier_records: Sequence[dict[str, Any]] = (), start_iteration: int = 1
+        cls, run_name: str, max_steps: int, earlier_records: Sequence[dict[str, Any]] = (), start_iteration: int = 1,
+        commit_every: int = 0,
     ) -> "RunHistory":
         """Open the history of a (possibly resumed) run. Records at or after
         `start_iteration` are dropped: they belong to work after the last committed
@@ -260,6 +271,7 @@ class RunHistory:
         history = cls(
             run_name=run_name,
             max_steps=max_steps,
+            commit_every=commit_every,
             rows=[iteration_row(r) for r in kept[-TABLE_WINDOW:]],
             flow_run_id=run_flow_run_id(),
         )
@@ -271,9 +283,34 @@ class RunHistory:
     def add_iteration(self, record: Mapping[str, Any]) -> None:
         row = iteration_row(record)
         self.rows = ([r for r in self.rows if r["iteration"] != row["iteration"]] + [row])[-TABLE_WINDOW:]
-        self._publish_table()
-        self._publish_block_row(row)
+        self.table_unsent = True
+        self._keep_block_row(row)
+        if self.table_due(row["iteration"]):
+            self._publish_table()
         self._publish_progress()
+
+    def table_due(self, iteration: int) -> bool:
+        """Whether the run's table goes out after `iteration`: every `TABLE_EVERY`th,
+        every commit of the save cadence, and the last."""
+        return (
+            iteration % TABLE_EVERY == 0
+            or (self.commit_every > 0 and iteration % self.commit_every == 0)
+            or iteration >= self.max_steps
+        )
+
+    def end_block(self) -> None:
+        """The block subflow running now ends (finished, stopped or failed): its table
+        goes out once, and the run's table with the block's last rows."""
+        self._publish_block()
+        if self.table_unsent:
+            self._publish_table()
+
+    def send_unsent(self) -> None:
+        """What a run that ends (or fails) has not sent yet: the last block's table and
+        the run's newest rows."""
+        self._publish_block()
+        if self.table_unsent and self.rows:
+            self._publish_table()
 
     def finish(self, summary: Mapping[str, Any]) -> str | None:
         """Draw the curve into the run directory and publish the summary, once every
@@ -287,6 +324,7 @@ class RunHistory:
         )
         curve_png = _best_effort("read the reward curve back", lambda: _read_bytes(curve_path)) if curve_path else None
         markdown = summary_markdown(summary, records, curve_path, curve_png, self.max_steps)
+        self.send_unsent()
         artifact_writes().flush()
         self._create("publish the run summary", MarkdownArtifact(
             markdown=markdown, key=self.summary_key, description=f"PPO run {self.run_name}: summary"
@@ -295,6 +333,7 @@ class RunHistory:
 
     def fail(self, error: BaseException) -> None:
         last = self.rows[-1]["iteration"] if self.rows else None
+        self.send_unsent()
         artifact_writes().flush()
         self._create("publish the failure note", MarkdownArtifact(
             markdown=failure_markdown(self.run_name, last, error),
@@ -302,11 +341,10 @@ class RunHistory:
             description=f"PPO run {self.run_name}: failed",
         ))
 
-    def _create(self, what: str, artifact: Artifact, on_this_run: bool = True) -> UUID | None:
-        """Create `artifact` on the `ppo` flow run (or, not `on_this_run`, on the flow
-        run running now: a block's own table); its id, or None when the API refused."""
-        if on_this_run:
-            artifact.flow_run_id = self.flow_run_id
+    def _create(self, what: str, artifact: Artifact, flow_run_id: UUID | None = None) -> UUID | None:
+        """Create `artifact` on the `ppo` flow run (or on `flow_run_id`: a block's own
+        table); its id, or None when the API refused."""
+        artifact.flow_run_id = flow_run_id or self.flow_run_id
         created = _best_effort(what, lambda: create_artifact(artifact))
         return None if created is None else created.id
 
@@ -319,12 +357,12 @@ class RunHistory:
 
     def _send_table(
         self, holder: "RunHistory | BlockTable", what: str, table: list[dict[str, Any]], description: str,
-        key: str | None = None, on_this_run: bool = True,
+        key: str | None = None, flow_run_id: UUID | None = None,
     ) -> None:
         """Create `holder`'s table artifact on its first write, update it in place after."""
         if holder.table_id is None:
             holder.table_id = self._create(
-                f"create {what}", TableArtifact(table=table, key=key, description=description), on_this_run=on_this_run
+                f"create {what}", TableArtifact(table=table, key=key, description=description), flow_run_id
             )
         else:
             update = ArtifactUpdate(data=json.dumps(table), description=description)
@@ -333,6 +371,7 @@ class RunHistory:
     def _publish_table(self) -> None:
         """The table as it is now, sent in the background: a newer one not yet sent
         replaces it (each carries the whole window)."""
+        self.table_unsent = False
         table = table_rows(self.rows)
         first, last = table[0]["iteration"], table[-1]["iteration"]
         description = (
@@ -345,25 +384,33 @@ class RunHistory:
 
         artifact_writes().submit(write, key=(self.table_key, "table"))
 
-    def _publish_block_row(self, row: dict[str, Any]) -> None:
+    def _keep_block_row(self, row: dict[str, Any]) -> None:
         """The block subflow this iteration ran in gets a table of its own iterations
-        (no key: it is listed on the block's run page, not among the run's keys)."""
+        (no key: it is listed on the block's run page, not among the run's keys), sent
+        when the block ends; a row of a new block first sends the previous one's."""
         here = current_flow_run_id()
         if here is None or here == self.flow_run_id:  # not inside a block subflow
             return
-        if self.block is None or self.block.flow_run_id != here:
+        if self.block is not None and self.block.flow_run_id != here:
+            self._publish_block()
+        if self.block is None:
             self.block = BlockTable(flow_run_id=here)
-        block = self.block
-        block.rows.append(row)
+        self.block.rows.append(row)
+
+    def _publish_block(self) -> None:
+        """The kept block's table, once; then no block is kept."""
+        block, self.block = self.block, None
+        if block is None or not block.rows:
+            return
         table = table_rows(block.rows)
         description = (
             f"PPO run {self.run_name}: iterations {table[0]['iteration']}-{table[-1]['iteration']} of this block"
         )
 
         def write() -> None:
-            self._send_table(block, "the block's iteration table", table, description, on_this_run=False)
+            self._send_table(block, "the block's iteration table", table, description, flow_run_id=block.flow_run_id)
 
-        artifact_writes().submit(write, key=(self.table_key, "block", here))
+        artifact_writes().submit(write, key=(self.table_key, "block", block.flow_run_id))
 
     def _publish_progress(self) -> None:
         done = self.rows[-1]["iteration"] if self.rows else 0

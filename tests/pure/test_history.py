@@ -90,21 +90,79 @@ def test_summary_markdown_names_iterations_boundary_reward_model_and_curve():
     assert "data:image/png;base64," in text
 
 
-def test_an_iteration_sends_the_same_few_rows_at_iteration_300_as_at_iteration_3(monkeypatch):
-    """S-OPS-1: the run's table is a window of the newest TABLE_WINDOW rows, so an
-    update never grows with the run (before, every update re-sent every row)."""
-    from views.history import TABLE_WINDOW
-
-    sent: list[int] = []
-    monkeypatch.setattr(RunHistory, "_update", lambda self, what, artifact_id, update: sent.append(
-        len(json.loads(update.data))
+def _recorded_writes(monkeypatch) -> tuple[list[tuple[str, int, int]], dict[str, int]]:
+    """Every history write (what, the iteration it went out after, the bytes it
+    carried), the API replaced by a recorder, and the clock the caller sets."""
+    writes: list[tuple[str, int, int]] = []
+    now = {"iteration": 0}
+    monkeypatch.setattr(RunHistory, "_update", lambda self, what, artifact_id, update: writes.append(
+        (what, now["iteration"], len(update.model_dump_json(exclude_unset=True)))
     ))
-    monkeypatch.setattr("views.history.update_progress_artifact", lambda *args, **kwargs: None)
+    monkeypatch.setattr("views.history.update_progress_artifact", lambda artifact_id, progress, description: (
+        writes.append(("progress", now["iteration"], len(json.dumps([progress, description]))))
+    ))
+    return writes, now
+
+
+def test_what_an_iteration_sends_costs_the_same_at_iteration_3000_as_at_iteration_300(monkeypatch):
+    """S-FOOT-1: per iteration only the progress goes out; the run's table (its newest
+    TABLE_WINDOW rows) every TABLE_EVERY iterations and at each commit, so the bytes
+    sent per 1,000 iterations stay the same however long the run (before, the whole
+    window went out every iteration: 38 KB an iteration once full)."""
+    from views.artifact_writes import artifact_writes
+    from views.history import TABLE_EVERY, TABLE_WINDOW
+
+    writes, clock = _recorded_writes(monkeypatch)
+    history = RunHistory(
+        run_name="long", max_steps=3000, commit_every=25, table_id=uuid.uuid4(), progress_id=uuid.uuid4()
+    )
+    for iteration in range(1, 3001):
+        clock["iteration"] = iteration
+        history.add_iteration(iteration_metrics(iteration, 0.1, 0.0))
+        artifact_writes().flush()  # each write sent before the next (unsent ones would coalesce)
+    tables = [(i, size) for what, i, size in writes if what == "update the iteration table"]
+    assert [i for i, _ in tables] == [i for i in range(1, 3001) if i % TABLE_EVERY == 0 or i % 25 == 0]
+    progress = [size for what, _, size in writes if what == "progress"]
+    assert len(progress) == 3000 and max(progress) < 100  # one number and a short line
+    assert [row["iteration"] for row in history.rows] == list(range(3001 - TABLE_WINDOW, 3001))
+
+    def sent(first: int, last: int) -> int:
+        return sum(size for _, i, size in writes if first <= i <= last)
+
+    assert sent(2001, 3000) <= 1.01 * sent(1001, 2000)
+    assert sent(1001, 2000) / 1000 < 6_000  # bytes per iteration, the window full
+
+
+def test_a_blocks_table_goes_out_once_when_the_block_ends_on_that_blocks_run(monkeypatch):
+    """S-FOOT-1: a block's table is created once, at its end, on the block's own flow
+    run; the run's table goes out then too with the rows not yet sent."""
     from views.artifact_writes import artifact_writes
 
-    history = RunHistory(run_name="long", max_steps=300, table_id=uuid.uuid4(), progress_id=uuid.uuid4())
-    for iteration in range(1, 301):
+    created: list[tuple[object, list[int]]] = []
+    updated: list[list[int]] = []
+    monkeypatch.setattr("views.history.create_artifact", lambda artifact: created.append(
+        (artifact.flow_run_id, [row["iteration"] for row in artifact.table])
+    ) or type("Created", (), {"id": uuid.uuid4()})())
+    monkeypatch.setattr(RunHistory, "_update", lambda self, what, artifact_id, update: updated.append(
+        [row["iteration"] for row in json.loads(update.data)]
+    ))
+    monkeypatch.setattr("views.history.update_progress_artifact", lambda *args, **kwargs: None)
+    run, first_block, second_block = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    inside = {"block": first_block}
+    monkeypatch.setattr("views.history.current_flow_run_id", lambda: inside["block"])
+    history = RunHistory(run_name="blocks", max_steps=30, flow_run_id=run, table_id=uuid.uuid4(),
+                         progress_id=uuid.uuid4())
+    for iteration in range(1, 8):
         history.add_iteration(iteration_metrics(iteration, 0.1, 0.0))
-        artifact_writes().flush()  # each update sent before the next (unsent ones would coalesce)
-    assert sent[:3] == [1, 2, 3] and max(sent) == TABLE_WINDOW == sent[-1]
-    assert [row["iteration"] for row in history.rows] == list(range(301 - TABLE_WINDOW, 301))
+    artifact_writes().flush()
+    assert created == [] and updated == []  # nothing table-sized went out during the block
+    history.end_block()
+    artifact_writes().flush()
+    assert created == [(first_block, list(range(1, 8)))] and updated == [list(range(1, 8))]
+    inside["block"] = second_block
+    for iteration in range(8, 13):
+        history.add_iteration(iteration_metrics(iteration, 0.1, 0.0))
+    history.send_unsent()
+    artifact_writes().flush()
+    assert created[-1] == (second_block, list(range(8, 13)))
+    assert updated[0] == list(range(1, 8)) and updated[-1] == list(range(1, 13))
