@@ -60,7 +60,7 @@ def check_profile_path(profile: str | Path, allowed_dirs: Iterable[Path]) -> Non
 def allow_profile_dir(directory: str | Path) -> None:
     """Add ``directory`` to this process's PPO_PROFILE_DIRS: the CLI trusts the
     directory of the --config file its operator named, so the flow it then runs
-    in this process loads that file (docs/launch.md, "Which profiles load")."""
+    in this process loads that file (docs/launch.md, "Which profiles load, and where your modules import from")."""
     named = [part for part in os.environ.get(PROFILE_DIRS_ENV, "").split(os.pathsep) if part]
     resolved = str(Path(directory).resolve())
     if resolved not in named:
