@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-CODE_DIRS_ENV = "PPO_CODE_DIRS"
+CODE_DIRS_ENV = "PPO_LAUNCH_CODE_DIRS"
 """Set by the launch, never by an operator: the run's code folders, in the environment
 of the processes of a Ray the run starts (whose nodes share this machine's files)."""
 

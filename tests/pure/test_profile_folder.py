@@ -57,7 +57,7 @@ def test_the_launch_prints_the_same_notes(tmp_path, monkeypatch):
     assert checked["profile"] == str(profile)
     assert len(planned.profile_notes) == 1 and "'profile'" in planned.profile_notes[0]
     assert planned.code_dirs == (str(tmp_path),)  # carried with the launch to every process it starts
-    assert "PPO_CODE_DIRS" not in os.environ  # not set by loading the profile
+    assert "PPO_LAUNCH_CODE_DIRS" not in os.environ  # not set by loading the profile
 
 
 def test_the_projects_own_profiles_and_a_plain_folder_get_no_note(tmp_path):
