@@ -141,7 +141,7 @@ def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:
     stop = launch.stop
     started = time.perf_counter()
     with _importing_beside("processes.actors"):  # torch and the role classes, while Ray's daemons start
-        launch.ray = connect_ray(launch.config)
+        launch.ray = connect_ray(launch.config, launch.code_dirs)
     take_sigterm_back(stop)
     if stop.signalled():
         return stopped_before_the_flow(launch)

@@ -18,11 +18,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel
@@ -168,7 +166,6 @@ def check_callable_module(path: str, *, key: str, error: type[Exception] = Value
     module itself (its parent packages are imported: call this only on a value that
     passed the trust check)."""
     module_name, _ = split_callable_path(path, key=key, error=error)
-    _code_dirs_on_path()
     try:
         found = importlib.util.find_spec(module_name)
     except ModuleNotFoundError as problem:  # a parent package that is missing
@@ -178,30 +175,6 @@ def check_callable_module(path: str, *, key: str, error: type[Exception] = Value
     if found is None:
         raise error(f"{key}: {path!r}: {module_not_found(module_name)}")
     return path
-
-
-CODE_DIRS_ENV = "PPO_CODE_DIRS"
-"""Folders whose modules config values may name by bare name: the profile's own (S-BYO-3)."""
-
-
-def add_code_dir(folder: Path) -> None:
-    """Make the modules in `folder` (beside a profile: a reward function, a row factory)
-    importable by bare name here and in every process this one starts (Ray's actors,
-    the fork server, a deployment's flow run loads its profile itself), which inherit
-    CODE_DIRS_ENV and append it where they import named code (`_code_dirs_on_path`).
-    Appended, not PYTHONPATH: a profile.py beside the profile must never stand in for
-    the standard library's `profile` module in an actor that imports torch."""
-    directory = str(folder.resolve())
-    entries = [entry for entry in os.environ.get(CODE_DIRS_ENV, "").split(os.pathsep) if entry]
-    if directory not in entries:
-        os.environ[CODE_DIRS_ENV] = os.pathsep.join([*entries, directory])
-    _code_dirs_on_path()
-
-
-def _code_dirs_on_path() -> None:
-    for entry in os.environ.get(CODE_DIRS_ENV, "").split(os.pathsep):
-        if entry and entry not in sys.path:
-            sys.path.append(entry)
 
 
 def module_not_found(module_name: str) -> str:
@@ -237,7 +210,6 @@ def import_callable(
     module_name, attribute = split_callable_path(path, key=key, error=error)
     trusted_here = trusted_modules(trusted)
     checked = within(module_name, trusted_here)
-    _code_dirs_on_path()
     try:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as problem:

@@ -15,7 +15,8 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from configs.callables import add_code_dir, override_trust_problems
+from configs.callables import override_trust_problems
+from configs.code_folders import code_dirs_of, use_code_dirs
 from contracts.faults import RepeatsOnRerun
 from configs.schema import PPOConfig
 
@@ -23,7 +24,8 @@ from configs.schema import PPOConfig
 DATA_SOURCE_KEYS = {"rl.data.path", "rl.data.name", "rl.data.factory"}
 
 PROFILE_DIRS_ENV = "PPO_PROFILE_DIRS"
-"""Colon-separated directories, besides configs/, whose profiles a flow run may load."""
+"""Colon-separated directories, besides configs/, whose profiles a flow run may load; the
+loaded profile's own folder is then the run's code folder (configs/code_folders.py)."""
 
 
 class ConfigError(ValueError, RepeatsOnRerun):
@@ -58,7 +60,7 @@ def check_profile_path(profile: str | Path, allowed_dirs: Iterable[Path]) -> Non
 def allow_profile_dir(directory: str | Path) -> None:
     """Add ``directory`` to this process's PPO_PROFILE_DIRS: the CLI trusts the
     directory of the --config file its operator named, so the flow it then runs
-    in this process loads that file (docs/launch.md, "Which profiles load")."""
+    in this process loads that file (docs/launch.md, "Which profiles load, and where your modules import from")."""
     named = [part for part in os.environ.get(PROFILE_DIRS_ENV, "").split(os.pathsep) if part]
     resolved = str(Path(directory).resolve())
     if resolved not in named:
@@ -80,8 +82,7 @@ def load_profile(profile: str | Path, *, allowed_dirs: Iterable[Path] | None = N
     if spec is None or spec.loader is None:  # not a .py file: nothing could load it
         raise ConfigError([f"profile: {str(profile)!r} is not a Python file (a profile is a .py file defining CONFIG)"])
     module = importlib.util.module_from_spec(spec)
-    if path.resolve().parent != Path(__file__).resolve().parent:  # configs/ is a package of the project
-        add_code_dir(path.parent)
+    use_code_dirs(code_dirs_of(path))  # the modules beside it import here, the profile's own imports included
     try:
         spec.loader.exec_module(module)
     except ValidationError as error:

@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
+from configs.code_folders import code_dirs_of
 from configs.schema import PPOConfig
 from flows.launch_mode import ByCommand, ByDeployment, LaunchMode
 from rundir.base_model import pin_hub_model
@@ -55,6 +56,9 @@ class Launch:
     mode: LaunchMode = field(default_factory=ByDeployment)
     ray: RaySession | None = None  # the Ray connected for it, closed by whoever connected it
     identity: RunIdentity | None = None  # what the run is, read once here; every commit records it (S-CKPT-4)
+    # S-BYO-3: the folders whose modules config values name by bare name (the profile's own),
+    # handed to every process the run starts, and shipped to a joined cluster's nodes.
+    code_dirs: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -96,7 +100,7 @@ def plan_launch(
         profile, tuple(overrides or ()), critic_warmup_iterations, run_name, resume, resume_from
     )
     return Launch(config, paths, point, stop=stop_request(config), parameters=planned_from, packer=checked.packer,
-                  profile_notes=tuple(checked.profile_notes), identity=identity)
+                  profile_notes=tuple(checked.profile_notes), identity=identity, code_dirs=code_dirs_of(profile))
 
 
 _handed: ContextVar[Launch | None] = ContextVar("ppo_launch", default=None)

@@ -26,8 +26,9 @@ class LaunchMode(Protocol):
     def announce(self, packer: str | None, notes: Sequence[str]) -> None:
         """The launch's own lines (the packer, notes on the profile's folder)."""
 
-    def connect_ray(self, config: PPOConfig) -> RaySession | None:
-        """The Ray session this flow run connects, or None when its launcher did."""
+    def connect_ray(self, config: PPOConfig, code_dirs: Sequence[str]) -> RaySession | None:
+        """The Ray session this flow run connects (its processes importing `code_dirs`),
+        or None when its launcher did."""
 
     def failed(self, error: Exception) -> None:
         """A failed run's last words, where its reader looks."""
@@ -54,7 +55,7 @@ class ByCommand:
     def announce(self, packer: str | None, notes: Sequence[str]) -> None:
         return None
 
-    def connect_ray(self, config: PPOConfig) -> RaySession | None:
+    def connect_ray(self, config: PPOConfig, code_dirs: Sequence[str]) -> RaySession | None:
         return None
 
     def failed(self, error: Exception) -> None:
@@ -87,10 +88,10 @@ class ByDeployment:
         for note in notes:
             say(f"note: {note}")
 
-    def connect_ray(self, config: PPOConfig) -> RaySession | None:
+    def connect_ray(self, config: PPOConfig, code_dirs: Sequence[str]) -> RaySession | None:
         from processes.ray_session import connect_ray
 
-        return connect_ray(config)
+        return connect_ray(config, tuple(code_dirs))
 
     def failed(self, error: Exception) -> None:
         """S-BYO-2: the lines a command-line run ends on (`error: <cause>` and what to do),

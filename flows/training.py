@@ -190,7 +190,7 @@ def _train(launch: Launch, lock: RunLock, first_attempt: bool) -> dict[str, Any]
 def _connect_ray(owned: contextlib.ExitStack, launch: Launch) -> None:
     """Ray is connected once: by the command line that handed this launch over, else here."""
     started = time.perf_counter()
-    session = launch.mode.connect_ray(launch.config)
+    session = launch.mode.connect_ray(launch.config, launch.code_dirs)
     take_sigterm_back(launch.stop)
     if session is not None:
         launch.ray = session

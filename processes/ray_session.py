@@ -26,7 +26,8 @@ from compat.ray_compat import (
     worker_python,
     worker_script,
 )
-from configs.callables import CODE_DIRS_ENV
+from configs.code_folders import CODE_DIRS_ENV, SHIPPED_CODE_ENV
+from processes.code_shipping import shipped_code
 from processes.fork_client import SOCKET_ENV, WORKER_SCRIPT_ENV
 from processes.fork_launch import ForkServer, fork_workers_enabled, py_executable, start_fork_server, write_launcher
 from processes.process_tree import MARK_ENV, end_processes, marked
@@ -72,12 +73,14 @@ class ClusterTokenMissing(RuntimeError):
     """A run names a cluster but holds only the token it made for a local Ray."""
 
 
-def worker_env() -> dict[str, str]:
-    """Environment of every actor process: the project importable, one BLAS thread,
-    and the quiet, offline settings the whole run uses."""
+def worker_env(code_dirs: tuple[str, ...] = ()) -> dict[str, str]:
+    """Environment of every actor process: the project importable, the run's code
+    folders named (S-BYO-3: the roles that import named code append them to their path,
+    configs/code_folders.py), one BLAS thread, and the quiet, offline settings the
+    whole run uses."""
     return {
         "PYTHONPATH": os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
-        CODE_DIRS_ENV: os.environ.get(CODE_DIRS_ENV, ""),  # S-BYO-3: the profile's folder, for named code
+        CODE_DIRS_ENV: os.pathsep.join(code_dirs),
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
@@ -139,12 +142,13 @@ class RaySession:
             self.fork_server = None
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> RaySession:
-    """Join the Ray cluster at `address`, or start a local Ray of this process's own."""
-    return join_ray(address) if address else start_local_ray(num_cpus)
+def init_ray(address: str | None = None, num_cpus: int | None = None, code_dirs: tuple[str, ...] = ()) -> RaySession:
+    """Join the Ray cluster at `address`, or start a local Ray of this process's own,
+    whose processes import the modules in `code_dirs` (the launch's, S-BYO-3)."""
+    return join_ray(address, code_dirs) if address else start_local_ray(num_cpus, code_dirs)
 
 
-def start_local_ray(num_cpus: int | None = None) -> RaySession:
+def start_local_ray(num_cpus: int | None = None, code_dirs: tuple[str, ...] = ()) -> RaySession:
     """A new Ray of this run's own, never a cluster some other process started on this
     machine (plain ray.init() would join that one).
 
@@ -160,7 +164,7 @@ def start_local_ray(num_cpus: int | None = None) -> RaySession:
 
     require_local_ray_auth()
     session = RaySession(address=None, mark=secrets.token_hex(8))
-    env_vars = {**worker_env(), MARK_ENV: session.mark}  # S-STOP-5: how its processes are found at the end
+    env_vars = {**worker_env(code_dirs), MARK_ENV: session.mark}  # S-STOP-5: how its processes are found at the end
     # The autoscaler's Prometheus endpoint is the one listener of a local Ray that answers
     # anyone (0.0.0.0:44217, no token). A local Ray never autoscales: an invalid port makes
     # Ray skip that server (it logs the failed start in monitor.log). A user who sets the
@@ -186,14 +190,15 @@ def start_local_ray(num_cpus: int | None = None) -> RaySession:
     return session
 
 
-def join_ray(address: str) -> RaySession:
+def join_ray(address: str, code_dirs: tuple[str, ...] = ()) -> RaySession:
     """Join a cluster with its own settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN or
     RAY_AUTH_TOKEN_PATH, docs/launch.md). A joined Ray's raylet knows nothing of this
-    run: its settings, and the fork client of a local Ray handed down here, come in a
-    runtime environment; a cluster's own workers start as Ray starts them."""
+    run: its settings, the fork client of a local Ray handed down here, and the run's
+    code folders (shipped to every node, processes/code_shipping.py) come in a runtime
+    environment; a cluster's own workers start as Ray starts them."""
     import ray
 
-    env_vars = worker_env()
+    env_vars = worker_env()  # a node may lack the code folders' paths: they are shipped instead
     socket_path = shared_fork_server(address) if fork_workers_enabled() else None
     if socket_path is not None:
         env_vars[SOCKET_ENV] = socket_path
@@ -205,7 +210,11 @@ def join_ray(address: str) -> RaySession:
     if socket_path is not None:
         runtime_env["py_executable"] = py_executable()
     joined_node = os.environ.get(JOINED_NODE_ENV) or None
-    ray.init(address=address, runtime_env=runtime_env, **attach_to_node(joined_node), **_init_options())
+    with shipped_code(code_dirs) as (py_modules, names):
+        if py_modules:
+            runtime_env["py_modules"] = py_modules
+            env_vars[SHIPPED_CODE_ENV] = os.pathsep.join(names)
+        ray.init(address=address, runtime_env=runtime_env, **attach_to_node(joined_node), **_init_options())
     return RaySession(address=address)
 
 
@@ -329,12 +338,13 @@ def _minted_by(token: str) -> str:
     return f"{os.getpid()}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
 
 
-def connect_ray(config: PPOConfig) -> RaySession | None:
-    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray; None when this process
-    is connected already (whoever connected it closes it). Actors are named inside the
+def connect_ray(config: PPOConfig, code_dirs: tuple[str, ...] = ()) -> RaySession | None:
+    """Join `grid.ray_address`/RAY_ADDRESS or start a local Ray, its processes importing
+    the launch's `code_dirs`; None when this process is connected already (whoever
+    connected it closes it, and chose its code folders). Actors are named inside the
     run's own namespace, so one cluster can host several runs."""
     import ray
 
     if ray.is_initialized():
         return None
-    return init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus)
+    return init_ray(config.grid.ray_address or os.environ.get("RAY_ADDRESS"), config.grid.ray_num_cpus, code_dirs)

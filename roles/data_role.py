@@ -10,6 +10,7 @@ import fsspec
 import torch
 
 from checkpoint.role_files import saving, write_file
+from configs.code_folders import use_run_code_dirs
 from configs.schema import DataConfig, PPOConfig
 from algorithm.rewards import resolve_terminal
 from data.prompt_projection import project_prompt, project_reference, reference_key_for
@@ -53,6 +54,7 @@ def load_rows(
 class DataRole:
     def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
         """`placement`: always the host's (the data role holds no model)."""
+        use_run_code_dirs()  # S-BYO-3: a row factory or reward beside the profile
         data = config.rl.data
         trusted = config.job.trusted_modules
         matcher = resolve_terminal(config.rl.reward.terminal, config.rl.reward.terminal_callable, trusted)

@@ -13,6 +13,7 @@ import torch
 from algorithm.reward_errors import LOGGED_ERRORS, describe_reward_error, failed
 from algorithm.ppo_math import last_action_scores
 from algorithm.rewards import RewardContext, on_ppo_scale, process_reward, resolve_terminal, terminal_score
+from configs.code_folders import use_run_code_dirs
 from configs.schema import PPOConfig
 from contracts.faults import REWARD_EVENTS
 from contracts.trajectory import Trajectory
@@ -24,6 +25,7 @@ class RewardRole:
     def __init__(self, config: PPOConfig, placement: RolePlacement | None = None):
         """`placement`: where a loaded reward model computes (its own group, or beside
         the reference), or the host's (rules only, or a served model)."""
+        use_run_code_dirs()  # S-BYO-3: a reward function beside the profile
         self.reward = config.rl.reward
         # With an environment, its step rewards are the rewards (docs/howto/environments.md):
         # no rule judges the last turn.

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from configs.code_folders import use_run_code_dirs
 from configs.schema import PPOConfig
 from data.packing import MULTIMODAL_EXTRA, concat_multimodal
 from data.packer_choice import build_packer
@@ -108,6 +109,7 @@ class RolloutRole:
     engine `i` generates shard `i` of each batch and engine 0 gathers the shards."""
 
     def __init__(self, config: PPOConfig, placement: RolePlacement):
+        use_run_code_dirs()  # S-BYO-3: a packer or environment beside the profile
         configure_torch_threads(config.rl.threads_per_role)
         self.config = config
         self.rank = placement.rank

@@ -23,7 +23,6 @@ from tests.support.user_project import write_user_project
 def own_path(monkeypatch):
     """The profile's folder joins the path while the test runs, and leaves it after."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setenv("PPO_CODE_DIRS", "")
 
 
 def _trajectory(completions: list[str]) -> Trajectory:

@@ -5,6 +5,7 @@ docs' suggested names shadow nothing."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 
@@ -19,8 +20,7 @@ CONFIG = BASE.model_copy(update={{"job": BASE.job.model_copy(update={{"output_ro
 
 
 def test_a_profile_named_like_a_standard_module_is_noted_not_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("PPO_CODE_DIRS", "")  # loading the profile adds its folder: undone after the test
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading the profile adds its folder: undone after the test
     profile = tmp_path / "profile.py"
     profile.write_text(PROFILE.format(root=str(tmp_path / "outputs")))
     (tmp_path / "myrewards.py").write_text("")
@@ -45,8 +45,7 @@ def test_the_launch_prints_the_same_notes(tmp_path, monkeypatch):
     profile = tmp_path / "profile.py"
     profile.write_text(PROFILE.format(root=str(tmp_path / "outputs")))
     monkeypatch.setenv("PPO_PROFILE_DIRS", str(tmp_path))  # as the command line allows its --config's folder
-    monkeypatch.setenv("PPO_CODE_DIRS", "")  # loading the profile adds its folder: undone after the test
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading the profile adds its folder: undone after the test
     checked: dict = {}
 
     def require_runnable(config, *, profile=None, environ=None):
@@ -57,6 +56,8 @@ def test_the_launch_prints_the_same_notes(tmp_path, monkeypatch):
     planned = launch.plan_launch(str(profile), [], None, None, resume=False, resume_from=None)
     assert checked["profile"] == str(profile)
     assert len(planned.profile_notes) == 1 and "'profile'" in planned.profile_notes[0]
+    assert planned.code_dirs == (str(tmp_path),)  # carried with the launch to every process it starts
+    assert "PPO_LAUNCH_CODE_DIRS" not in os.environ  # not set by loading the profile
 
 
 def test_the_projects_own_profiles_and_a_plain_folder_get_no_note(tmp_path):

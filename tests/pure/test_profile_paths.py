@@ -113,10 +113,10 @@ def test_the_cli_lets_the_flow_load_its_own_config_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(flows.training, "ppo", flow_body)
     # No Ray or actors in a pure test: the CLI's start-ahead of them is not what this checks.
-    monkeypatch.setattr("processes.ray_session.connect_ray", lambda config: None)
+    monkeypatch.setattr("processes.ray_session.connect_ray", lambda config, code_dirs=(): None)
     monkeypatch.setattr("processes.temporary_api.start_temporary_api", lambda early=None: None)
     monkeypatch.setattr("processes.temporary_api.launch_early", lambda: None)
-    monkeypatch.setattr("processes.actors.launch_role_actors", lambda config: None)
+    monkeypatch.setattr("processes.actors.launch_role_actors", lambda config, code_dirs=(): None)
     monkeypatch.chdir(tmp_path)
     assert cli.command.main(["--config", str(profile), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
     assert seen == ["tiny-cpu"]
@@ -158,10 +158,10 @@ def test_one_launch_loads_the_profile_once_and_checks_the_resume_point_once(tmp_
     monkeypatch.setattr(configs.loading, "load_profile", counted_load_profile)
     monkeypatch.setattr(flows.launch, "resume_boundary", counted_resume_boundary)
     monkeypatch.setattr(flows.training, "ppo", flow_body)
-    monkeypatch.setattr("processes.ray_session.connect_ray", lambda config: None)
+    monkeypatch.setattr("processes.ray_session.connect_ray", lambda config, code_dirs=(): None)
     monkeypatch.setattr("processes.temporary_api.start_temporary_api", lambda early=None: None)
     monkeypatch.setattr("processes.temporary_api.launch_early", lambda: None)
-    monkeypatch.setattr("processes.actors.launch_role_actors", lambda config: None)
+    monkeypatch.setattr("processes.actors.launch_role_actors", lambda config, code_dirs=(): None)
     assert cli.command.main(["--config", str(TINY_PROFILE), "--", f"job.output_root={tmp_path / 'out'}"]) == 2
     assert len(loads) == 1 and len(resume_checks) == 1
     assert taken[0].config.job.output_root == str(tmp_path / "out") and taken[0].resume_point is None
