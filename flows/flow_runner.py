@@ -32,7 +32,7 @@ from views.run_artifacts import artifacts_on_this_run, current_flow_run_id
 
 
 POOL_LABEL = "rollout pool"  # how messages name the engine pool's actor
-ENGINE_ANSWER_S = 10.0  # an idle engine answers a ready call at once, even on a busy machine; a hung one never
+ENGINE_ANSWER_S = 10.0  # the pool answers `stuck` at once, even on a busy machine (a worker starts to ask it)
 
 
 class FlowRunner:
@@ -58,11 +58,9 @@ class FlowRunner:
         # Ray actor id -> (the role as a user reads it, handle), and -> the node it runs on
         self._actors = {actor_id: (label, labelled[label]) for label, (actor_id, _) in where.items()}
         self._nodes = {actor_id: node for actor_id, node in where.values()}
-        # The engine pool's actor id, and its engines' in rank order: a stage stuck on the pool is stuck on one of them.
+        # The engine pool's actor id: a stage stuck on the pool is stuck on the engine it names.
         self._pool = where.get(POOL_LABEL, (None, None))[0]
-        engines = len(roles.ranks("rollout")) if roles is not None and roles.pool is not None else 0
-        labels = [actor_label("rollout", rank, engines) for rank in range(engines)]
-        self._engines = [where[label][0] for label in labels if label in where]
+        self._engine_count = len(roles.ranks("rollout")) if roles is not None and roles.pool is not None else 0
 
     def layout(self) -> dict[str, list[str]]:
         """Node id -> the actors on it (role and rank), as found at start-up."""
@@ -96,13 +94,20 @@ class FlowRunner:
             late = unfinished[0]
             seen.add(late)
 
-    def _unanswering_engine(self) -> str | None:
-        """The actor id of the first engine that does not answer at once (the pool waits
-        for its shard), or None where every one answers."""
-        asked = {self._actors[actor_id][1].ready.remote(): actor_id for actor_id in self._engines}
-        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ENGINE_ANSWER_S)
-        silent = [actor_id for ref, actor_id in asked.items() if ref not in answered]
-        return silent[0] if silent else None
+    def _pool_waits_on(self) -> tuple[str, Any, str] | None:
+        """The engine the pool's generate waits on longest, as the pool itself answers
+        (processes/engine_pool.py `stuck`): (its label, handle, node), or None."""
+        from processes.engine_pool import ask_stuck
+
+        pool = self._actors[self._pool][1]
+        try:
+            answer = ray.get(ask_stuck.remote(pool), timeout=ENGINE_ANSWER_S)
+        except Exception:  # noqa: BLE001  (a pool that does not answer is the stuck actor itself)
+            return None
+        if answer is None:
+            return None
+        rank, handle, node = answer
+        return actor_label("rollout", rank, self._engine_count), handle, node
 
     def block_ran(self, last_block: bool) -> None:
         """Called at the end of a block's subflow run: wait until the server has recorded
@@ -221,13 +226,15 @@ class FlowRunner:
             # The first outstanding call is the stuck one; later calls of the stage may
             # only be waiting for its output.
             stuck = self.stuck_call(error.late[0]).task_id().actor_id().hex()
-            if stuck == self._pool:  # the pool waits for an engine: that engine is the stuck one
-                stuck = self._unanswering_engine() or stuck
             name, handle = self._actors.get(stuck, (f"actor {stuck}", None))
-            if handle is not None:
-                kill_quietly(handle)
             node = self._nodes.get(stuck)
             where = f"; it ran on {node_name(node, node_addresses())}" if node and len(self.layout()) > 1 else ""
+            waited_on = self._pool_waits_on() if stuck == self._pool else None
+            if waited_on is not None:  # the pool waits for an engine: that engine is the stuck one
+                name, handle, engine_node = waited_on
+                where = f"; it ran on {engine_node}" if len(self.layout()) > 1 else ""
+            if handle is not None:
+                kill_quietly(handle)
             return (
                 f"no result from the {name} actor within {error.seconds:g} s "
                 f"(rl.stage_timeout_seconds={error.seconds:g}); killed it so it holds no device{where}"

@@ -21,7 +21,7 @@ from placement.plan import SHARDED_ROLES, plan_placement
 from placement.ray_lowering import LoweredPlacement, lower_placement, release_placement
 from placement.role_placement import role_placements
 from processes.dead_actors import kill_quietly
-from processes.engine_pool import EngineLaunch, EnginePool
+from processes.engine_pool import WATCH_GROUP, EngineLaunch, EnginePool
 from roles.bodies import ROLE_CLASSES
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def launch_role_actors(config: PPOConfig) -> LaunchedActors:
             ]
     pool = None
     if len(engine_launches) > 1:  # S-ELASTIC-1: a host actor, where the host roles run
-        pool = ray.remote(EnginePool).options(
+        pool = ray.remote(concurrency_groups={WATCH_GROUP: 1})(EnginePool).options(
             name="rollout-pool", namespace=namespace, max_restarts=0, **lowered.actor_options("data")
         ).remote(config, groups["rollout"], engine_launches)
     return LaunchedActors(groups, launched_at, pool)

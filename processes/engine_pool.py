@@ -44,6 +44,11 @@ from weights.publication import WeightPublication
 from weights.transport import deliver
 
 
+WATCH_GROUP = "watch"
+"""The pool's second concurrency group: `stuck` answers while a generate runs in the
+default group, whose calls still run one at a time, in order."""
+
+
 class RolloutEngineLost(RuntimeError):
     """More rollout engines were lost than the run may replace, or every one of them."""
 
@@ -154,6 +159,11 @@ class GenerateRound:
         engine.outstanding = 0
         return moved
 
+    def oldest(self) -> ShardCall | None:
+        """The unanswered call submitted first: what the round waits on longest."""
+        waiting = list(self.calls.values())
+        return min(waiting, key=lambda call: call.submitted) if waiting else None
+
 
 def engine_deadline(config: PPOConfig) -> float | None:
     """Seconds an engine call may take before the engine counts as lost: the key, or a
@@ -187,6 +197,7 @@ class EnginePool:
         self.published: tuple[WeightPublication, int] | None = None
         self.pending: list[Replacement] = []
         self.carried = Faults()  # losses met outside a generate, reported with the next batch
+        self.round: GenerateRound | None = None  # the generate in progress, for `stuck`
 
     def ready(self) -> dict[str, Any]:
         """Called once the engines are ready: where each runs, for the messages."""
@@ -199,6 +210,7 @@ class EnginePool:
         self._finish_replacements(self.carried)  # started after an earlier loss: waited for now, not then
         faults, self.carried = self.carried, Faults()
         batch = GenerateRound(ray.put(prompts), required_version, len(self.engines), self.timeout_s, faults)
+        self.round = batch
         for engine in self.engines:  # shard i on engine i; a lost or lagging one's on a survivor
             batch.submit(engine.rank, engine if self._serves(engine) else self._least_busy())
         while batch.calls:
@@ -216,9 +228,21 @@ class EnginePool:
                 if call.summary in batch.calls:  # not moved with an engine lost in this same pass
                     batch.answered(call.summary)
                     self._regenerate(batch, call, GetTimeoutError(), prompts.iteration)
+        self.round = None
         trajectory, summary = self._gather([batch.done[index] for index in range(batch.count)], faults)
         check_generated(trajectory, prompts.row_ids)  # S-ELASTIC-3: never train on a failed generation
         return trajectory, {**summary, **faults.summary(self.counted)}
+
+    @ray.method(concurrency_group=WATCH_GROUP)
+    def stuck(self) -> tuple[int, Any, str] | None:
+        """The engine a generate in progress waits on longest, as (rank, handle, node), or
+        None. It runs in its own concurrency group, beside the generate; ask it from
+        another caller than the one that queued the run's calls (`ask_stuck`): Ray sends
+        one caller's calls to an actor in order, so behind a queued call whose inputs wait
+        on the hung generate it would never be sent."""
+        batch = self.round
+        oldest = batch.oldest() if batch is not None else None
+        return None if oldest is None else (oldest.engine.rank, oldest.engine.handle, oldest.engine.node)
 
     def load_weights(self, published: WeightPublication, policy_version: int) -> dict[str, float]:
         """Every engine takes the version: a replacement started since the last call as
@@ -374,3 +398,9 @@ def _why(error: BaseException, timeout_s: float | None) -> str:
     if isinstance(error, GetTimeoutError):
         return f"no answer within {timeout_s:g} s (rl.rollout.engine_timeout_seconds)"
     return f"its process is gone ({first_line(error)[:200]})"
+
+
+@ray.remote(num_cpus=0)
+def ask_stuck(pool: Any) -> tuple[int, Any, str] | None:
+    """The pool's `stuck`, asked from a caller of its own (see `EnginePool.stuck`)."""
+    return ray.get(pool.stuck.remote())
