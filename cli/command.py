@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return validate_manifest(args.config, overrides)
     from checkpoint.boundary import CheckpointError
     from flows.launch import plan_launch
+    from flows.launch_mode import ByCommand
     from rundir.resume import ResumeError
     from rundir.run_lock import RunLock, RunLocked
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The run's set-up, once: config, directory, resume point (the flow takes it as it is).
         launch = plan_launch(args.config, overrides, None, None, resume=not args.fresh, resume_from=args.resume_from)
+        launch.mode = ByCommand()  # from the first line: this command says what a stop kept
         config = launch.config
         # Before anything imports Ray: it reads its auth settings once, at import (S-SEC-1).
         prepare_ray_auth(joins_cluster=bool(config.grid.ray_address or os.environ.get("RAY_ADDRESS")))
@@ -87,12 +89,13 @@ def run_flow(args, overrides: list[str], launch: Launch, early_api=None) -> int:
     its fork server and the role actors, and only then does this process import the
     flow, which takes `launch` with the actors in it. Everything this process started
     is stopped before the caller prints its last line."""
+    from flows.launch_mode import hard_stop_of
     from flows.stopping import stop_signals
     from processes.temporary_api import start_temporary_api
 
     api = start_temporary_api(early_api)
     stop = launch.stop
-    stop.hard_stop = _hard_stop(launch)  # until the flow sets its own, which also kills the run's actors
+    stop.hard_stop = hard_stop_of(launch)  # the flow's own, from here on (flows/launch_mode.py)
     # One stack owns what this command started, closed in reverse on every way out, as
     # the flow's own stack closes what an attempt started (flows/training.py `_train`).
     with contextlib.ExitStack() as owned:
@@ -120,17 +123,6 @@ def _discard_unadopted(launch: Launch) -> None:
         from processes.actors import discard_launched
 
         discard_launched(unadopted)
-
-
-def _hard_stop(launch: Launch):
-    def hard_stop(why: str) -> None:
-        try:
-            if launch.ray is not None:
-                launch.ray.end_now()  # S-STOP-5: nothing this process started outlives it
-        finally:
-            launch.stop.exit_now(why)
-
-    return hard_stop
 
 
 def _run_flow(args, overrides: list[str], launch: Launch, api) -> int:

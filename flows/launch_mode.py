@@ -9,7 +9,9 @@ no Prefect at module level: the command line plans its launch before Prefect loa
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from flows.stopping import RESUME_BY_COMMAND, RESUME_IN_THE_UI, Stopped
 
@@ -146,3 +148,54 @@ def mark_cancelled(line: str) -> None:
             client.set_flow_run_state(flow_run.id, Cancelled(message=line))
     except Exception as error:  # the flow's own return (or the worker) still ends the run
         print(f"stop: could not mark the flow run Cancelled ahead of its close: {error}", file=sys.stderr, flush=True)
+
+
+class Stoppable(Protocol):
+    """What a hard stop needs of a launch (flows/launch.py `Launch`)."""
+
+    config: PPOConfig
+    stop: StopRequest
+    mode: LaunchMode
+    ray: RaySession | None
+
+
+HARD_STOP_KILL_S = 2.0  # of the shutdown margin, for killing the run's actors by name on a cluster
+
+
+def hard_stop_of(launch: Stoppable) -> Callable[[str], None]:
+    """What a second signal or the end of the grace does, from the command line's first
+    line to the flow's last: kill the run's actors (on a cluster they would outlive this
+    process), say what was kept where the mode's reader looks, end the Ray this launch
+    started, and exit now; the last committed boundary stands, as after any crash."""
+    def hard_stop(why: str) -> None:
+        # Bounded: with its raylet gone, Ray's calls wait for it (S-STOP-5), and the exit
+        # must happen whatever the cluster says. A deployment's run says first, on its
+        # flow run, what it kept or lost (S-STOP-4): its worker's SIGKILL follows.
+        jobs = [threading.Thread(target=_quietly, args=(says,), daemon=True)
+                for says in launch.mode.hard_stop_says(launch.stop, why)]
+        if _ray_connected():  # never starts a Ray just to look for actors
+            from processes.actors import kill_run_actors
+
+            jobs.append(threading.Thread(target=_quietly, args=(kill_run_actors, launch.config.job.name), daemon=True))
+        deadline = time.monotonic() + HARD_STOP_KILL_S
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(max(0.0, deadline - time.monotonic()))
+        if launch.ray is not None:
+            _quietly(launch.ray.end_now)  # S-STOP-5: nothing this process started outlives it
+        launch.stop.exit_now(why)
+
+    return hard_stop
+
+
+def _ray_connected() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _quietly(function: Callable[..., Any], *args: Any) -> None:
+    try:
+        function(*args)
+    except Exception:  # noqa: BLE001  (a hard stop exits whatever failed)
+        pass

@@ -13,7 +13,6 @@ from processes import ray_auth_first  # noqa: F401  (before anything below impor
 import contextlib
 import dataclasses
 import os
-import threading
 import time
 from typing import Any, Callable
 
@@ -29,6 +28,7 @@ from flows.run_report import model_build_line, progress_line, run_summary, say, 
 from views.history import RunHistory
 from flows.iteration import first_step
 from flows.launch import Launch, current_mode, handed_launch, take_launch
+from flows.launch_mode import hard_stop_of
 from flows.stopping import Stopped, StopSignalled, stop_signals, take_sigterm_back
 from rundir.resume import ResumePoint, find_resume_point, verify_resume_point
 from rundir.run_config import DEFAULT_PROFILE, resolve_config
@@ -38,7 +38,7 @@ from flows.flow_runner import FlowIterationLoop, FlowRunner
 from flows.iteration_loop import Resumed, open_run_dir, resume_roles
 from views.trackers import open_trackers
 from placement.nodes import describe_layout, node_addresses
-from processes.actors import RoleHandles, kill_run_actors, start_role_actors, startup_timeout, stop_role_actors
+from processes.actors import RoleHandles, start_role_actors, startup_timeout, stop_role_actors
 from tasks.prefect_tasks import export
 
 
@@ -317,36 +317,3 @@ def _wait_recorded(runner: FlowRunner) -> None:
         runner.wait_recorded()
     except Exception as wait_error:
         get_run_logger().warning(f"could not confirm the last block's task runs were recorded: {wait_error!r}")
-
-
-HARD_STOP_KILL_S = 2.0  # of the shutdown margin, for killing the run's actors by name on a cluster
-
-
-def _quietly(function: Callable[..., Any], *args: Any) -> None:
-    try:
-        function(*args)
-    except Exception:  # noqa: BLE001  (a hard stop exits whatever failed)
-        pass
-
-
-def hard_stop_of(launch: Launch) -> Callable[[str], None]:
-    """What a second signal or the end of the grace does: kill the run's actors (on a
-    cluster they would outlive this process) and exit now; the last committed boundary
-    stands, as after any crash."""
-    def hard_stop(why: str) -> None:
-        # Bounded: with its raylet gone, Ray's calls wait for it (S-STOP-5), and the exit
-        # must happen whatever the cluster says. A deployment's run says first, on its
-        # flow run, what it kept or lost (S-STOP-4): its worker's SIGKILL follows.
-        jobs = [threading.Thread(target=_quietly, args=(kill_run_actors, launch.config.job.name), daemon=True)]
-        jobs += [threading.Thread(target=_quietly, args=(says,), daemon=True)
-                 for says in launch.mode.hard_stop_says(launch.stop, why)]
-        deadline = time.monotonic() + HARD_STOP_KILL_S
-        for job in jobs:
-            job.start()
-        for job in jobs:
-            job.join(max(0.0, deadline - time.monotonic()))
-        if launch.ray is not None:
-            _quietly(launch.ray.end_now)  # S-STOP-5: nothing this process started outlives it
-        launch.stop.exit_now(why)
-
-    return hard_stop
