@@ -289,6 +289,11 @@ def test_engine_mismatch_correction_matches_yao_et_al():
      ["rl.rollout.engine_mismatch_cap (2)", "rl.rollout.max_staleness=1", "rl.rollout.behaviour_weight_cap"]),
 ])
 def test_contradictions_are_refused_naming_the_keys(overrides, named):
+    assert_refused_naming(overrides, named)
+
+
+def assert_refused_naming(overrides: list[str], named: list[str]) -> None:
+    """The tiny profile with `overrides` is refused, every part of `named` in the problems."""
     with pytest.raises(ConfigError) as caught:
         load_config(TINY_PROFILE, overrides)
     message = "\n".join(caught.value.problems)
