@@ -14,7 +14,14 @@ Written to the output folder: `samples.csv` (one line per sample and process),
 per iteration; the iteration time early and late; the load average) and, when
 matplotlib is installed, `soak.png`.
 
+With `--database postgres` the run goes to a standing stack instead: `make serve
+PPO_PREFECT_DB=postgres` started in the output folder on a free port (the server, its
+history compactor and a local PostgreSQL 15 cluster), stopped at the end; their
+processes are sampled too, and the database's size is PostgreSQL's own
+(`pg_database_size`).
+
     .venv/bin/python -m bench.soak --iterations 1000
+    .venv/bin/python -m bench.soak --iterations 1000 --database postgres
     nice .venv/bin/python -m bench.soak --iterations 300 --interval 5 --out /tmp/soak -- rl.save_every=50
 """
 
@@ -83,6 +90,10 @@ def label_of(pid: int, root: int, cmdline: str) -> str:
     """What a user would call the process: the Ray actors by their role class."""
     if pid == root:
         return "driver"
+    if "history_compactor" in cmdline:
+        return "history compactor"
+    if cmdline.startswith("postgres") or "/postgresql/" in cmdline:
+        return "postgresql"
     if cmdline.startswith("ray::"):
         return cmdline.split()[0].split(".")[0]  # ray::PolicyRole (ray::PolicyRole.train_batch while it runs)
     if "processes.temporary_server" in cmdline or ("prefect" in cmdline and "server" in cmdline):
@@ -97,14 +108,14 @@ def label_of(pid: int, root: int, cmdline: str) -> str:
     return "other: " + (Path(cmdline.split()[0]).name if cmdline else "?")
 
 
-def descendants(root: int) -> dict[str, tuple[float, float]]:
-    """label -> (RSS MiB, CPU s) summed over the root and every process below it; two
+def descendants(root: int, *others: int) -> dict[str, tuple[float, float]]:
+    """label -> (RSS MiB, CPU s) summed over the roots and every process below them; two
     actors of one class get `#2`, `#3` labels in pid order."""
     table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (parent, *_rest) in table.items():
         children.setdefault(parent, []).append(pid)
-    found, stack = [], [root]
+    found, stack = [], [root, *others]
     while stack:
         pid = stack.pop()
         if pid in table:
@@ -126,6 +137,54 @@ def descendants(root: int) -> dict[str, tuple[float, float]]:
 
 def database_mib(home: Path) -> float:
     return sum(p.stat().st_size for p in home.glob("prefect.db*") if p.is_file()) / MIB
+
+
+@dataclass
+class Stack:
+    """`make serve PPO_PREFECT_DB=postgres` in `folder`: its environment, the roots of its
+    process trees (server, compactor, PostgreSQL) and its database's size."""
+
+    folder: Path
+    env: dict[str, str]
+
+    @classmethod
+    def start(cls, folder: Path, base: dict[str, str]) -> "Stack":
+        from processes.temporary_api import free_loopback_port
+
+        env = {**base, "PPO_PREFECT_STATE_DIR": str(folder), "PPO_PREFECT_DB": "postgres",
+               "PPO_PREFECT_PORT": str(free_loopback_port())}
+        with open(folder.parent / "serve.log", "w") as log:
+            subprocess.run(["bash", "deployments/serve.sh"], cwd=REPO_ROOT, env=env, stdout=log,
+                           stderr=subprocess.STDOUT, check=True)
+        sourced = subprocess.run(["sh", "-c", f'. "{folder}/env.sh" && env -0'], env=env, capture_output=True,
+                                 check=True).stdout.decode()
+        return cls(folder, dict(item.split("=", 1) for item in sourced.split("\0") if "=" in item))
+
+    def roots(self) -> list[int]:
+        pids = [self.folder / f"{name}.pid" for name in ("server", "compactor")]
+        pids.append(self.folder / "postgres" / "data" / "postmaster.pid")
+        return [int(path.read_text().split()[0]) for path in pids if path.exists()]
+
+    def database_mib(self) -> float:
+        import asyncio
+
+        import asyncpg
+
+        from deployments.local_postgres import LocalPostgres
+
+        url = LocalPostgres(self.folder / "postgres").url().replace("postgresql+asyncpg", "postgresql")
+
+        async def size() -> int:
+            connection = await asyncpg.connect(url)
+            try:
+                return await connection.fetchval("SELECT pg_database_size('prefect')")
+            finally:
+                await connection.close()
+
+        return asyncio.run(size()) / MIB
+
+    def stop(self) -> None:
+        subprocess.run(["bash", "deployments/stop.sh"], cwd=REPO_ROOT, env=self.env, capture_output=True)
 
 
 def lines_in(path: Path) -> int:
@@ -176,6 +235,10 @@ def run(args: argparse.Namespace) -> Soak:
     runs.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILES_PATH")}
     env["PREFECT_HOME"] = str(home)
+    stack = Stack.start(out / "stack", env) if args.database == "postgres" else None
+    if stack is not None:
+        env = stack.env
+        print(f"soak: make serve PPO_PREFECT_DB=postgres at {env['PREFECT_API_URL']}")
     command = [
         sys.executable, "-m", "flows.ppo", "--config", args.profile, "--",
         f"rl.max_steps={args.iterations}", f"job.output_root={runs}", f"job.name={RUN_NAME}", *args.overrides,
@@ -187,10 +250,11 @@ def run(args: argparse.Namespace) -> Soak:
     child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
     print(f"soak: pid {child.pid}, {args.iterations} iterations, samples every {args.interval:g} s into {out}")
+    size = stack.database_mib if stack is not None else lambda: database_mib(home)
     try:
         while child.poll() is None:
-            sample = Sample(time.monotonic() - started, lines_in(metrics), database_mib(home),
-                            descendants(child.pid), os.getloadavg()[0])
+            sample = Sample(time.monotonic() - started, lines_in(metrics), size(),
+                            descendants(child.pid, *(stack.roots() if stack else ())), os.getloadavg()[0])
             soak.samples.append(sample)
             if len(soak.samples) % max(1, int(60 / args.interval)) == 0:
                 print(f"soak: {sample.elapsed_s:.0f} s, {sample.iterations} iterations, "
@@ -199,6 +263,9 @@ def run(args: argparse.Namespace) -> Soak:
     except KeyboardInterrupt:
         os.killpg(child.pid, signal.SIGINT)  # the run stops as after a Ctrl-C: committed, resumable
         child.wait()
+    finally:
+        if stack is not None:
+            stack.stop()
     log.close()
     print(f"soak: the run exited with {child.returncode} after {time.monotonic() - started:.0f} s")
     return soak
@@ -307,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=PROFILE)
     parser.add_argument("--out", default=f"outputs/_soak/{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--label", default="", help="what this run measures, for the report's title")
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
+                        help="sqlite: the run's own temporary API; postgres: a make serve stack on PostgreSQL 15")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides, after --")
     args = parser.parse_args(argv)
     soak = run(args)

@@ -25,6 +25,10 @@ an iteration runs them. `train_policy` and `weight_sync` are skipped during crit
 warmup (S-CW-5), `evaluate` runs on the rl.validation cadence only (and as
 `evaluate[iter=0]` before training, S-OPS-2), `commit` on the save cadence only."""
 
+BLOCK_FLOW = "ppo-iterations"
+"""The flow of a block subflow run (flows/blocks.py): what the history compactor of a
+served stack looks for (deployments/history_compactor.py)."""
+
 EVALUATE = "evaluate"
 ROLLOUT = "rollout"
 

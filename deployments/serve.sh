@@ -6,7 +6,7 @@
 #   2. the `ppo-process` work pool (type process),
 #   3. both deployments from deployments/prefect.yaml (ppo/public-4gpu, ppo/tiny-cpu)
 #      and the automation that resumes their crashed runs (deployments/automations.yaml),
-#   4. a worker polling the pool.
+#   4. a worker polling the pool (and, beside the server, the history compactor).
 # The database (S-TEAM-1): SQLite under PREFECT_HOME by default (one person); the
 # PostgreSQL that PREFECT_SERVER_DATABASE_CONNECTION_URL names (a team's); or, with
 # PPO_PREFECT_DB=postgres, a local PostgreSQL 15 cluster this script starts under
@@ -66,6 +66,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120
 export RAY_USAGE_STATS_ENABLED="\${RAY_USAGE_STATS_ENABLED:-0}"
 export TOKENIZERS_PARALLELISM=false
+export PPO_TASK_HISTORY="${PPO_TASK_HISTORY:-compact}"
 # The server's auth string, when set, is what the CLI and the worker authenticate
 # with; read from the environment when sourced, never written to this file.
 if [ -n "\${PREFECT_SERVER_API_AUTH_STRING:-}" ]; then export PREFECT_API_AUTH_STRING="\$PREFECT_SERVER_API_AUTH_STRING"; fi
@@ -176,6 +177,22 @@ else
   echo "serve: creating the automation failed; see $STATE_DIR/deploy.log" >&2
   tail -n 20 "$STATE_DIR/deploy.log" >&2
   exit 1
+fi
+
+# 3c. the history compactor (S-FOOT-1): a finished block's completed task runs keep their
+#     final state only; beside the server, the one process that holds the database's URL
+#     (deployments/history_compactor.py; PPO_TASK_HISTORY=full keeps every state)
+if alive compactor; then
+  echo "serve: history compactor already running (pid $(cat "$STATE_DIR/compactor.pid"))"
+else
+  if [[ -n "$DATABASE_URL" ]]; then
+    PREFECT_SERVER_DATABASE_CONNECTION_URL="$DATABASE_URL" setsid "$PYTHON" -m deployments.history_compactor \
+      >"$STATE_DIR/compactor.log" 2>&1 </dev/null &
+  else
+    setsid "$PYTHON" -m deployments.history_compactor >"$STATE_DIR/compactor.log" 2>&1 </dev/null &
+  fi
+  echo $! >"$STATE_DIR/compactor.pid"
+  echo "serve: started the history compactor (pid $!), log $STATE_DIR/compactor.log"
 fi
 
 # 4. worker

@@ -68,6 +68,7 @@ stop_group() {  # stop_group NAME: SIGTERM the tree in NAME.pid, SIGKILL once it
 }
 
 stop_group worker
+stop_group compactor
 stop_group server
 
 # The local PostgreSQL of `make serve PPO_PREFECT_DB=postgres` (S-TEAM-1), after the server

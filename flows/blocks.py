@@ -5,7 +5,9 @@ the block size so a block's name means the same iterations in every attempt of a
 
 from __future__ import annotations
 
-BLOCK_FLOW = "ppo-iterations"
+from contracts.stage_names import BLOCK_FLOW
+
+__all__ = ["BLOCK_FLOW", "block_name", "iteration_blocks"]
 
 
 def iteration_blocks(start: int, last: int, size: int) -> list[tuple[int, int]]:

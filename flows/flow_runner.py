@@ -17,13 +17,14 @@ from typing import Any, Callable, Iterator, Sequence
 import ray
 from prefect import flow
 from prefect.states import Cancelled
+from prefect.utilities.annotations import quote
 from ray.exceptions import RayActorError, RayError
 
 from flows.blocks import BLOCK_FLOW, block_name
 from flows.failures import naming_failures, stage_run_name
 from flows.iteration_loop import IterationLoop
 from flows.stopping import stop_signals
-from flows.recording import wait_until_recorded
+from flows.recording import PrefectDatabaseFull, compact_recorded, database_space_problem, wait_until_recorded
 from placement.nodes import actor_whereabouts, is_lost, node_addresses, node_name
 from processes.actors import RoleHandles, actor_label
 from processes.dead_actors import first_line, kill_quietly
@@ -117,8 +118,14 @@ class FlowRunner:
         if last_block:
             self._unrecorded = (current_flow_run_id(), self.task_runs)
         else:
-            wait_until_recorded(current_flow_run_id(), self.task_runs)
+            self._recorded(current_flow_run_id(), self.task_runs)
         self.task_runs = 0
+
+    def _recorded(self, flow_run_id: Any, task_runs: int) -> None:
+        """Waits until the block's task runs are recorded, then compacts their history
+        (compat/prefect_history.py): only once every state is in can none come after."""
+        wait_until_recorded(flow_run_id, task_runs)
+        compact_recorded(flow_run_id)
 
     def wait_recorded(self) -> None:
         """The last block's wait (see `block`), once; nothing when there is none."""
@@ -127,7 +134,7 @@ class FlowRunner:
         flow_run_id, task_runs = self._unrecorded
         self._unrecorded = None
         if flow_run_id is not None:
-            wait_until_recorded(flow_run_id, task_runs)
+            self._recorded(flow_run_id, task_runs)
 
     def call(self, method: Any, *args: Any, returns: int = 1) -> Any:
         result = method.remote(*args) if returns == 1 else method.options(num_returns=returns).remote(*args)
@@ -198,12 +205,14 @@ class FlowRunner:
     def _run(
         self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any, waits: Sequence[Any]
     ) -> Any:
-        """The stage's task run, waited for."""
-        return TASKS[body](iteration, args, waits, wait_for=upstream)
+        """The stage's task run, waited for. Its arguments are quoted: Prefect would walk
+        every list and object in them for futures (there are none; the graph's arrows are
+        `wait_for`), a cost per task run that grows with the batch."""
+        return TASKS[body](iteration, quote(args), quote(waits), wait_for=upstream)
 
     def _submit(self, body: Callable[..., Any], iteration: int, args: tuple[Any, ...], upstream: Any) -> Any:
         """The stage's task run, started; its `.result()` waits for it."""
-        return TASKS[body].submit(iteration, args, wait_for=upstream)
+        return TASKS[body].submit(iteration, quote(args), wait_for=upstream)
 
     def get(self, pending: Any) -> Any:
         return ray.get(pending, timeout=self.stage_timeout_s)
@@ -294,6 +303,9 @@ class FlowIterationLoop(IterationLoop):
     def block(self, first: int, last: int, policy_version: int) -> tuple[int, Any]:
         from prefect.exceptions import CancelledRun
 
+        problem = database_space_problem()
+        if problem is not None:
+            raise PrefectDatabaseFull(problem)
         try:
             return self.block_flow(first, last, policy_version)
         except CancelledRun:

@@ -22,6 +22,10 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.logging import get_logger
 
+from compat.prefect_history import (
+    HistoryCompactionUnavailable, PrefectDatabase, compact_flow_run, compaction_wanted,
+)
+
 RECORDING_TIMEOUT_S = 300.0
 # The server's recorder writes queued task runs on a short interval (cli/environment.py):
 # a short, even recheck ends the wait soon after the write, where a doubling delay
@@ -73,3 +77,66 @@ def wait_until_recorded(flow_run_id: UUID, expected: int, timeout_s: float = REC
                 )
                 return waited
             time.sleep(RECHECK_S)
+
+
+MIN_FREE_MIB = 64  # a block of the tiny profile adds about 1 MiB (docs/performance.md); far from this
+MIB = 1024 * 1024
+
+
+class PrefectDatabaseFull(RuntimeError):
+    """The disk of the Prefect database this process writes to is (nearly) full."""
+
+
+def _database() -> PrefectDatabase:
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    return PrefectDatabase(url.get_secret_value() if url is not None else "")
+
+
+def database_space_problem() -> str | None:
+    """Why the next block should not start, when the SQLite database of this run's API
+    is on a disk with less than MIN_FREE_MIB left: Prefect's writes would fail there one
+    by one (a task run never recorded, a lost log, a flow run that cannot end), so the
+    run stops first with the database and the settings that bound it named. None when
+    there is room, or when the database is not here (a PostgreSQL server says itself)."""
+    import shutil
+
+    path = _database().sqlite_path()
+    if path is None or not path.is_file():
+        return None
+    free = shutil.disk_usage(path.parent).free
+    if free >= MIN_FREE_MIB * MIB:
+        return None
+    return (
+        f"the Prefect database {path} has {free / MIB:.0f} MiB left on its disk (the run needs {MIN_FREE_MIB}): free "
+        "space there, or bound what the database keeps (PPO_TASK_HISTORY=compact, the default; "
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED=false; docs/prefect-ui.md, \"What a long run keeps\"); "
+        "a rerun resumes from the last committed boundary"
+    )
+
+
+_UNAVAILABLE_SAID: set[str] = set()
+
+
+def compact_recorded(flow_run_id: UUID) -> int:
+    """A recorded block's superseded task-run states deleted (compat/prefect_history.py);
+    returns how many. Only where this process reaches the API's database (its own
+    temporary API, `make serve` on SQLite); a served stack's compactor does the rest
+    (deployments/history_compactor.py). Best effort, as the rest of the run's history:
+    a database it cannot compact keeps every state, said once in the run's log."""
+    import os
+
+    if not compaction_wanted(os.environ):
+        return 0
+    database = _database()
+    if not database.here():
+        return 0
+    try:
+        return compact_flow_run(database, flow_run_id)
+    except Exception as error:  # noqa: BLE001  (the history is a view: training goes on)
+        reason = str(error) if isinstance(error, HistoryCompactionUnavailable) else type(error).__name__
+        if reason not in _UNAVAILABLE_SAID:
+            _UNAVAILABLE_SAID.add(reason)
+            get_logger("ppo.recording").warning(f"finished task runs keep every state ({reason})")
+        return 0

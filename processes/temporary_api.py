@@ -27,7 +27,11 @@ PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 # S-FOOT-1: the temporary API serves no UI, and nothing else reads Prefect's event log
 # (automations act on events as they arrive, not on stored ones), so it stores none:
 # they were 78 % of a long run's database. A user's own setting wins.
-TEMPORARY_API_DEFAULTS = {"PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false"}
+TEMPORARY_API_DEFAULTS = {
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+    "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "false",
+}
 DATABASE_CHECK_TIMEOUT_S = 5.0  # the server has already exited: this only says why
 PORT_IN_USE_EXIT = 3  # uvicorn's exit code for a failed start: a taken port (pick another) or a broken app
 

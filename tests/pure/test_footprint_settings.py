@@ -71,3 +71,53 @@ def test_a_completed_task_runs_engine_line_is_dropped_and_every_other_line_kept(
         "Finished in state Failed('Task run encountered an exception RuntimeError')",
         "Finished in state Cancelled()",
     ]
+
+
+def test_compacting_a_database_that_is_not_there_creates_none_and_says_where(tmp_path):
+    """A served API whose SQLite lives elsewhere: the run's process finds no file under
+    its own PREFECT_HOME and must not create one (the server would never read it)."""
+    import uuid
+
+    import pytest
+
+    from compat.prefect_history import HistoryCompactionUnavailable, PrefectDatabase, compact_flow_run
+
+    missing = tmp_path / "home" / "prefect.db"
+    with pytest.raises(HistoryCompactionUnavailable, match=str(missing)):
+        compact_flow_run(PrefectDatabase(f"sqlite+aiosqlite:///{missing}"), uuid.uuid4())
+    assert not missing.exists() and not missing.parent.exists()
+    assert PrefectDatabase("postgresql+asyncpg://u:secret@db:5432/prefect").dialect == "postgresql"
+    empty = tmp_path / "other.db"
+    import sqlite3
+    sqlite3.connect(empty).close()
+    with pytest.raises(HistoryCompactionUnavailable, match="lacks task_run_state, task_run"):
+        compact_flow_run(PrefectDatabase(f"sqlite+aiosqlite:///{empty}"), uuid.uuid4())
+
+
+def test_a_nearly_full_disk_under_the_prefect_database_stops_the_run_before_its_next_block(tmp_path):
+    """S-FOOT-1: a database that fills its disk is named, with the settings that bound
+    it, before a block starts writing there (on a real 8 MiB tmpfs; FlowIterationLoop.block
+    raises it as PrefectDatabaseFull)."""
+    import pytest
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+
+    from flows.recording import database_space_problem
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        full = disk / "prefect.db"
+        full.write_bytes(b"")
+        roomy = tmp_path / "prefect.db"
+        roomy.write_bytes(b"")
+        with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{roomy}"}):
+            assert database_space_problem() is None
+        with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{full}"}):
+            problem = database_space_problem()
+        assert problem is not None and str(full) in problem and "MiB left on its disk" in problem
+        assert "PPO_TASK_HISTORY" in problem and "resumes from the last committed boundary" in problem
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

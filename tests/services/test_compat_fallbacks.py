@@ -103,3 +103,55 @@ def test_a_flows_logs_are_flushed_through_prefects_public_path_too(prefect_api, 
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))))
 
     assert "sent by the public flush" in logs_then_flushes()
+
+
+def test_the_served_stacks_compactor_keeps_final_states_only_and_every_state_outside_its_range(
+    prefect_api, monkeypatch
+):
+    """deployments/history_compactor.py (S-FOOT-1, S-DEP-2) against a real Prefect API
+    and its database: a finished block's completed task runs keep their Completed state
+    and lose the Pending and Running ones; a failed task run keeps all three; outside
+    compat/prefect_history.py's range, or with PPO_TASK_HISTORY=full, nothing is
+    deleted."""
+    from packaging.specifiers import SpecifierSet
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+    from prefect.runtime import flow_run
+
+    from compat import prefect_history
+    from contracts.stage_names import BLOCK_FLOW
+    from deployments import history_compactor
+    from flows.recording import wait_until_recorded
+
+    @task
+    def stage(i: int) -> int:
+        if i < 0:
+            raise ValueError("a stage that fails")
+        return i
+
+    @flow(name=BLOCK_FLOW)
+    def block(values: list[int]) -> str:
+        for value in values:
+            stage.submit(value).wait()
+        return str(flow_run.id)
+
+    run_id = block([1, 2, -1])
+    wait_until_recorded(run_id, 3)
+
+    def state_names() -> dict[str, list[str]]:
+        with get_client(sync_client=True) as client:
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [run_id]}))
+            return {t.name: sorted(s.name for s in client.read_task_run_states(t.id)) for t in tasks}
+
+    every, failed = sorted(["Pending", "Running", "Completed"]), sorted(["Pending", "Running", "Failed"])
+    assert sorted(state_names().values()) == sorted([every, every, failed])
+    monkeypatch.setenv("PPO_TASK_HISTORY", "full")
+    assert history_compactor.main(["--once"]) == 0
+    monkeypatch.delenv("PPO_TASK_HISTORY")
+    monkeypatch.setattr(prefect_history, "WRITTEN_FOR", SpecifierSet("<1"))
+    assert history_compactor.main(["--once"]) == 0
+    assert sorted(state_names().values()) == sorted([every, every, failed])
+    monkeypatch.undo()
+    assert history_compactor.main(["--once"]) == 0
+    assert sorted(state_names().values()) == sorted([["Completed"], ["Completed"], failed])

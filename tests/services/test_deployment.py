@@ -105,7 +105,8 @@ def stack(request, tmp_path_factory) -> Stack:
         assert stop.returncode == 0, stop.stdout + stop.stderr
         lines = stop.stdout.splitlines()
         stopped = [line.split()[1] for line in lines if line.endswith("stopped")]
-        assert stopped == ["worker", "server"] + (["postgres"] if database == "postgres" else []), stop.stdout
+        expected = ["worker", "compactor", "server"] + (["postgres"] if database == "postgres" else [])
+        assert stopped == expected, stop.stdout
         if database == "postgres":
             shutil.rmtree(state_dir, ignore_errors=True)
 

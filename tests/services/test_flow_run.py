@@ -8,6 +8,34 @@ from pathlib import Path
 
 
 
+def test_a_recorded_block_keeps_each_completed_task_run_with_its_final_state_only(golden_run):
+    """S-FOOT-1 (job.task_history=compact, the default): once a block's task runs are
+    recorded, its completed task runs keep their Completed state, start and end time;
+    the Pending and Running states before it are gone from Prefect's database, so the
+    UI's list of task runs reads the same with a third of the state rows. The parent
+    flow run's own task runs (blocks, export) are not compacted."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["golden"])))
+        blocks = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
+        )
+        assert len(blocks) == 2
+        for block in blocks:
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [block.id]}))
+            assert tasks
+            for task in tasks:
+                states = client.read_task_run_states(task.id)
+                assert [state.name for state in states] == ["Completed"], (block.name, task.name, states)
+                assert task.start_time is not None and task.end_time is not None and task.end_time >= task.start_time
+                assert task.total_run_time.total_seconds() > 0
+        (export,) = [t for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [run.id]}))
+                     if t.name.startswith("export")]
+        assert [state.name for state in client.read_task_run_states(export.id)] == ["Pending", "Running", "Completed"]
+
+
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
