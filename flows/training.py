@@ -215,7 +215,7 @@ def _start_actors(owned: contextlib.ExitStack, launch: Launch) -> tuple[FlowRunn
     say(f"actors: {len(slowest)} ready in {slowest[-1][1]:.1f} s ("
         + ", ".join(f"{label} {seconds:.1f}" for label, seconds in slowest) + ")")
     runner = FlowRunner(
-        roles, stage_timeout_s=config.rl.stage_timeout_seconds, samples_key=artifact_key(config.job.name, "samples"),
+        roles, stage_timeout_s=config.rl.stage_timeout_seconds, samples_key=artifact_key(config.job.name, "samples")
     )
     runner.running = progress.stages
     owned.push(_on_failure(lambda error: _wait_recorded(runner)))
