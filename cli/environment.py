@@ -16,8 +16,10 @@ PER_ITERATION_EVENTS = (
     "prefect.task-run.Pending", "prefect.task-run.Running", "prefect.task-run.Completed",
     "prefect.artifact.created", "prefect.artifact.updated", "prefect.artifact-collection.updated",
 )
-EVENT_RETENTION_S = 600
-VACUUM_LOOP_S = 300
+# A tiny run sends about 90 events a second (4 KB each in PostgreSQL): what a server
+# holds is about (retention + loop) of them (docs/performance.md, "A long run's footprint").
+EVENT_RETENTION_S = 120
+VACUUM_LOOP_S = 60
 
 DEFAULTS = {
     # A fresh embedded-API database can take longer to start on a small machine than
