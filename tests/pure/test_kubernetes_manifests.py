@@ -40,6 +40,10 @@ def _yaml(name: str):
     return yaml.safe_load((K8S / name).read_text())
 
 
+def _compactor() -> dict:
+    return _yaml("history-compactor.yaml")
+
+
 def _template() -> dict:
     return json.loads((K8S / "base-job-template.json").read_text())
 
@@ -101,6 +105,12 @@ def test_secret_names_and_keys_agree_across_files_and_the_docs_make_each_one():
     assert server["secret"] == {"create": False, "name": "ppo-prefect-db"}  # the chart reads `connection-string`
     assert server["postgresql"]["enabled"] is False and server["sqlite"]["enabled"] is False
     assert server["server"]["basicAuth"] == {"enabled": True, "existingSecret": "ppo-prefect-auth"}
+    # S-FOOT-1: one env list (a second `env:` key silently replaced the first), and the
+    # compactor reads the server's own Secrets and nothing else.
+    env = {item["name"]: item["value"] for item in server["server"]["env"]}
+    assert env["PREFECT_SERVER_EVENTS_RETENTION_PERIOD"] == "86400"
+    assert env["PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED"] == "true"
+    assert _secret_refs(_compactor()) == {("ppo-prefect-db", "connection-string"), ("ppo-prefect-auth", "auth-string")}
     worker = _yaml("helm/prefect-worker-values.yaml")["worker"]
     assert worker["selfHostedServerApiConfig"]["basicAuth"] == {"enabled": True, "existingSecret": "ppo-prefect-auth"}
     creates = r"kubectl -n ppo create secret generic (\S+) \\\s*\n\s*--from-\w+=(\S+?)="
@@ -125,6 +135,7 @@ def test_image_tags_and_versions_agree_with_the_gpu_lock():
     images.add(_template()["variables"]["properties"]["image"]["default"])
     deployments = _yaml("prefect.yaml")["deployments"]
     images |= {deployment["work_pool"]["job_variables"]["image"] for deployment in deployments}
+    images |= {container["image"] for container in _compactor()["spec"]["template"]["spec"]["containers"]}
     images |= set(re.findall(r"-t (\S+) \.", (K8S / "Dockerfile").read_text()))
     images |= set(re.findall(r"ghcr\.io/ppo-flow/ppo-flow:\S+?(?=[\s`]|$)", DOCS.read_text(), re.MULTILINE))
     assert images == {IMAGE}, images
@@ -279,7 +290,8 @@ def test_the_built_in_kinds_are_valid_against_kubernetes_schemas():
     assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == (
         storage[0]["metadata"]["name"]
     )
-    assert [problem for document in [*storage, job] for problem in _kubernetes_problems(document)] == []
+    documents = [*storage, job, _compactor()]
+    assert [problem for document in documents for problem in _kubernetes_problems(document)] == []
     broken = copy.deepcopy(job)
     broken["spec"]["template"]["spec"]["containers"][0]["envv"] = []  # misspelt
     (problem,) = _kubernetes_problems(broken)
