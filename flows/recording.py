@@ -1,7 +1,9 @@
 """Never outrun the server's recording of task runs (S-OPS-1: every task run is
 recorded): the server drops task-run events that overflow its in-memory queue, so each
 block ends by waiting until the server holds every task run it ran (docs/architecture.md,
-"How a run starts"). Also the API reads that list a run's flow and task runs.
+"How a run starts"). Also the API reads that list a run's flow and task runs, and the
+upkeep of the database behind them: a recorded block's history compacted, and the disk
+it is on checked before the next block (S-FOOT-1).
 """
 
 from __future__ import annotations
