@@ -53,6 +53,15 @@ class PrefectDatabase:
     def dialect(self) -> str:
         return "postgresql" if urlsplit(self.url).scheme.startswith("postgresql") else "sqlite"
 
+    @classmethod
+    def of_settings(cls) -> "PrefectDatabase":
+        """The database Prefect's current settings name (a server's, or this process's
+        default SQLite under PREFECT_HOME)."""
+        from prefect.settings import get_current_settings
+
+        url = get_current_settings().server.database.connection_url
+        return cls(url.get_secret_value() if url is not None else "")
+
     def here(self) -> bool:
         """Whether this process can reach the database: a PostgreSQL URL, or a SQLite
         file that exists (one under this process's own PREFECT_HOME may not be the

@@ -46,13 +46,6 @@ def ended_blocks(client: object, since: datetime.datetime | None) -> list[uuid.U
         offset += 200
 
 
-def database_of_server() -> PrefectDatabase:
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().server.database.connection_url
-    return PrefectDatabase(url.get_secret_value() if url is not None else "")
-
-
 def compact_pass(client: object, database: PrefectDatabase, since: datetime.datetime | None) -> tuple[int, int]:
     """(blocks, states deleted) in one pass."""
     blocks = ended_blocks(client, since)
@@ -71,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from prefect.client.orchestration import get_client
 
-    database, since = database_of_server(), None
+    database, since = PrefectDatabase.of_settings(), None
     while True:
         began = datetime.datetime.now(datetime.timezone.utc)
         try:

@@ -89,13 +89,6 @@ class PrefectDatabaseFull(RuntimeError):
     """The disk of the Prefect database this process writes to is (nearly) full."""
 
 
-def _database() -> PrefectDatabase:
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().server.database.connection_url
-    return PrefectDatabase(url.get_secret_value() if url is not None else "")
-
-
 def database_space_problem() -> str | None:
     """Why the next block should not start, when the SQLite database of this run's API
     is on a disk with less than MIN_FREE_MIB left: Prefect's writes would fail there one
@@ -104,7 +97,7 @@ def database_space_problem() -> str | None:
     there is room, or when the database is not here (a PostgreSQL server says itself)."""
     import shutil
 
-    path = _database().sqlite_path()
+    path = PrefectDatabase.of_settings().sqlite_path()
     if path is None or not path.is_file():
         return None
     free = shutil.disk_usage(path.parent).free
@@ -131,7 +124,7 @@ def compact_recorded(flow_run_id: UUID) -> int:
 
     if not compaction_wanted(os.environ):
         return 0
-    database = _database()
+    database = PrefectDatabase.of_settings()
     if not database.here():
         return 0
     try:
