@@ -1,6 +1,7 @@
 """A one-step-off run killed at random moments resumes exactly (S-ASYNC-3): the command
 line is SIGKILLed four times, each time after the run has written one more metrics row
-and a random moment later (in a rollout, a train stage, a commit), and rerun; it ends
+and a random fraction of that row's iteration later (in a rollout, a train stage, a
+commit), and rerun; it ends
 with the weights and train/* metrics of the uninterrupted run, one row per iteration,
 every boundary committed."""
 
@@ -17,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, TINY_PROFILE
-from tests.support.helpers import boundary, metric_records, weights_digest
+from tests.support.helpers import boundary, last_iteration_seconds, metric_records, weights_digest
 
 pytestmark = pytest.mark.slow
 
-# Four kills each let a launch write one row and up to a second more (1-3 rows on a quiet
-# machine): 16 leaves the last run something to finish.
+# Each kill lands within the iteration after a launch's first new row, however fast the
+# machine: four launches write at most 8 rows, so the last run has something to finish.
 ITERATIONS = 16
 
 
@@ -47,11 +48,14 @@ def _launch(root: Path, model_dir: str, log: Path) -> subprocess.Popen:
 
 
 def _kill_after_one_more_row(process: subprocess.Popen, run_dir: Path, rng: random.Random) -> None:
+    """The delay is a fraction of the iteration just timed, not seconds: a slow machine
+    and a fast one are both caught inside the next iteration."""
     start = _rows(run_dir)
     deadline = time.monotonic() + 600
     while _rows(run_dir) <= start and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(rng.uniform(0.0, 1.0))
+        time.sleep(0.02)
+    if _rows(run_dir) > start:
+        time.sleep(rng.uniform(0.0, 1.0) * last_iteration_seconds(run_dir))
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -69,8 +73,11 @@ def test_a_one_step_off_run_killed_four_times_ends_as_the_uninterrupted_run(tiny
 
     root, rng, log = tmp_path / "outputs", random.Random(29), tmp_path / "killed.log"
     run_dir = root / "killed"
+    after_kills = []
     for _ in range(4):
         _kill_after_one_more_row(_launch(root, tiny_model_dir, log), run_dir, rng)
+        after_kills.append(_rows(run_dir))
+    print(f"\nmetrics rows after each kill: {after_kills}")
     assert _rows(run_dir) < ITERATIONS, "the kills came too late to interrupt anything"
     final = _launch(root, tiny_model_dir, log)
     assert final.wait(timeout=600) == 0, log.read_text()[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, TINY_PROFILE
-from tests.support.helpers import boundary, metric_records, weights_digest
+from tests.support.helpers import boundary, last_iteration_seconds, metric_records, weights_digest
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_sigterm_at_random_moments_commits_the_finished_iteration_and_the_rerun_
             time.sleep(0.05)
         # A random moment of the next iteration, whatever this machine's speed: a fraction
         # of the iteration that just finished (a fixed second ran past several on a quiet one).
-        time.sleep(rng.uniform(0.0, 1.0) * metric_records(run_dir)[-1]["time/iteration_seconds"])
+        time.sleep(rng.uniform(0.0, 1.0) * last_iteration_seconds(run_dir))
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         assert process.wait(timeout=GRACE_S + 30) == 143, log.read_text()[-3000:]

@@ -17,6 +17,13 @@ def metric_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def last_iteration_seconds(run_dir: Path) -> float:
+    """The newest whole row's iteration time, read while the run may be appending the
+    next: a row the run is still writing has no newline yet and is left out."""
+    whole = (run_dir / "metrics.jsonl").read_text().rsplit("\n", 1)[0].splitlines()
+    return json.loads(whole[-1])["time/iteration_seconds"]
+
+
 # Counters of one actor process: they restart with the process, so a resumed run
 # legitimately reports different values.
 PROCESS_LOCAL = {"perf/rollout_weight_loads"}
