@@ -1,9 +1,9 @@
 """Prefect's internals, used only on the Prefect versions they were written against.
 
 Three things need them: the command line's own temporary API (Prefect's server app
-behind the retry of processes/temporary_server.py, the private settings Prefect gives
-its own temporary server, and a read of Prefect's settings files before Prefect is
-imported; docs/architecture.md), creating an artifact synchronously from a thread
+behind the retry of processes/temporary_server.py, with a smaller SQLite page cache than
+Prefect's, the private settings Prefect gives its own temporary server, and a read of
+Prefect's settings files before Prefect is imported; docs/architecture.md), creating an artifact synchronously from a thread
 Prefect might take for async, draining the log and event workers when a command ends,
 and keeping the engine's error record of a cleanly stopped run out of its logs. Outside
 `WRITTEN_FOR` the run lets Prefect start its own temporary server, artifacts are created
@@ -74,6 +74,33 @@ def server_app() -> Any:
     from prefect.server.api.server import create_app
 
     return create_app()
+
+
+# Prefect gives each pooled SQLite connection a 20,000-page cache (80 MiB); the temporary
+# API pools several, so its memory grew with the run's database until each was full.
+SQLITE_PAGE_CACHE_KIB = 8192
+
+
+def cap_sqlite_page_cache() -> None:
+    """Every SQLite connection this process checks out of a SQLAlchemy pool gets a page
+    cache of `SQLITE_PAGE_CACHE_KIB`: set at each checkout because Prefect sets its own
+    when it connects, after any listener registered earlier would run. PostgreSQL
+    connections are left alone."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    if not event.contains(Pool, "checkout", sqlite_page_cache_at_checkout):
+        event.listen(Pool, "checkout", sqlite_page_cache_at_checkout)
+
+
+def sqlite_page_cache_at_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    if "sqlite" not in type(dbapi_connection).__module__:
+        return
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA cache_size = -{SQLITE_PAGE_CACHE_KIB}")
+    finally:
+        cursor.close()
 
 
 def locked_database_body() -> Any:

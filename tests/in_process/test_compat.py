@@ -6,6 +6,7 @@ where it is installed (`make test-vllm`)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import pickle
@@ -290,3 +291,28 @@ def test_the_fork_server_forks_only_while_it_has_one_thread():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
     assert "2 threads in this process; not forking" in done.stderr
+
+
+def test_the_temporary_api_keeps_a_smaller_sqlite_page_cache_than_prefect_gives(tmp_path):
+    """S-FOOT-1: Prefect sets its 80 MiB cache when a connection opens; the cap set at
+    each checkout is what the API's queries then run with (its memory grew with the
+    run's database without it)."""
+    import sqlalchemy as sa
+    from prefect.server.database.configurations import AioSqliteConfiguration
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    async def cache_size() -> int:
+        engine = await AioSqliteConfiguration(f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}").engine()
+        try:
+            async with engine.connect() as connection:
+                return (await connection.execute(sa.text("PRAGMA cache_size"))).scalar_one()
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(cache_size()) == 20000  # Prefect's own, in pages
+    prefect_compat.cap_sqlite_page_cache()
+    try:
+        assert asyncio.run(cache_size()) == -prefect_compat.SQLITE_PAGE_CACHE_KIB
+    finally:
+        event.remove(Pool, "checkout", prefect_compat.sqlite_page_cache_at_checkout)
