@@ -3,13 +3,13 @@
 Three things need them: the command line's own temporary API (Prefect's server app
 behind the retry of processes/temporary_server.py, with a smaller SQLite page cache than
 Prefect's, the private settings Prefect gives its own temporary server, and a read of
-Prefect's settings files before Prefect is imported; docs/architecture.md), creating an artifact synchronously from a thread
-Prefect might take for async, draining the log and event workers when a command ends,
-and keeping the engine's error record of a cleanly stopped run out of its logs. Outside
-`WRITTEN_FOR` the run lets Prefect start its own temporary server, artifacts are created
-through the plain public `.create()`, the logs are flushed through the public
-`APILogHandler.flush()` (events then go with Prefect's exit handlers), and that error
-record stays.
+Prefect's settings files before Prefect is imported; docs/architecture.md), creating an
+artifact synchronously from a thread Prefect might take for async, draining the log and
+event workers when a command ends, and keeping the engine's error record of a cleanly
+stopped run out of its logs. Outside `WRITTEN_FOR` the run lets Prefect start its own
+temporary server, artifacts are created through the plain public `.create()`, the logs
+are flushed through the public `APILogHandler.flush()` (events then go with Prefect's
+exit handlers), and that error record stays.
 """
 
 from __future__ import annotations
