@@ -24,6 +24,7 @@ import pytest
 
 from processes.process_tree import with_environment
 from tests.conftest import REPO_ROOT, TINY_PROFILE, short_run_overrides
+from tests.support.helpers import metric_rows
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +34,6 @@ MARK = "PPO_TEST_RUN_MARK"
 def marked(mark: str) -> set[int]:
     """Live processes whose environment holds `MARK=mark`."""
     return {pid for pid, _ in with_environment(f"{MARK}={mark}")}
-
-
-def _rows(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
-    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
 def _start_run(fork_workers: str, mark: str, tiny_model_dir: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
@@ -79,7 +75,7 @@ def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(
     run_dir = tmp_path / "group"
     try:
         if moment == "in an iteration":
-            while _rows(run_dir) < 1 and run.poll() is None:
+            while metric_rows(run_dir) < 1 and run.poll() is None:
                 time.sleep(0.05)
             time.sleep(0.5)  # into the next iteration
         else:  # the raylet's agents, once in the run's group, died and took the raylet with them
@@ -93,7 +89,7 @@ def test_a_group_sigterm_keeps_what_finished_and_leaves_nothing(
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    done = _rows(run_dir)
+    done = metric_rows(run_dir)
     last = log.read_text().strip().splitlines()[-1]
     if moment == "in an iteration":
         assert last.startswith(f"stopped by SIGTERM after iteration {done}: committed {run_dir}/checkpoints/"), last
@@ -112,7 +108,7 @@ def test_a_group_sigkill_leaves_nothing_of_the_run(stop_attempt, tiny_model_dir,
     mark = uuid.uuid4().hex
     run, log = _start_run("1", mark, tiny_model_dir, tmp_path)
     try:
-        while _rows(tmp_path / "group") < 1 and run.poll() is None:
+        while metric_rows(tmp_path / "group") < 1 and run.poll() is None:
             time.sleep(0.05)
         running = marked(mark)
         os.killpg(run.pid, signal.SIGKILL)
@@ -148,14 +144,14 @@ def test_a_group_sigterm_to_a_run_that_joined_a_cluster_stops_it_and_leaves_the_
     )
     run_dir = tmp_path / "joined"
     try:
-        while _rows(run_dir) < 1 and run.poll() is None:
+        while metric_rows(run_dir) < 1 and run.poll() is None:
             time.sleep(0.05)
         os.killpg(run.pid, signal.SIGTERM)
         assert run.wait(timeout=60) == 143, log.read_text()[-3000:]
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    done = _rows(run_dir)
+    done = metric_rows(run_dir)
     assert (run_dir / "checkpoints" / f"iter_{done:06d}" / "_SUCCESS").is_file(), log.read_text()[-3000:]
     assert [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "ppo-joined"] == []
     from processes.process_tree import alive

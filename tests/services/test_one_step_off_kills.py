@@ -1,9 +1,8 @@
 """A one-step-off run killed at random moments resumes exactly (S-ASYNC-3): the command
 line is SIGKILLed four times, each time after the run has written one more metrics row
 and a random fraction of that row's iteration later (in a rollout, a train stage, a
-commit), and rerun; it ends
-with the weights and train/* metrics of the uninterrupted run, one row per iteration,
-every boundary committed."""
+commit), and rerun; it ends with the weights and train/* metrics of the uninterrupted
+run, one row per iteration, every boundary committed."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, TINY_PROFILE
-from tests.support.helpers import boundary, last_iteration_seconds, metric_records, weights_digest
+from tests.support.helpers import boundary, last_iteration_seconds, metric_records, metric_rows, weights_digest
 
 pytestmark = pytest.mark.slow
 
@@ -35,11 +34,6 @@ def _overrides(root: Path, model_dir: str) -> list[str]:
     ]
 
 
-def _rows(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
-    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
-
-
 def _launch(root: Path, model_dir: str, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "flows.ppo", "--config", TINY_PROFILE, "--", *_overrides(root, model_dir)]
     # Own session: the whole group (its temporary Prefect API, its local Ray) dies with it.
@@ -50,11 +44,11 @@ def _launch(root: Path, model_dir: str, log: Path) -> subprocess.Popen:
 def _kill_after_one_more_row(process: subprocess.Popen, run_dir: Path, rng: random.Random) -> None:
     """The delay is a fraction of the iteration just timed, not seconds: a slow machine
     and a fast one are both caught inside the next iteration."""
-    start = _rows(run_dir)
+    start = metric_rows(run_dir)
     deadline = time.monotonic() + 600
-    while _rows(run_dir) <= start and process.poll() is None and time.monotonic() < deadline:
+    while metric_rows(run_dir) <= start and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    if _rows(run_dir) > start:
+    if metric_rows(run_dir) > start:
         time.sleep(rng.uniform(0.0, 1.0) * last_iteration_seconds(run_dir))
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -76,9 +70,9 @@ def test_a_one_step_off_run_killed_four_times_ends_as_the_uninterrupted_run(tiny
     after_kills = []
     for _ in range(4):
         _kill_after_one_more_row(_launch(root, tiny_model_dir, log), run_dir, rng)
-        after_kills.append(_rows(run_dir))
+        after_kills.append(metric_rows(run_dir))
     print(f"\nmetrics rows after each kill: {after_kills}")
-    assert _rows(run_dir) < ITERATIONS, "the kills came too late to interrupt anything"
+    assert metric_rows(run_dir) < ITERATIONS, "the kills came too late to interrupt anything"
     final = _launch(root, tiny_model_dir, log)
     assert final.wait(timeout=600) == 0, log.read_text()[-3000:]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, TINY_PROFILE
-from tests.support.helpers import boundary, last_iteration_seconds, metric_records, weights_digest
+from tests.support.helpers import boundary, last_iteration_seconds, metric_records, metric_rows, weights_digest
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +30,6 @@ def _overrides(root: Path, model_dir: str) -> list[str]:
         "rl.micro_batch_size=8", "rl.epochs=1", "rl.validation=null", f"rl.max_steps={ITERATIONS}",
         "rl.save_every=100", "rl.rollout.max_new_tokens=4", "job.name=preempted",
     ]
-
-
-def _rows(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
-    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
 def test_sigterm_at_random_moments_commits_the_finished_iteration_and_the_rerun_is_exact(tiny_model_dir, tmp_path):
@@ -51,8 +46,8 @@ def test_sigterm_at_random_moments_commits_the_finished_iteration_and_the_rerun_
     for attempt in range(3):
         log = tmp_path / f"attempt{attempt}.log"
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
-        start = _rows(run_dir)
-        while _rows(run_dir) <= start and process.poll() is None:
+        start = metric_rows(run_dir)
+        while metric_rows(run_dir) <= start and process.poll() is None:
             time.sleep(0.05)
         # A random moment of the next iteration, whatever this machine's speed: a fraction
         # of the iteration that just finished (a fixed second ran past several on a quiet one).
@@ -61,11 +56,11 @@ def test_sigterm_at_random_moments_commits_the_finished_iteration_and_the_rerun_
         signalled = time.monotonic()
         assert process.wait(timeout=GRACE_S + 30) == 143, log.read_text()[-3000:]
         assert time.monotonic() - signalled < GRACE_S
-        done = _rows(run_dir)
+        done = metric_rows(run_dir)
         assert (boundary(run_dir, done) / "_SUCCESS").is_file(), log.read_text()[-3000:]
         last = log.read_text().strip().splitlines()[-1]
         assert last.startswith("stopped by SIGTERM after iteration") and f"iter_{done:06d}" in last, last
-    assert _rows(run_dir) < ITERATIONS, "the signals came too late to interrupt anything"
+    assert metric_rows(run_dir) < ITERATIONS, "the signals came too late to interrupt anything"
     final = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
 

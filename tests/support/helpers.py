@@ -17,11 +17,17 @@ def metric_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def metric_rows(run_dir: Path) -> int:
+    """The whole rows of a run's metrics.jsonl so far, read while the run may be
+    appending the next: a row still being written has no newline yet."""
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.read_text().count("\n") if metrics.exists() else 0
+
+
 def last_iteration_seconds(run_dir: Path) -> float:
-    """The newest whole row's iteration time, read while the run may be appending the
-    next: a row the run is still writing has no newline yet and is left out."""
-    whole = (run_dir / "metrics.jsonl").read_text().rsplit("\n", 1)[0].splitlines()
-    return json.loads(whole[-1])["time/iteration_seconds"]
+    """The newest whole row's iteration time (see `metric_rows`)."""
+    text = (run_dir / "metrics.jsonl").read_text()
+    return json.loads(text[: text.rindex("\n")].rsplit("\n", 1)[-1])["time/iteration_seconds"]
 
 
 # Counters of one actor process: they restart with the process, so a resumed run
