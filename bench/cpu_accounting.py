@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _read_stat(pid: int) -> tuple[int, float] | None:
+def read_stat(pid: int) -> tuple[int, float] | None:
     """(parent pid, user + system CPU seconds) of one process, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -75,7 +75,7 @@ class CpuSampler:
         parents: dict[int, int] = {}
         for name in os.listdir("/proc"):
             if name.isdigit():
-                stat = _read_stat(int(name))
+                stat = read_stat(int(name))
                 if stat:
                     parents[int(name)] = stat[0]
         found, frontier = [root], [root]
@@ -87,7 +87,7 @@ class CpuSampler:
     def _sample(self, root: int) -> None:
         cpu: dict[int, float] = {}
         for pid in self._descendants(root):
-            stat = _read_stat(pid)
+            stat = read_stat(pid)
             if stat is None:
                 continue
             cpu[pid] = stat[1]

@@ -14,6 +14,7 @@ import base64
 import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 from uuid import UUID
@@ -56,9 +57,13 @@ INLINE_CURVE_MAX_BYTES = 300_000
 # same amount however long the run (S-OPS-1); block tables hold the rest.
 TABLE_WINDOW = 100
 # The run's table is re-sent every TABLE_EVERY iterations, at every commit cadence, at a
-# block's end and at the run's end; the progress (one number) every iteration; a block's
-# table once, when the block ends (S-FOOT-1).
+# block's end and at the run's end; the progress (one number) with each of those and at
+# most every PROGRESS_EVERY_S between them; a block's table once, when the block ends
+# (S-FOOT-1).
 TABLE_EVERY = 10
+# A progress update costs the API about as much CPU as a task run (docs/performance.md,
+# "A long run's footprint"); a person reading the UI sees no difference under seconds.
+PROGRESS_EVERY_S = 2.0
 _TIME_KEY = re.compile(r"^time/(?P<stage>.+)_seconds$")
 
 
@@ -233,9 +238,10 @@ class RunHistory:
 
     Every write costs the same at iteration 5,000 as at iteration 5 (S-OPS-1): the
     run's table holds the newest `TABLE_WINDOW` rows, a block's table only that
-    block's rows, and each is updated in place. Per iteration only the progress goes
-    out; the run's table every `TABLE_EVERY` iterations and at every `commit_every`
-    (the save cadence), a block's table when `end_block` is called (S-FOOT-1)."""
+    block's rows, and each is updated in place. Per iteration at most the progress goes
+    out, and not more often than every `PROGRESS_EVERY_S`; the run's table (and the
+    progress with it) every `TABLE_EVERY` iterations and at every `commit_every` (the
+    save cadence), a block's table when `end_block` is called (S-FOOT-1)."""
 
     run_name: str
     max_steps: int
@@ -246,6 +252,8 @@ class RunHistory:
     flow_run_id: UUID | None = None  # the `ppo` flow run: every artifact of the run attaches to it
     block: BlockTable | None = None
     table_unsent: bool = False  # rows added since the run's table last went out
+    progress_sent_at: float | None = None  # time.monotonic() of the last progress write
+    progress_unsent: bool = False  # iterations added since the progress last went out
 
     @property
     def table_key(self) -> str:
@@ -285,9 +293,13 @@ class RunHistory:
         self.rows = ([r for r in self.rows if r["iteration"] != row["iteration"]] + [row])[-TABLE_WINDOW:]
         self.table_unsent = True
         self._keep_block_row(row)
-        if self.table_due(row["iteration"]):
+        due = self.table_due(row["iteration"])
+        if due:
             self._publish_table()
-        self._publish_progress()
+        if due or self.progress_sent_at is None or time.monotonic() - self.progress_sent_at >= PROGRESS_EVERY_S:
+            self._publish_progress()
+        else:
+            self.progress_unsent = True
 
     def table_due(self, iteration: int) -> bool:
         """Whether the run's table goes out after `iteration`: every `TABLE_EVERY`th,
@@ -304,6 +316,8 @@ class RunHistory:
         self._publish_block()
         if self.table_unsent:
             self._publish_table()
+        if self.progress_unsent:
+            self._publish_progress()
 
     def send_unsent(self) -> None:
         """What a run that ends (or fails) has not sent yet: the last block's table and
@@ -311,6 +325,8 @@ class RunHistory:
         self._publish_block()
         if self.table_unsent and self.rows:
             self._publish_table()
+        if self.progress_unsent:
+            self._publish_progress()
 
     def finish(self, summary: Mapping[str, Any]) -> str | None:
         """Draw the curve into the run directory and publish the summary, once every
@@ -413,6 +429,7 @@ class RunHistory:
         artifact_writes().submit(write, key=(self.table_key, "block", block.flow_run_id))
 
     def _publish_progress(self) -> None:
+        self.progress_sent_at, self.progress_unsent = time.monotonic(), False
         done = self.rows[-1]["iteration"] if self.rows else 0
         percent = 100.0 * min(done, self.max_steps) / max(self.max_steps, 1)
         description = f"PPO run {self.run_name}: iteration {done} of {self.max_steps}"

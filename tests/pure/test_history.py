@@ -105,19 +105,22 @@ def _recorded_writes(monkeypatch) -> tuple[list[tuple[str, int, int]], dict[str,
 
 
 def test_what_an_iteration_sends_costs_the_same_at_iteration_3000_as_at_iteration_300(monkeypatch):
-    """S-FOOT-1: per iteration only the progress goes out; the run's table (its newest
+    """S-FOOT-1: per iteration at most the progress goes out; the run's table (its newest
     TABLE_WINDOW rows) every TABLE_EVERY iterations and at each commit, so the bytes
     sent per 1,000 iterations stay the same however long the run (before, the whole
     window went out every iteration: 38 KB an iteration once full)."""
     from views.artifact_writes import artifact_writes
-    from views.history import TABLE_EVERY, TABLE_WINDOW
+    from views.history import PROGRESS_EVERY_S, TABLE_EVERY, TABLE_WINDOW
 
     writes, clock = _recorded_writes(monkeypatch)
+    seconds = {"now": 0.0}
+    monkeypatch.setattr("views.history.time.monotonic", lambda: seconds["now"])
     history = RunHistory(
         run_name="long", max_steps=3000, commit_every=25, table_id=uuid.uuid4(), progress_id=uuid.uuid4()
     )
     for iteration in range(1, 3001):
         clock["iteration"] = iteration
+        seconds["now"] += PROGRESS_EVERY_S  # iterations as slow as the progress's pace: each one sent
         history.add_iteration(iteration_metrics(iteration, 0.1, 0.0))
         artifact_writes().flush()  # each write sent before the next (unsent ones would coalesce)
     tables = [(i, size) for what, i, size in writes if what == "update the iteration table"]
@@ -166,3 +169,27 @@ def test_a_blocks_table_goes_out_once_when_the_block_ends_on_that_blocks_run(mon
     artifact_writes().flush()
     assert created[-1] == (second_block, list(range(8, 13)))
     assert updated[0] == list(range(1, 8)) and updated[-1] == list(range(1, 13))
+
+
+def test_fast_iterations_send_the_progress_every_few_seconds_and_with_every_table(monkeypatch):
+    """S-FOOT-1: iterations faster than PROGRESS_EVERY_S send the progress at that pace,
+    with each table, and the last iteration's at the block's end: the UI is never more
+    than a few seconds behind, and the API is not asked for an update per iteration."""
+    from views.artifact_writes import artifact_writes
+    from views.history import PROGRESS_EVERY_S, TABLE_EVERY
+
+    writes, clock = _recorded_writes(monkeypatch)
+    seconds = {"now": 0.0}
+    monkeypatch.setattr("views.history.time.monotonic", lambda: seconds["now"])
+    history = RunHistory(run_name="fast", max_steps=100, table_id=uuid.uuid4(), progress_id=uuid.uuid4())
+    history.progress_sent_at = 0.0
+    for iteration in range(1, 28):
+        clock["iteration"] = iteration
+        seconds["now"] += PROGRESS_EVERY_S / 4
+        history.add_iteration(iteration_metrics(iteration, 0.1, 0.0))
+        artifact_writes().flush()
+    sent = [i for what, i, _ in writes if what == "progress"]
+    assert sent == [4, 8, TABLE_EVERY, 14, 18, 2 * TABLE_EVERY, 24]
+    history.end_block()
+    artifact_writes().flush()
+    assert [i for what, i, _ in writes if what == "progress"][-1] == 27
