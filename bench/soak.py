@@ -303,22 +303,22 @@ def summary(soak: Soak, warmup: int, label: str) -> str:
                  f"{_number(growth)} |")
     labels = sorted({name for s in samples for name in s.processes})
     for name in labels:
-        points = [(s.iterations, s.processes[name][0]) for s in after if name in s.processes]
+        points = [(s.iterations, s.processes[name][0]) for s in alive(after, name)]
         if not points:
             continue
         lines.append(f"| {name} RSS (MiB) | {points[0][1]:.1f} | {points[-1][1]:.1f} | "
                      f"{_number(slope_per_1000(points))} |")
     lines += ["", "| process | CPU ms per iteration after the warm-up |", "| --- | --- |"]
-    first, end = after[0], after[-1]
-    done = end.iterations - first.iterations
-    if done > 0:
-        total = 0.0
-        for name in labels:
-            if name in end.processes:
-                spent = end.processes[name][1] - first.processes.get(name, (0.0, 0.0))[1]
-                total += spent
-                lines.append(f"| {name} | {1000 * spent / done:.0f} |")
-        lines.append(f"| all | {1000 * total / done:.0f} |")
+    first, total = after[0], 0.0
+    for name in labels:
+        seen = alive(after, name)
+        # To its last live sample: the run's last sample can catch processes already exiting.
+        done = seen[-1].iterations - first.iterations if seen else 0
+        if done > 0:
+            rate = (seen[-1].processes[name][1] - first.processes.get(name, (0.0, 0.0))[1]) / done
+            total += rate
+            lines.append(f"| {name} | {1000 * rate:.0f} |")
+    lines.append(f"| all | {1000 * total:.0f} |")
     if times:
         tenth = max(1, len(times) // 10)
         early = statistics.median(t for _, t in times[warmup:warmup + tenth] or times[:tenth])
@@ -329,6 +329,11 @@ def summary(soak: Soak, warmup: int, label: str) -> str:
     if counts:
         lines += ["", "Database rows at the end: " + ", ".join(f"{t} {n}" for t, n in list(counts.items())[:10]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def alive(samples: list[Sample], name: str) -> list[Sample]:
+    """The samples in which process `name` was running: an exiting one reads 0 MiB."""
+    return [s for s in samples if s.processes.get(name, (0.0, 0.0))[0] > 0]
 
 
 def _number(value: float | None) -> str:
