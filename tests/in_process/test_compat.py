@@ -316,3 +316,67 @@ def test_the_temporary_api_keeps_a_smaller_sqlite_page_cache_than_prefect_gives(
         assert asyncio.run(cache_size()) == -prefect_compat.SQLITE_PAGE_CACHE_KIB
     finally:
         event.remove(Pool, "checkout", prefect_compat.sqlite_page_cache_at_checkout)
+
+
+def test_task_run_lookups_by_flow_run_task_key_and_dynamic_key_use_prefects_index_on_sqlite(tmp_path):
+    """S-FOOT-1: Prefect's task-run recorder looks task runs up by a tuple IN, which
+    SQLAlchemy writes for SQLite as `IN (VALUES ...)` and SQLite answers by reading every
+    task run (the temporary API's CPU per iteration grew by a third over 10,000
+    iterations). Read through a subquery, the same lookup finds the same rows through
+    Prefect's unique index."""
+    import sqlite3
+    import uuid
+
+    import sqlalchemy as sa
+    from prefect.server.database.orm_models import Base, TaskRun
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    path = tmp_path / "prefect.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    Base.metadata.create_all(engine, tables=[TaskRun.__table__])
+    flow_run = str(uuid.uuid4())
+    rows = [(str(uuid.uuid4()), flow_run, f"stage-{i % 8}", str(i)) for i in range(400)]
+    with sqlite3.connect(path) as raw:
+        raw.executemany("INSERT INTO task_run (id, flow_run_id, task_key, dynamic_key, name, run_count, "
+                        "flow_run_run_count, total_run_time, created, updated) "
+                        "VALUES (?, ?, ?, ?, 'x', 0, 0, 0, 0, 0)", rows)
+    wanted = [(flow_run, key, dynamic) for _, _, key, dynamic in rows[::50]]
+    natural_key = sa.tuple_(TaskRun.flow_run_id, TaskRun.task_key, TaskRun.dynamic_key)
+    lookup = sa.select(TaskRun.id).where(sa.or_(TaskRun.id.in_([rows[1][0]]), natural_key.in_(wanted)))
+    sent: list[str] = []
+
+    def found() -> set[str]:
+        sent.clear()
+        with engine.connect() as connection:
+            return {str(i) for i in connection.execute(lookup).scalars()}
+
+    def plan(statement: str) -> str:
+        with sqlite3.connect(path) as raw:
+            parameters = [rows[1][0], *(value for key in wanted for value in key)]
+            return " | ".join(row[3] for row in raw.execute(f"EXPLAIN QUERY PLAN {statement}", parameters))
+
+    listen = lambda connection, cursor, statement, *_: sent.append(statement)  # noqa: E731
+    event.listen(Engine, "after_cursor_execute", listen)
+    try:
+        before = found()
+        assert prefect_compat.TUPLE_IN_VALUES in sent[0] and "SCAN task_run" in plan(sent[0])  # every row read
+        prefect_compat.index_tuple_lookups_on_sqlite()
+        after = found()
+        assert "uq_task_run__flow_run_id_task_key_dynamic_key" in plan(sent[0]) and "SCAN task_run" not in plan(sent[0])
+        assert after == before == {rows[1][0]} | {row[0] for row in rows[::50]}
+    finally:
+        event.remove(Engine, "after_cursor_execute", listen)
+        event.remove(Engine, "before_cursor_execute", prefect_compat.tuple_in_through_subquery)
+        engine.dispose()
+
+
+def test_a_tuple_in_is_rewritten_whole_and_nothing_else_is():
+    rewrite = prefect_compat.rewrite_tuple_in
+    assert rewrite("SELECT 1 FROM t WHERE a IN (?, ?)") == "SELECT 1 FROM t WHERE a IN (?, ?)"
+    assert rewrite("SELECT 1 FROM t WHERE (a, b) IN (VALUES (?, ?), (?, ?)) AND c = ')'") == (
+        "SELECT 1 FROM t WHERE (a, b) IN (SELECT * FROM (VALUES (?, ?), (?, ?))) AND c = ')'"
+    )
+    twice = rewrite("x IN (VALUES (?)) OR y IN (VALUES (?, '(')) ")
+    assert twice == "x IN (SELECT * FROM (VALUES (?))) OR y IN (SELECT * FROM (VALUES (?, '('))) "
+    assert rewrite("x IN (VALUES (?)") == "x IN (VALUES (?)"  # unbalanced: left as it is
