@@ -13,8 +13,8 @@ same recorder batching), in CPU milliseconds of the flow process and of the API:
    progress updates (the run's progress artifact).
 
 From these it prints the floor an iteration of `--per-iteration` task runs and lines,
-one table and one progress update cannot go under, to hold against the soak's
-orchestration CPU (bench/soak.py).
+one table and its share of progress updates cannot go under, to hold against the
+soak's orchestration CPU (bench/soak.py).
 
     .venv/bin/python -m bench.task_cost                  # 300 of each, about a minute
     .venv/bin/python -m bench.task_cost --tasks 600 --repeats 3
@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds for the API's recorder after a phase")
     parser.add_argument("--per-iteration", type=float, nargs=2, default=(8.2, 8.3), metavar=("TASKS", "LINES"),
                         help="task runs and log lines of one tiny iteration (the soak's database: 8.2 and 8.3)")
+    parser.add_argument("--iteration-seconds", type=float, default=0.3,
+                        help="one iteration's wall time: the progress goes out at most every "
+                             "views.history.PROGRESS_EVERY_S (the tiny profile: 0.3 s)")
     args = parser.parse_args(argv)
 
     from cli.environment import apply_default_environment
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_default_environment()
     from cli.command import drain_prefect, temporary_api_settings
     from processes.temporary_api import start_temporary_api
+    from views.history import PROGRESS_EVERY_S
 
     api = start_temporary_api()
     if api is None:
@@ -176,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         medians[name] = Cost(flow_ms, api_ms)
         print(f"| {name:24} | {flow_ms:.2f} | {api_ms:.2f} | {flow_ms + api_ms:.2f} |")
     per_tasks, per_lines = args.per_iteration
-    counts = {"task run": per_tasks, "log line": per_lines, "samples table": 1, "progress update": 1}
+    progress = min(1.0, args.iteration_seconds / PROGRESS_EVERY_S)
+    counts = {"task run": per_tasks, "log line": per_lines, "samples table": 1, "progress update": progress}
     flow_ms = sum(n * medians[name].flow_ms for name, n in counts.items())
     api_ms = sum(n * medians[name].api_ms for name, n in counts.items())
-    print(f"\nan iteration of {per_tasks:g} task runs, {per_lines:g} lines, a samples table and a progress update: "
+    print(f"\nan iteration of {per_tasks:g} task runs, {per_lines:g} lines, a samples table and {progress:.2g} "
+          "progress updates: "
           f"at least {flow_ms:.0f} ms in the flow process and {api_ms:.0f} ms in the API, "
           f"{flow_ms + api_ms:.0f} ms in all")
     return 0
