@@ -302,8 +302,9 @@ def summary(soak: Soak, warmup: int, label: str) -> str:
     lines.append(f"| Prefect database (MiB) | {after[0].database_mib:.1f} | {last.database_mib:.1f} | "
                  f"{_number(growth)} |")
     labels = sorted({name for s in samples for name in s.processes})
+    live = {name: alive(after, name) for name in labels}
     for name in labels:
-        points = [(s.iterations, s.processes[name][0]) for s in alive(after, name)]
+        points = [(s.iterations, s.processes[name][0]) for s in live[name]]
         if not points:
             continue
         lines.append(f"| {name} RSS (MiB) | {points[0][1]:.1f} | {points[-1][1]:.1f} | "
@@ -311,7 +312,7 @@ def summary(soak: Soak, warmup: int, label: str) -> str:
     lines += ["", "| process | CPU ms per iteration after the warm-up |", "| --- | --- |"]
     first, total = after[0], 0.0
     for name in labels:
-        seen = alive(after, name)
+        seen = live[name]
         # To its last live sample: the run's last sample can catch processes already exiting.
         done = seen[-1].iterations - first.iterations if seen else 0
         if done > 0:

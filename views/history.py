@@ -313,17 +313,13 @@ class RunHistory:
     def end_block(self) -> None:
         """The block subflow running now ends (finished, stopped or failed): its table
         goes out once, and the run's table with the block's last rows."""
-        self._publish_block()
-        if self.table_unsent:
-            self._publish_table()
-        if self.progress_unsent:
-            self._publish_progress()
+        self.send_unsent()
 
     def send_unsent(self) -> None:
-        """What a run that ends (or fails) has not sent yet: the last block's table and
-        the run's newest rows."""
+        """What a run that ends (or fails) has not sent yet: the last block's table, the
+        run's newest rows and its progress (the table is unsent only once a row was added)."""
         self._publish_block()
-        if self.table_unsent and self.rows:
+        if self.table_unsent:
             self._publish_table()
         if self.progress_unsent:
             self._publish_progress()
